@@ -1,0 +1,35 @@
+# modeldeploy: `make demo` runs the main job on the embedded tiny model, `make test` passes the tests.
+SHELL := /bin/bash
+PY ?= .venv/bin/python
+PIP ?= .venv/bin/pip
+OUT ?= out
+
+.PHONY: setup test unit lint demo demo-model clean
+
+setup: .venv/.installed
+
+.venv/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[runtime,dev]'
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q -ra tests
+
+unit: setup
+	$(PY) -m pytest -q -m "not e2e and not slow" tests
+
+lint: setup
+	.venv/bin/ruff check modeldeploy operator runtime kernels conformance e2e tests bench
+
+demo-model: setup
+	$(PY) -m modeldeploy tiny-model $(OUT)/tiny-llama --arch llama --seed 0
+
+demo: demo-model
+	$(PY) -m modeldeploy generate --model $(OUT)/tiny-llama --max-tokens 24 \
+		--prompt "The quick brown fox" --prompt "Kubernetes schedules pods onto" \
+		--prompt "A paged KV cache stores"
+
+clean:
+	rm -rf $(OUT) build *.egg-info

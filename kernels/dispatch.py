@@ -1,0 +1,56 @@
+"""The one door the engine uses for hot ops: CUDA tensors go to the CuPy kernels,
+everything else to the torch reference twins (`modeldeploy.kernels.reference`).
+
+The engine never imports a kernel module directly, so CPU-only installs never
+import cupy, and a GPU build swaps implementations without touching the engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from modeldeploy.kernels import reference
+
+# Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
+_CUDA: dict[str, object] = {}
+_cuda_checked = False
+
+
+def _impl(name: str, t: torch.Tensor):
+    global _cuda_checked
+    if t.is_cuda:
+        if not _cuda_checked:
+            _cuda_checked = True
+            try:
+                from modeldeploy.kernels import cuda_ops  # noqa: F401  (registers into _CUDA)
+            except ImportError:
+                pass
+        fn = _CUDA.get(name)
+        if fn is not None:
+            return fn
+    return getattr(reference, name)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    return _impl("rms_norm", x)(x, weight, eps, residual)
+
+
+def rotary_embedding(positions, q, k, cos_sin_cache):
+    return _impl("rotary_embedding", q)(positions, q, k, cos_sin_cache)
+
+
+def silu_and_mul(x):
+    return _impl("silu_and_mul", x)(x)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    return _impl("write_kv", k)(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _impl("paged_attention_decode", q)(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    return _impl("paged_attention_prefill", q)(q, k_cache, v_cache, block_tables, cu_seqlens_q,
+                                               context_lens, scale)

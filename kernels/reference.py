@@ -1,0 +1,125 @@
+"""Torch reference twins of the CUDA kernels.
+
+Each function has the exact signature of its CuPy twin in `modeldeploy.kernels`,
+runs on any device, and is what CI (no GPU) exercises. Shapes:
+  T tokens, B sequences, H query heads, Hkv kv heads, D head dim,
+  N blocks, S block size, M max blocks per sequence.
+KV cache per layer: k_cache / v_cache [N, S, Hkv, D].
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(x + residual) normalised by RMS then scaled; returns (out, new_residual).
+
+    Matches HF LlamaRMSNorm: the statistics are taken in float32 and the result is
+    cast back before the weight multiply.
+    """
+    if residual is not None:
+        x = x + residual
+        residual = x
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype), residual
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> None:
+    """Rotate q [T, H, D] and k [T, Hkv, D] in place (NeoX layout: halves, not pairs).
+
+    cos_sin_cache [max_pos, D] float32 holds cos in [:, :D/2] and sin in [:, D/2:].
+    """
+    cs = cos_sin_cache[positions]                      # [T, D]
+    half = cs.shape[-1] // 2
+    cos = torch.cat([cs[:, :half], cs[:, :half]], -1).unsqueeze(1)  # [T, 1, D]
+    sin = torch.cat([cs[:, half:], cs[:, half:]], -1).unsqueeze(1)
+    for t in (q, k):
+        cos_t, sin_t = cos.to(t.dtype), sin.to(t.dtype)
+        x1, x2 = t[..., :half], t[..., half:]
+        rotated = torch.cat([-x2, x1], dim=-1)
+        t.copy_(t * cos_t + rotated * sin_t)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2I] -> silu(x[:, :I]) * x[:, I:]  [T, I]."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter k, v [T, Hkv, D] into the caches at flat slots (block * S + offset); -1 skips."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous [length, Hkv, D] view of one sequence's cached keys or values."""
+    blocks = block_table[: (length + cache.shape[1] - 1) // cache.shape[1]]
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            mask: torch.Tensor | None) -> torch.Tensor:
+    """q [Q, H, D], k/v [L, Hkv, D] -> [Q, H, D], softmax in float32, GQA by repeat."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,lhd->hql", q.float(), k.float()) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hql,lhd->qhd", probs, v.float()).to(q.dtype)
+
+
+def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """One query token per sequence: q [B, H, D] over its first context_lens[b] cached tokens."""
+    B = q.shape[0]
+    if B == 0:
+        return torch.empty_like(q)
+    S = k_cache.shape[1]
+    max_len = int(context_lens.max())
+    nblk = (max_len + S - 1) // S
+    tables = block_tables[:, :nblk]
+    k = k_cache[tables].reshape(B, nblk * S, *k_cache.shape[2:])   # [B, L, Hkv, D]
+    v = v_cache[tables].reshape(B, nblk * S, *v_cache.shape[2:])
+    group = q.shape[1] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,blhd->bhl", q.float(), k.float()) * scale
+    valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhl,blhd->bhd", probs, v.float()).to(q.dtype)
+
+
+def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of new tokens over cached prefix + themselves.
+
+    q [T, H, D] packs the new tokens of B sequences (cu_seqlens_q [B+1]); sequence b's new
+    tokens are its last (cu[b+1]-cu[b]) of context_lens[b] tokens, all already in the cache.
+    """
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    lens = context_lens.tolist()
+    for b in range(len(lens)):
+        s, e, L = cu[b], cu[b + 1], lens[b]
+        if e == s:
+            continue
+        k = _gather(k_cache, block_tables[b], L)
+        v = _gather(v_cache, block_tables[b], L)
+        qpos = torch.arange(L - (e - s), L, device=q.device)
+        mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]   # [Q, L]
+        out[s:e] = _attend(q[s:e], k, v, scale, mask[None])
+    return out

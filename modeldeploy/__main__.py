@@ -1,0 +1,5 @@
+import sys
+
+from modeldeploy.cli import main
+
+sys.exit(main())
