@@ -1,0 +1,64 @@
+"""EngineConfig: every knob of the engine in one dataclass, defaults visible.
+
+`dataclasses.asdict(config)` after `resolve()` is the effective configuration that the
+server publishes on /v1/bundle, so nothing here may be implicit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+LOAD_FORMATS = ("safetensors", "dummy")
+
+
+@dataclass
+class EngineConfig:
+    model: str = ""                       # local HF-format directory
+    tokenizer: str | None = None          # defaults to `model`
+    dtype: str = "auto"                   # auto: config's torch dtype on cuda, float32 on cpu
+    device: str = "auto"                  # auto: cuda when available
+    max_num_seqs: int = 16                # running sequences per step
+    max_num_batched_tokens: int = 2048    # token budget per step (prefill chunks + decodes)
+    max_model_len: int | None = None      # None: the model's max_position_embeddings
+    block_size: int = 16                  # tokens per KV block
+    num_kv_blocks: int | None = None      # None: sized from kv_cache_fraction (cuda) or kv_cache_cpu_bytes
+    kv_cache_fraction: float = 0.9        # share of free device memory given to the KV cache (cuda)
+    kv_cache_cpu_bytes: int = 256 << 20   # KV cache size on cpu when num_kv_blocks is None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    model_digest: str | None = None       # expected sha256 manifest digest of `model`
+    tokenizer_digest: str | None = None   # expected digest of `tokenizer` (when separate)
+    bundle_id: str = ""                   # keys the prefix cache; labels every metric
+    load_format: str = "safetensors"      # dummy: random weights from config.json (benchmarks)
+    seed: int = 0                         # for dummy weights
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if not self.model:
+            raise ValueError("model: a model directory is required")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format: {self.load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks: must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.kv_cache_fraction <= 1.0:
+            raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {self.kv_cache_fraction}")
+        for name in ("model_digest", "tokenizer_digest"):
+            v = getattr(self, name)
+            if v is not None and not (v.startswith("sha256:") and len(v) == 71):
+                raise ValueError(f"{name}: must be 'sha256:' + 64 hex digits, got {v!r}")
+        if (not self.enable_chunked_prefill and self.max_model_len is not None
+                and self.max_num_batched_tokens < self.max_model_len):
+            raise ValueError("max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
+                             f"({self.max_num_batched_tokens} < {self.max_model_len})")

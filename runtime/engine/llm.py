@@ -1,0 +1,42 @@
+"""Offline generation: `LLM(model_dir, **config).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.engine.llm_engine import Engine
+from modeldeploy.runtime.engine.output import RequestOutput
+from modeldeploy.runtime.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str, **config):
+        self.engine = Engine(EngineConfig(model=str(model), **config))
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[int] | Seq[str | list[int]],
+                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        """All prompts are submitted together and batched continuously; outputs keep prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        plist = list(params) if isinstance(params, Seq) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"params: {len(plist)} SamplingParams for {len(prompts)} prompts")
+        ids = []
+        for prompt, p in zip(prompts, plist, strict=True):
+            rid = f"offline-{self._next_id}"
+            self._next_id += 1
+            self.engine.add_request(rid, prompt, p)
+            ids.append(rid)
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_work():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[r] for r in ids]

@@ -1,0 +1,188 @@
+"""The synchronous engine: add requests, `step()` until done.
+
+One step = schedule -> one forward over the mixed batch -> sample -> detokenize ->
+finish. `LLM` (offline) and `AsyncEngine` (server) are thin loops around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import torch
+
+from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.engine.block_manager import BlockManager
+from modeldeploy.runtime.engine.detokenizer import Detokenizer
+from modeldeploy.runtime.engine.model_runner import ModelRunner
+from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
+from modeldeploy.runtime.engine.sampler import Sampler
+from modeldeploy.runtime.engine.sampling_params import SamplingParams
+from modeldeploy.runtime.engine.scheduler import Scheduler
+from modeldeploy.runtime.engine.sequence import Sequence
+from modeldeploy.runtime.loader import Loaded, load
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, progress: Callable[[str, float], None] = lambda p, f: None):
+        config = dataclasses.replace(config)
+        config.validate()
+        loaded = load(config, progress)
+        progress("allocating kv cache", 0.92)
+        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded)
+        per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
+        if num_blocks < per_seq:
+            raise ValueError(f"num_kv_blocks: {num_blocks} blocks of {config.block_size} tokens cannot hold one "
+                             f"sequence of max_model_len {loaded.max_model_len} (needs {per_seq})")
+        # The effective configuration: every 'auto' resolved, so /v1/bundle shows what runs.
+        config.max_model_len, config.num_kv_blocks = loaded.max_model_len, num_blocks
+        config.dtype, config.device = str(loaded.dtype).removeprefix("torch."), loaded.device.type
+        config.model_digest = config.model_digest or loaded.model_digest
+        config.tokenizer_digest = config.tokenizer_digest or loaded.tokenizer_digest
+        config.validate()
+        self.config = config
+        self.loaded_info = loaded
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = set(loaded.eos_token_ids)
+        self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.enable_chunked_prefill)
+        self.sampler = Sampler()
+        self.seqs: dict[str, Sequence] = {}
+        self.detoks: dict[str, Detokenizer] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.steps_total = 0
+        progress("warming up", 0.95)
+        self._warmup()
+        progress("ready", 1.0)
+
+    @staticmethod
+    def _auto_blocks(config: EngineConfig, loaded: Loaded) -> int:
+        per_block = ModelRunner.block_bytes(loaded, config.block_size)
+        per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
+        if loaded.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(loaded.device)
+            a = loaded.args
+            activations = config.max_num_batched_tokens * (4 * a.intermediate_size + 8 * a.hidden_size) * 4 + (512 << 20)
+            return max(1, int((free - activations) * config.kv_cache_fraction) // per_block)
+        return max(1, min(config.kv_cache_cpu_bytes // per_block, config.max_num_seqs * per_seq))
+
+    def _warmup(self) -> None:
+        """One real forward so the first request pays no lazy initialisation."""
+        self.add_request("__warmup__", [0], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        while self.scheduler.has_work():
+            self.step()
+        self.prompt_tokens_total = self.generation_tokens_total = self.steps_total = 0
+        self.block_manager.hits = 0
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt)["input_ids"])
+        return list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> Sequence:
+        """Validate and queue; ValueError names the problem, and nothing is queued on error."""
+        params.validate()
+        if request_id in self.seqs:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        vocab = self.loaded_info.args.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
+        limit = self.config.max_model_len
+        if len(ids) + params.max_tokens > limit:
+            raise ValueError(f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
+                             f"max_model_len {limit}")
+        seq = Sequence(request_id, ids, params)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.seqs[request_id] = seq
+        self.detoks[request_id] = Detokenizer(self.tokenizer, list(params.stop))
+        self.scheduler.add(seq)
+        self.prompt_tokens_total += len(ids)
+        return seq
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.seqs.get(request_id)
+        if seq is None or seq.finished:
+            return None
+        self.scheduler.finish(seq, "abort")
+        return self._output(seq, final=True)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return []
+        logits, sample_seqs = self.runner.run(batch)
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            seq.num_computed += n
+            self.block_manager.commit(seq)
+        tokens = self.sampler.sample(logits, sample_seqs)
+        now = time.monotonic()
+        self.steps_total += 1
+        outputs = []
+        for seq, tok in zip(sample_seqs, tokens, strict=True):
+            seq.token_ids.append(tok)
+            seq.first_token_time = seq.first_token_time or now
+            seq.last_token_time = now
+            self.generation_tokens_total += 1
+            reason = self._finish_reason(seq, tok)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            outputs.append(self._output(seq, final=reason is not None))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.params
+        detok = self.detoks[seq.request_id]
+        detok.add(seq.output_token_ids)
+        if detok.stopped or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, final: bool) -> RequestOutput:
+        detok = self.detoks[seq.request_id]
+        out_ids = seq.output_token_ids
+        new = out_ids[seq.num_emitted:]
+        seq.num_emitted = len(out_ids)
+        if final:
+            self.seqs.pop(seq.request_id, None)
+            self.detoks.pop(seq.request_id, None)
+            self.sampler.forget(seq.request_id)
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, token_ids=list(out_ids),
+            new_token_ids=new, text=detok.text, delta_text=detok.delta(final), finished=final,
+            finish_reason=seq.finish_reason if final else None,
+            metrics=RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
+                                   seq.last_token_time, seq.finished_time),
+            num_preemptions=seq.num_preemptions,
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_usage=bm.usage(), num_free_blocks=bm.num_free, num_total_blocks=bm.num_total,
+            preemptions_total=self.scheduler.preemptions_total, prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total, steps_total=self.steps_total,
+            prefix_cache_hit_tokens=bm.hits,
+        )
+
+    def info(self) -> dict:
+        li = self.loaded_info
+        return {"architecture": li.args.architecture, "model_dir": self.config.model,
+                "model_digest": li.model_digest, "tokenizer_digest": li.tokenizer_digest,
+                "dtype": self.config.dtype, "device": self.config.device,
+                "num_kv_blocks": self.config.num_kv_blocks, "block_size": self.config.block_size,
+                "max_model_len": self.config.max_model_len}

@@ -1,0 +1,47 @@
+"""What the engine hands back per request per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]                    # all generated so far
+    new_token_ids: list[int]                # generated this step
+    text: str                               # all text so far (stop string excluded)
+    delta_text: str                         # text new since the previous output
+    finished: bool
+    finish_reason: str | None               # "stop" | "length" | "abort" | None
+    metrics: RequestMetrics
+    num_preemptions: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    steps_total: int
+    prefix_cache_hit_tokens: int = 0

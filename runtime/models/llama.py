@@ -1,0 +1,226 @@
+"""Llama-family decoder (Llama, Qwen2, Qwen3, Mistral) over a paged KV cache.
+
+One readable file in the gpt-fast manner. The variants differ only in flags:
+Qwen2 has q/k/v biases, Qwen3 RMS-normalises q and k per head, Mistral may use a
+sliding window (the loader caps max_model_len at it instead). Matrix products are
+torch; every other hot op goes through `modeldeploy.kernels.dispatch`.
+
+Shapes: T tokens in the step, H query heads, Hkv kv heads, D head dim, E hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from modeldeploy.kernels import dispatch
+
+SUPPORTED = {
+    "LlamaForCausalLM": dict(qkv_bias=False, qk_norm=False),
+    "MistralForCausalLM": dict(qkv_bias=False, qk_norm=False),
+    "Qwen2ForCausalLM": dict(qkv_bias=True, qk_norm=False),
+    "Qwen3ForCausalLM": dict(qkv_bias=False, qk_norm=True),
+}
+ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass
+class ModelArgs:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    rope: dict
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_hf(cls, cfg) -> ModelArgs:
+        arch = (getattr(cfg, "architectures", None) or ["<none>"])[0]
+        if arch not in SUPPORTED:
+            raise ValueError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED)}")
+        rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+        rope.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+        rope["rope_type"] = rope_type
+        window = getattr(cfg, "sliding_window", None)
+        if arch == "Qwen2ForCausalLM" and not getattr(cfg, "use_sliding_window", False):
+            window = None
+        heads = cfg.num_attention_heads
+        return cls(
+            architecture=arch, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers, num_heads=heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            rope=rope, sliding_window=window, **SUPPORTED[arch],
+        )
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies [D/2] as transformers computes them (default and llama3 types)."""
+    d, rp = args.head_dim, args.rope
+    inv = 1.0 / (rp["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if rp["rope_type"] == "llama3":
+        factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        old = rp["original_max_position_embeddings"]
+        lo_wave, hi_wave = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > lo_wave, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < hi_wave) & ~(wavelen > lo_wave)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def cos_sin_cache(args: ModelArgs, max_pos: int, device: torch.device) -> torch.Tensor:
+    """[max_pos, D] float32: cos of the D/2 frequencies, then sin."""
+    freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * rope_inv_freq(args)[None, :]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+
+
+@dataclass
+class AttnMeta:
+    """Where this step's tokens go in the paged cache and what they attend to.
+
+    The first `num_decode` tokens are decodes (one per sequence), the rest are prefill
+    chunks packed by `cu_seqlens_q` (offsets relative to the first prefill token).
+    """
+    slot_mapping: torch.Tensor        # [T] flat cache slot per token
+    num_decode: int
+    decode_tables: torch.Tensor       # [Bd, M]
+    decode_lens: torch.Tensor         # [Bd] context length including the new token
+    prefill_tables: torch.Tensor      # [Bp, M]
+    prefill_cu_q: torch.Tensor        # [Bp+1]
+    prefill_lens: torch.Tensor        # [Bp]
+
+
+class Layer:
+    """One decoder block; weights held as plain tensors (q/k/v and gate/up fused)."""
+
+    def __init__(self, args: ModelArgs, w: dict[str, torch.Tensor]):
+        self.args = args
+        self.w = w
+        self.scale = args.head_dim ** -0.5
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        a, w = self.args, self.w
+        T = x.shape[0]
+        if residual is None:                                                # first layer: x is the stream
+            residual = x
+            h, _ = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps)
+        else:
+            h, residual = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps, residual)
+        qkv = F.linear(h, w["qkv"], w.get("qkv_bias"))                     # [T, (H + 2Hkv) D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(T, a.num_heads, a.head_dim)
+        k = k.reshape(T, a.num_kv_heads, a.head_dim)
+        v = v.reshape(T, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, _ = dispatch.rms_norm(q, w["q_norm"], a.rms_norm_eps)
+            k, _ = dispatch.rms_norm(k, w["k_norm"], a.rms_norm_eps)
+        q, k = q.contiguous(), k.contiguous()
+        dispatch.rotary_embedding(positions, q, k, cos_sin)
+        dispatch.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        o = torch.empty_like(q)                                             # [T, H, D]
+        nd = meta.num_decode
+        if nd:
+            o[:nd] = dispatch.paged_attention_decode(q[:nd], k_cache, v_cache, meta.decode_tables,
+                                                     meta.decode_lens, self.scale)
+        if T > nd:
+            o[nd:] = dispatch.paged_attention_prefill(q[nd:], k_cache, v_cache, meta.prefill_tables,
+                                                      meta.prefill_cu_q, meta.prefill_lens, self.scale)
+        x = F.linear(o.reshape(T, self.q_size), w["o"])                    # [T, E]
+        h, residual = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, residual)
+        x = F.linear(dispatch.silu_and_mul(F.linear(h, w["gate_up"])), w["down"])
+        return x, residual
+
+
+class LlamaModel:
+    def __init__(self, args: ModelArgs, weights: dict[str, torch.Tensor], max_pos: int):
+        self.args = args
+        self.embed = weights["model.embed_tokens.weight"]                  # [V, E]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = self.embed if args.tie_word_embeddings else weights["lm_head.weight"]
+        self.layers = [Layer(args, _layer_weights(weights, i, args)) for i in range(args.num_layers)]
+        self.cos_sin = cos_sin_cache(args, max_pos, self.embed.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, E]."""
+        x = F.embedding(input_ids, self.embed)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer.forward(x, residual, positions, self.cos_sin, k_cache, v_cache, meta)
+        x, _ = dispatch.rms_norm(x, self.norm, self.args.rms_norm_eps, residual)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, E] -> [B, V] float32."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+def _layer_weights(w: dict[str, torch.Tensor], i: int, args: ModelArgs) -> dict[str, torch.Tensor]:
+    p = f"model.layers.{i}."
+    out = {
+        "input_norm": w[p + "input_layernorm.weight"],
+        "post_norm": w[p + "post_attention_layernorm.weight"],
+        "qkv": torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+        "o": w[p + "self_attn.o_proj.weight"],
+        "gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+        "down": w[p + "mlp.down_proj.weight"],
+    }
+    if args.qkv_bias:
+        out["qkv_bias"] = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+    if args.qk_norm:
+        out["q_norm"] = w[p + "self_attn.q_norm.weight"]
+        out["k_norm"] = w[p + "self_attn.k_norm.weight"]
+    for n in "qkv":                                                       # free the unfused copies
+        w.pop(p + f"self_attn.{n}_proj.weight", None)
+    w.pop(p + "mlp.gate_proj.weight", None)
+    w.pop(p + "mlp.up_proj.weight", None)
+    return out
+
+
+def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the model reads, with its shape: used by dummy loading and checks."""
+    E, D = args.hidden_size, args.head_dim
+    q, kv = args.num_heads * D, args.num_kv_heads * D
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, E), "model.norm.weight": (E,)}
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (args.vocab_size, E)
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,),
+            p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
+            p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
+            p + "mlp.gate_proj.weight": (args.intermediate_size, E),
+            p + "mlp.up_proj.weight": (args.intermediate_size, E),
+            p + "mlp.down_proj.weight": (E, args.intermediate_size),
+        })
+        if args.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if args.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
+    return shapes

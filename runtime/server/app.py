@@ -1,0 +1,120 @@
+"""The FastAPI application: routes, auth, error format, and the background load.
+
+`create_app(cfg)` builds everything in-process (tests drive it through a real uvicorn or
+httpx's ASGI transport); `modeldeploy serve` wraps it with uvicorn and SIGTERM draining.
+There are no admin or weight-reload endpoints: a bundle is changed by rolling pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from modeldeploy.runtime.server import endpoints, readiness
+from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy.runtime.server.context import ServerContext
+from modeldeploy.runtime.server.errors import APIError
+
+log = logging.getLogger("modeldeploy.server")
+PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
+    """Build the app; the engine (default: AsyncEngine(cfg.engine)) loads when the app starts."""
+    cfg.validate()
+    if engine is None:
+        from modeldeploy.runtime import AsyncEngine
+
+        engine = AsyncEngine(cfg.engine)
+    ctx = ServerContext(cfg, engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(readiness.load(engine, ctx.state, cfg.load_delay_s))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            if ctx.state.load_seconds:
+                await engine.shutdown()
+
+    app = FastAPI(title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+    _errors(app, ctx)
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):
+        if cfg.api_key is not None and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode()):
+                return APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                                code="invalid_api_key").response()
+        return await call_next(request)
+
+    @app.get("/health/live")
+    async def live() -> JSONResponse:
+        return JSONResponse(ctx.state.body(), status_code=200 if ctx.state.live else 503)
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        return JSONResponse(ctx.state.body(), status_code=200 if ctx.ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=PROM_TEXT)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = {"id": cfg.served_model_name, "object": "model", "created": ctx.created, "owned_by": "modeldeploy",
+                "max_model_len": ctx.effective_config().get("max_model_len")}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/v1/bundle")
+    async def bundle() -> JSONResponse:
+        return JSONResponse(ctx.bundle())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await endpoints.generate(ctx, request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await endpoints.generate(ctx, request, "chat")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await endpoints.generate(ctx, request, "responses")
+
+    return app
+
+
+def _errors(app: FastAPI, ctx: ServerContext) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        msg = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed on "
+               f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return APIError(exc.status_code, msg).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return APIError(400, f"invalid request: {exc.errors()[0].get('msg')}").response()
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()

@@ -1,0 +1,29 @@
+"""Server settings: what `modeldeploy serve` adds on top of the engine's EngineConfig."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ServerConfig:
+    engine: Any                       # modeldeploy.runtime.EngineConfig (max_num_seqs = running slots)
+    served_model_name: str            # the `model` clients must send
+    max_queue: int = 64               # requests allowed to wait for a running slot; beyond: 429
+    api_key: str | None = None        # bearer token for /v1/*; health and metrics stay open
+    drain_timeout_s: float = 30.0     # SIGTERM: in-flight requests get this long to finish
+    load_delay_s: float = 0.0         # test hook (env MODELDEPLOY_LOAD_DELAY_S): wait before loading
+    engine_build: str = ""            # engine image digest / build id, a metric label
+    model_revision: str = ""          # bundle.model.revision, a metric label
+    retry_after_s: int = 1            # Retry-After sent with 429 / 503
+
+    def validate(self) -> None:
+        if self.max_queue < 0:
+            raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout_s}")
+        if self.load_delay_s < 0:
+            raise ValueError(f"load delay must be >= 0, got {self.load_delay_s}")
+        if not self.served_model_name:
+            raise ValueError("--served-model-name must not be empty")

@@ -1,0 +1,172 @@
+"""The server's shared state: engine, load state, admission, metrics, and request preparation."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from modeldeploy.runtime.server.admission import Admission
+from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy.runtime.server.errors import APIError
+from modeldeploy.runtime.server.metrics import ServerMetrics
+from modeldeploy.runtime.server.readiness import LoadState
+
+log = logging.getLogger("modeldeploy.server")
+_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+class ServerContext:
+    def __init__(self, cfg: ServerConfig, engine: Any):
+        self.cfg, self.engine = cfg, engine
+        self.state = LoadState()
+        self.admission = Admission(cfg.engine.max_num_seqs, cfg.max_queue, cfg.retry_after_s)
+        self.created = int(time.time())
+        self.jobs: dict[str, Any] = {}
+        labels = {"bundle": cfg.engine.bundle_id, "engine_build": cfg.engine_build,
+                  "model_revision": cfg.model_revision}
+        self.metrics = ServerMetrics(labels, self.live_values)
+
+    # ---- readiness -------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.state.status == "ready"
+
+    def check_serving(self) -> None:
+        s = self.state
+        if s.status == "loading":
+            raise APIError(503, f"model is loading (phase {s.phase}, progress {s.progress:.2f})", code="loading",
+                           headers={"Retry-After": str(self.cfg.retry_after_s)})
+        if s.status == "failed":
+            raise APIError(503, f"model failed to load: {s.error}", code="load_failed")
+        if s.status == "draining":
+            raise APIError(503, "server is draining and admits no new requests", code="draining")
+
+    async def drain(self) -> bool:
+        """Stop admitting, let admitted requests finish within the drain timeout, abort the rest."""
+        if self.state.status in ("ready", "loading"):
+            self.state.status = "draining"
+        log.info("draining: %d running, %d waiting", self.admission.running, self.admission.waiting)
+        clean = await self.admission.drain(self.cfg.drain_timeout_s)
+        if not clean:
+            log.warning("drain timeout (%.1fs): aborting %d requests", self.cfg.drain_timeout_s, len(self.jobs))
+            for rid in list(self.jobs):
+                self.engine.abort(rid)
+            await asyncio.sleep(0.2)
+        return clean
+
+    # ---- request preparation ---------------------------------------------------------
+    def check_model(self, name: str) -> None:
+        if name != self.cfg.served_model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.cfg.served_model_name!r}",
+                           param="model", code="model_not_found")
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.config.max_model_len)
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        tok = self.engine.tokenizer
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - a template error is the request's problem
+            raise APIError(400, f"messages: the chat template rejected them: {e}", param="messages") from None
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    def check_ids(self, ids: list[int], param: str) -> None:
+        vocab = len(self.engine.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"{param}: token id {bad[0]} is outside the vocabulary [0, {vocab})", param=param)
+
+    def limit_tokens(self, n_prompt: int, max_tokens: int | None, param: str, prompt_param: str) -> int:
+        limit = self.max_model_len
+        if n_prompt == 0:
+            raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
+        if n_prompt >= limit:
+            raise APIError(400, f"{prompt_param}: the prompt has {n_prompt} tokens, the model's maximum context "
+                                f"length is {limit}", param=prompt_param, code="context_length_exceeded")
+        if max_tokens is None:
+            return limit - n_prompt
+        if n_prompt + max_tokens > limit:
+            raise APIError(400, f"{param}: prompt ({n_prompt} tokens) + {param} ({max_tokens}) exceeds the "
+                                f"model's maximum context length {limit}", param=param,
+                           code="context_length_exceeded")
+        return max_tokens
+
+    def sampling(self, req: Any, max_tokens: int) -> Any:
+        from modeldeploy.runtime import SamplingParams
+
+        req.check_top_k()
+        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                top_k=req.top_k, seed=req.seed, stop=req.stop_list())
+        try:
+            params.validate()
+        except ValueError as e:
+            msg = str(e)
+            param = next((f for f in _SAMPLING_FIELDS if f in msg), None)
+            raise APIError(400, msg, param=param) from None
+        return params
+
+    # ---- introspection ---------------------------------------------------------------
+    def engine_info(self) -> dict[str, Any]:
+        if not self.ready and self.state.status != "draining":
+            return {}
+        try:
+            return dict(self.engine.info())
+        except Exception:  # noqa: BLE001 - info is best effort while loading
+            return {}
+
+    def effective_config(self) -> dict[str, Any]:
+        cfg = self.engine.config if self.state.load_seconds else self.cfg.engine
+        return dataclasses.asdict(cfg)
+
+    def bundle(self) -> dict[str, Any]:
+        info = self.engine_info()
+        ecfg = self.effective_config()
+        return {
+            "bundle_id": ecfg.get("bundle_id", ""),
+            "served_model_name": self.cfg.served_model_name,
+            "status": self.state.status,
+            "engine_build": self.cfg.engine_build,
+            "model": {"path": ecfg.get("model"), "revision": self.cfg.model_revision,
+                      "digest": info.get("model_digest") or ecfg.get("model_digest"),
+                      "architecture": info.get("architecture")},
+            "tokenizer": {"digest": info.get("tokenizer_digest") or ecfg.get("tokenizer_digest")},
+            "device": info.get("device", ecfg.get("device")),
+            "dtype": info.get("dtype", ecfg.get("dtype")),
+            "engine_config": ecfg,
+            "engine_info": info,
+            "server": {"max_num_seqs": self.admission.max_running, "max_queue": self.cfg.max_queue,
+                       "drain_timeout_s": self.cfg.drain_timeout_s, "auth": self.cfg.api_key is not None},
+        }
+
+    def live_values(self) -> dict[str, Any]:
+        stats = None
+        if self.state.load_seconds:
+            try:
+                stats = self.engine.stats()
+            except Exception:  # noqa: BLE001 - a scrape must never fail
+                stats = None
+        info = self.engine_info()
+        ecfg = self.cfg.engine
+        return {
+            "running": self.admission.running, "waiting": self.admission.waiting,
+            "kv_usage": getattr(stats, "kv_usage", 0.0),
+            "load_progress": self.state.progress, "load_seconds": self.state.load_seconds,
+            "prompt_tokens": getattr(stats, "prompt_tokens_total", 0),
+            "generation_tokens": getattr(stats, "generation_tokens_total", 0),
+            "preemptions": getattr(stats, "preemptions_total", 0),
+            "build_info": {
+                "bundle": ecfg.bundle_id, "engine_build": self.cfg.engine_build,
+                "model": self.cfg.served_model_name, "model_revision": self.cfg.model_revision,
+                "model_digest": str(info.get("model_digest") or ecfg.model_digest or ""),
+                "tokenizer_digest": str(info.get("tokenizer_digest") or ecfg.tokenizer_digest or ""),
+                "device": str(info.get("device", ecfg.device)), "dtype": str(info.get("dtype", ecfg.dtype)),
+            },
+        }

@@ -1,0 +1,119 @@
+"""One generation request: admission slot, engine sequence, metrics, cleanup.
+
+`close()` is the single exit for every path (finished, client gone, error): it aborts the
+engine sequence if it has not finished (freeing its KV blocks within one engine step),
+releases the admission slot and records the outcome once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+from modeldeploy.runtime.server.errors import APIError
+
+log = logging.getLogger("modeldeploy.server")
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+class Job:
+    def __init__(self, ctx: Any, rid: str, prompt: list[int], params: Any, arrival: float):
+        self.ctx, self.rid, self.prompt, self.params = ctx, rid, prompt, params
+        self.tracker = ctx.metrics.tracker(arrival)
+        self.ticket = None
+        self.agen: AsyncIterator | None = None
+        self.final: Any = None
+        self.rejected = False
+
+    async def start(self) -> Any:
+        """Wait for a running slot, submit to the engine, return its first output."""
+        try:
+            self.ticket = self.ctx.admission.enter()
+        except APIError:
+            self.rejected = True
+            raise
+        await self.ticket.acquire()
+        self.ctx.jobs[self.rid] = self
+        self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
+        try:
+            first = await self.agen.__anext__()
+        except ValueError as e:  # the engine's own prompt validation
+            self.rejected = True
+            raise APIError(400, str(e), param="prompt") from None
+        self._see(first)
+        return first
+
+    async def outputs(self) -> AsyncIterator[Any]:
+        """The outputs after the first one."""
+        if self.final is not None:
+            return
+        async for out in self.agen:
+            self._see(out)
+            yield out
+
+    async def run(self) -> Any:
+        """Start and run to the final output (non-streaming)."""
+        last = await self.start()
+        async for out in self.outputs():
+            last = out
+        return last
+
+    def _see(self, out: Any) -> None:
+        self.tracker.observe(out)
+        if out.finished:
+            self.final = out
+
+    async def close(self, client_gone: bool) -> None:
+        if self.tracker.done:
+            return
+        if self.final is None and self.agen is not None:
+            self.ctx.engine.abort(self.rid)
+            try:
+                await self.agen.aclose()
+            except Exception:  # noqa: BLE001 - cleanup must finish
+                log.exception("closing generation %s", self.rid)
+        if self.ticket is not None:
+            self.ticket.release()
+        self.ctx.jobs.pop(self.rid, None)
+        if self.rejected:
+            outcome = "rejected"
+        elif self.final is not None and self.final.finish_reason != "abort":
+            outcome = "completed"
+        elif client_gone:
+            outcome = "cancelled"
+        else:
+            outcome = "error"
+        self.tracker.finish(outcome, self.final)
+
+
+async def race_disconnect(request: Any, work: Awaitable[Any]) -> Any:
+    """Run `work` until done, or raise ClientGone (cancelling it) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watch.cancel()
+        raise
+    if task in done:
+        watch.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - the work is abandoned; its error no longer matters
+        pass
+    raise ClientGone
+
+
+async def _disconnected(request: Any) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

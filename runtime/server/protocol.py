@@ -1,0 +1,144 @@
+"""Request schemas of the OpenAI-compatible API, strict on purpose.
+
+Every model forbids unknown fields: a client that sends `logit_bias` must learn that it
+was not honoured (400 naming the field) rather than get a silently different answer.
+Bodies are validated here, never by FastAPI, so a bad body is a 400 in OpenAI's error
+format and never FastAPI's default 422.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from modeldeploy.runtime.server.errors import APIError
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+Number = Annotated[float, Field(allow_inf_nan=False)]  # strict float still takes ints (temperature=1)
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: StrictBool = False
+
+
+class _Common(BaseModel):
+    """Fields shared by the three generation endpoints."""
+
+    model_config = _STRICT
+    model: StrictStr
+    temperature: Annotated[Number, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[Number, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[StrictInt, Field(ge=-1)] = -1
+    seed: Annotated[StrictInt, Field(ge=0, lt=2**63)] | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
+    stream: StrictBool = False
+    user: StrictStr | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if any(s == "" for s in stops):
+            raise APIError(400, "stop: stop sequences must be non-empty strings", param="stop")
+        return stops
+
+    def check_top_k(self) -> None:
+        if self.top_k == 0:
+            raise APIError(400, "top_k: must be -1 (disabled) or >= 1", param="top_k")
+
+
+class _Choices(_Common):
+    n: Annotated[StrictInt, Field(ge=1)] = 1
+    stream_options: StreamOptions | None = None
+
+    def check_n(self) -> None:
+        if self.n != 1:
+            raise APIError(400, f"n: only n=1 is supported (got {self.n})", param="n")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Choices):
+    prompt: StrictStr | list[StrictInt]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text", "input_text", "output_text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Choices):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+
+    def token_limit(self) -> int | None:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise APIError(400, "max_tokens and max_completion_tokens are mutually exclusive",
+                           param="max_completion_tokens")
+        return self.max_completion_tokens or self.max_tokens
+
+
+class InputMessage(ChatMessage):
+    type: Literal["message"] = "message"
+
+
+class ResponsesRequest(_Common):
+    input: StrictStr | Annotated[list[InputMessage], Field(min_length=1)]
+    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+
+    def messages(self) -> list[dict[str, str]]:
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return [{"role": m.role, "content": m.text()} for m in self.input]
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """Decode and validate a JSON body, raising a 400 APIError that names the field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise APIError(400, f"invalid JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _to_api_error(e) from None
+
+
+def _to_api_error(e: ValidationError) -> APIError:
+    err = e.errors(include_url=False)[0]
+    loc = [str(p) for p in err["loc"] if not _is_union_tag(p)]
+    param = ".".join(loc) or None
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"unsupported parameter: {param}", param=param, code="unsupported_parameter")
+    if err["type"] == "missing":
+        return APIError(400, f"missing required parameter: {param}", param=param, code="missing_parameter")
+    return APIError(400, f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value")
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic reports which union member failed ("str", "list[int]", "function-after[...]"); not a field
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part)
