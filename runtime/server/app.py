@@ -16,12 +16,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from modeldeploy.runtime.server import endpoints, readiness
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("modeldeploy.server")
 PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -64,7 +63,7 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
 
     @app.get("/health/live")
     async def live() -> JSONResponse:
-        return JSONResponse(ctx.state.body(), status_code=200 if ctx.state.live else 503)
+        return JSONResponse(ctx.state.body(), status_code=200 if ctx.live else 503)
 
     @app.get("/health/ready")
     async def ready() -> JSONResponse:

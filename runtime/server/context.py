@@ -32,7 +32,14 @@ class ServerContext:
     # ---- readiness -------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.state.status == "ready"
+        return self.state.status == "ready" and self.live
+
+    @property
+    def live(self) -> bool:
+        """False after a load failure or a crashed engine step loop: Kubernetes should restart us."""
+        if getattr(self.engine, "error", None) is not None and self.state.status != "failed":
+            self.state.status, self.state.error = "failed", f"engine step loop failed: {self.engine.error}"
+        return self.state.live
 
     def check_serving(self) -> None:
         s = self.state
@@ -102,9 +109,9 @@ class ServerContext:
     def sampling(self, req: Any, max_tokens: int) -> Any:
         from modeldeploy.runtime import SamplingParams
 
-        req.check_top_k()
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                top_k=req.top_k, seed=req.seed, stop=req.stop_list())
+                                top_k=req.top_k, seed=req.seed, stop=req.stop_list(),
+                                ignore_eos=req.ignore_eos)
         try:
             params.validate()
         except ValueError as e:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
-
 from modeldeploy.runtime.server.errors import APIError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 Number = Annotated[float, Field(allow_inf_nan=False)]  # strict float still takes ints (temperature=1)
@@ -36,6 +35,7 @@ class _Common(BaseModel):
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
     stream: StrictBool = False
     user: StrictStr | None = None
+    ignore_eos: StrictBool = False  # extension (as in vLLM): fixed-length outputs for load tests
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -44,10 +44,6 @@ class _Common(BaseModel):
         if any(s == "" for s in stops):
             raise APIError(400, "stop: stop sequences must be non-empty strings", param="stop")
         return stops
-
-    def check_top_k(self) -> None:
-        if self.top_k == 0:
-            raise APIError(400, "top_k: must be -1 (disabled) or >= 1", param="top_k")
 
 
 class _Choices(_Common):

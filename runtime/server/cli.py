@@ -1,0 +1,127 @@
+"""`modeldeploy serve`: the runtime server under uvicorn, with SIGTERM draining.
+
+The port opens at once and weights load in the background (see readiness.py). On the
+first SIGTERM/SIGINT the server keeps listening but reports 503 on /health/ready and
+refuses new requests, lets admitted requests (streams too) finish within --drain-timeout,
+then exits 0. A second signal exits at once.
+
+Test hook: env MODELDEPLOY_LOAD_DELAY_S (or the hidden flag --load-delay S) waits S seconds
+before loading, so readiness-during-load can be observed on a tiny model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvicorn
+
+log = logging.getLogger("modeldeploy.server")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory (HF layout: config, tokenizer, safetensors)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: dir name)")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences running in the engine at once")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-fraction", type=float, default=0.9)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    p.add_argument("--bundle-id", default="", help="bundle id label on every metric series")
+    p.add_argument("--model-digest", default=None, help="refuse to serve unless the model dir has this digest")
+    p.add_argument("--tokenizer-digest", default=None)
+    p.add_argument("--model-revision", default="", help="bundle.model.revision (a metric label)")
+    p.add_argument("--engine-build", default=os.environ.get("MODELDEPLOY_ENGINE_BUILD", ""),
+                   help="engine image digest / build id (env MODELDEPLOY_ENGINE_BUILD)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--api-key", default=os.environ.get("MODELDEPLOY_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (env MODELDEPLOY_API_KEY)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--access-log", action="store_true")
+    p.add_argument("--load-delay", type=float, default=float(os.environ.get("MODELDEPLOY_LOAD_DELAY_S", "0")),
+                   help=argparse.SUPPRESS)
+
+
+def build_config(args: argparse.Namespace):
+    from modeldeploy.runtime import EngineConfig
+    from modeldeploy.runtime.server.config import ServerConfig
+
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not 1 <= args.port <= 65535 and args.port != 0:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    engine = EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_fraction=args.kv_cache_fraction,
+        enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
+        model_digest=args.model_digest, tokenizer_digest=args.tokenizer_digest, bundle_id=args.bundle_id,
+        load_format=args.load_format)
+    name = args.served_model_name or Path(args.model).resolve().name
+    cfg = ServerConfig(engine=engine, served_model_name=name, max_queue=args.max_queue, api_key=args.api_key,
+                       drain_timeout_s=args.drain_timeout, load_delay_s=args.load_delay,
+                       engine_build=args.engine_build, model_revision=args.model_revision)
+    cfg.validate()
+    return cfg
+
+
+def main(args: argparse.Namespace) -> int:
+    from modeldeploy.runtime.server.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(args)
+    except ValueError as e:
+        print(f"modeldeploy serve: error: {e}", file=sys.stderr)
+        return 2
+    app = create_app(cfg)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log, timeout_graceful_shutdown=5, lifespan="on")
+    server = DrainingServer(config, app.state.ctx)
+    server.run()
+    return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first SIGTERM/SIGINT drains instead of closing the socket at once."""
+
+    def __init__(self, config: uvicorn.Config, ctx):
+        super().__init__(config)
+        self.ctx = ctx
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if not self._draining and self._loop is not None and not self.should_exit:
+            self._draining = True
+            log.info("received %s: draining (timeout %.1fs)", signal.Signals(sig).name, self.ctx.cfg.drain_timeout_s)
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)  # second signal: stop now
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())  # keep a reference: tasks are weakly held
+
+    async def _drain(self) -> None:
+        clean = await self.ctx.drain()
+        log.info("drain %s; shutting down", "complete" if clean else "timed out")
+        self.should_exit = True
