@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-model clean
+.PHONY: setup test unit lint demo demo-model clean crds
 
 setup: .venv/.installed
 
@@ -33,3 +33,6 @@ demo: demo-model
 
 clean:
 	rm -rf $(OUT) build *.egg-info
+
+crds: setup
+	$(PY) -m modeldeploy crd

@@ -1,0 +1,356 @@
+"""ModelDeployment API types (serving.modeldeploy.dev/v1alpha1): the single source of truth.
+
+The CRD schema (`modeldeploy crd`) is generated from these models, and the operator parses
+every object through them, so the API server and the operator agree on shape, defaults and
+rules. CEL rules (`x-kubernetes-validations`) sit next to the field they guard; the same
+checks run in pydantic so a unit test or `plan()` sees the error the API server would give.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+GROUP = "serving.modeldeploy.dev"
+VERSION = "v1alpha1"
+KIND = "ModelDeployment"
+PLURAL = "modeldeployments"
+SINGULAR = "modeldeployment"
+SHORT_NAMES = ["md"]
+
+PINNED_IMAGE_RE = r"^[^@ ]+@sha256:[0-9a-f]{64}$"
+DIGEST_RE = r"^sha256:[0-9a-f]{64}$"
+URI_RE = r"^(pvc|file|https?)://.+$"
+MSG_IMAGE = "engine.image must be pinned by digest: <repo>@sha256:<64 hex>, tags alone are not accepted"
+MSG_DIGEST = "digest must be 'sha256:' followed by 64 lowercase hex characters"
+MSG_URI = "uri must start with pvc://, file://, http:// or https://"
+MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica (and be 1 when gpusPerReplica is 0)"
+MSG_STEPS = "rollout.steps weights must be strictly increasing"
+MSG_TOKENIZER = (
+    "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
+)
+
+
+def _cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message, **extra}]}
+
+
+def _matches(pattern: str, message: str):
+    def check(v: str) -> str:
+        if not re.match(pattern, v):
+            raise ValueError(f"{message} (got {v!r})")
+        return v
+
+    return AfterValidator(check)
+
+
+PinnedImage = Annotated[
+    str,
+    _matches(PINNED_IMAGE_RE, MSG_IMAGE),
+    Field(max_length=512, json_schema_extra=_cel(f"self.matches('{PINNED_IMAGE_RE}')", MSG_IMAGE)),
+]
+Digest = Annotated[
+    str,
+    _matches(DIGEST_RE, MSG_DIGEST),
+    Field(max_length=71, json_schema_extra=_cel(f"self.matches('{DIGEST_RE}')", MSG_DIGEST)),
+]
+Uri = Annotated[
+    str,
+    _matches(URI_RE, MSG_URI),
+    Field(max_length=2048, json_schema_extra=_cel(f"self.matches('{URI_RE}')", MSG_URI)),
+]
+# A Kubernetes quantity ("4Gi", "500m", 2): int-or-string in the CRD.
+Quantity = int | str
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error, not ignored."""
+
+    model_config = ConfigDict(
+        alias_generator=lambda s: re.sub(r"_([a-z])", lambda m: m.group(1).upper(), s),
+        populate_by_name=True,
+        extra="forbid",
+    )
+
+
+class EngineRef(_Model):
+    image: PinnedImage = Field(description="Runtime image, pinned by digest (repo@sha256:...).")
+
+
+class Artifact(_Model):
+    uri: Uri = Field(
+        description="Where the files are: pvc://CLAIM[/SUBPATH], file:///HOST/PATH (hostPath, dev clusters), "
+        "or http(s)://URL (fetched by an init container that verifies the digest)."
+    )
+    revision: str = Field(max_length=256, description="Human revision (git sha, tag) recorded in status and metrics.")
+    digest: Digest = Field(description="sha256 over the sorted path:sha256 manifest (`modeldeploy digest DIR`).")
+
+
+class TokenizerRef(_Model):
+    uri: Uri | None = Field(default=None, description="Omit (or set equal to model.uri): read from the model directory.")
+    revision: str = Field(max_length=256, description="Tokenizer revision.")
+    digest: Digest = Field(description="sha256 manifest digest of the tokenizer files.")
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(max_length=253, description="Secret name in the same namespace.")
+    key: str = Field(max_length=253, description="Key within the Secret.")
+
+
+class ServingConfig(_Model):
+    max_num_seqs: int = Field(default=16, ge=1, le=4096, description="Sequences batched at once (--max-num-seqs).")
+    max_queue: int = Field(default=64, ge=0, le=100000, description="Admission queue length before 429 (--max-queue).")
+    max_model_len: int | None = Field(default=None, ge=16, le=1048576, description="Context length cap (--max-model-len).")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=16, le=1048576, description="Token budget per engine step (--max-num-batched-tokens)."
+    )
+    kv_cache_fraction: float | None = Field(
+        default=None, gt=0, le=1, description="Share of free device memory for KV blocks (--kv-cache-fraction)."
+    )
+    num_kv_blocks: int | None = Field(default=None, ge=1, description="Fixed KV block count (--num-kv-blocks).")
+    chunked_prefill: bool = Field(default=True, description="Split long prompts across steps (off: --no-chunked-prefill).")
+    served_model_name: str | None = Field(
+        default=None, max_length=256, description="Model name clients send (--served-model-name)."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(default="auto", description="Weight dtype (--dtype).")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device (--device).")
+    drain_timeout_seconds: int = Field(
+        default=30, ge=0, le=3600, description="SIGTERM drain budget (--drain-timeout); grace period is longer."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, never read by the operator."
+    )
+
+
+class Bundle(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel("!has(self.tokenizer.uri) || self.tokenizer.uri == self.model.uri", MSG_TOKENIZER)
+    )
+    engine: EngineRef = Field(description="The serving runtime image.")
+    model: Artifact = Field(description="Model weights and config.")
+    tokenizer: TokenizerRef = Field(description="Tokenizer pin.")
+    config: ServingConfig = Field(default_factory=ServingConfig, description="Serving configuration (runtime flags).")
+
+    @model_validator(mode="after")
+    def _tokenizer_same_dir(self) -> Bundle:
+        if self.tokenizer.uri is not None and self.tokenizer.uri != self.model.uri:
+            raise ValueError(MSG_TOKENIZER)
+        return self
+
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration subset)."""
+
+    key: str | None = Field(default=None, max_length=317, description="Taint key.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
+    toleration_seconds: int | None = Field(default=None, description="NoExecute grace.")
+
+
+def _gpu_toleration() -> list[Toleration]:
+    return [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+
+
+class Topology(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            "self.gpusPerReplica == 0 ? self.tensorParallel == 1 : self.gpusPerReplica % self.tensorParallel == 0",
+            MSG_TP,
+            fieldPath=".tensorParallel",
+        )
+    )
+    gpus_per_replica: int = Field(default=1, ge=0, le=64, description="nvidia.com/gpu per replica (0: CPU only).")
+    tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel degree; divides gpusPerReplica.")
+    gpu_type: str | None = Field(
+        default=None, max_length=128, description="Node label nvidia.com/gpu.product the replica needs (e.g. NVIDIA-H200)."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels a replica needs (merged with the GPU-type selector)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=_gpu_toleration, max_length=32, description="Pod tolerations (default: nvidia.com/gpu Exists)."
+    )
+    shm_size: Quantity = Field(default="1Gi", description="Size of the memory-backed /dev/shm.")
+
+    @model_validator(mode="after")
+    def _tp_divides(self) -> Topology:
+        ok = self.tensor_parallel == 1 if self.gpus_per_replica == 0 else self.gpus_per_replica % self.tensor_parallel == 0
+        if not ok:
+            raise ValueError(MSG_TP)
+        return self
+
+
+class Resources(_Model):
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: {"cpu": "1", "memory": "4Gi"}, description="Container requests (GPUs come from topology)."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=lambda: {"memory": "16Gi"}, description="Container limits (nvidia.com/gpu is added)."
+    )
+
+
+class Readiness(_Model):
+    load_timeout_seconds: int = Field(
+        default=600, ge=10, le=86400, description="Weights must load within this; sizes the startupProbe."
+    )
+
+
+class RolloutStep(_Model):
+    """One canary step: traffic weight, then a pause with analysis."""
+
+    weight: int = Field(ge=1, le=100, description="Canary traffic percent at this step.")
+    pause_seconds: int = Field(default=60, ge=0, le=86400, description="Hold before analysis may advance.")
+
+
+class SLO(_Model):
+    ttft_seconds: float = Field(default=1.0, gt=0, description="Time-to-first-token SLO for goodput.")
+    inter_token_seconds: float = Field(default=0.1, gt=0, description="Inter-token latency SLO for goodput.")
+
+
+class Analysis(_Model):
+    interval_seconds: int = Field(default=30, ge=5, le=3600, description="How often canary is compared to stable.")
+    min_samples: int = Field(default=50, ge=1, description="Below this many requests per cohort the verdict is Inconclusive.")
+    max_ttft_p95_ratio: float = Field(default=1.2, gt=0, description="Fail when canary TTFT p95 > ratio * stable.")
+    max_inter_token_p95_ratio: float = Field(default=1.2, gt=0, description="Fail when canary ITL p95 > ratio * stable.")
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Fail when canary error rate exceeds this.")
+    min_goodput_ratio: float = Field(default=0.95, ge=0, description="Fail when canary goodput < ratio * stable.")
+    slo: SLO = Field(default_factory=SLO, description="Latency SLOs that define goodput.")
+    prometheus_address: str | None = Field(
+        default=None, max_length=2048, description="Prometheus HTTP API; default: scrape cohort pods' /metrics."
+    )
+
+
+class GatewayParentRef(_Model):
+    """A Gateway (and listener) the HTTPRoute attaches to."""
+
+    name: str = Field(max_length=253, description="Gateway name.")
+    namespace: str | None = Field(default=None, max_length=63, description="Gateway namespace.")
+    section_name: str | None = Field(default=None, max_length=253, description="Listener name.")
+
+
+class GatewayAPI(_Model):
+    parent_refs: list[GatewayParentRef] = Field(min_length=1, max_length=16, description="Gateways the HTTPRoute attaches to.")
+    hostnames: list[str] = Field(default_factory=list, max_length=16, description="HTTPRoute hostnames.")
+    cohort_header: str = Field(
+        default="x-modeldeploy-cohort", max_length=256, description="Header whose value 'canary' pins to canary."
+    )
+
+
+class TrafficRouting(_Model):
+    gateway_api: GatewayAPI | None = Field(
+        default=None, alias="gatewayAPI", description="Route by Gateway API HTTPRoute weights; default: by replica ratio."
+    )
+
+
+class KeepPrevious(_Model):
+    replicas: int = Field(default=1, ge=0, description="Warm replicas of the prior bundle after promotion.")
+    seconds: int = Field(default=3600, ge=0, description="How long the prior bundle stays warm.")
+
+
+def _default_steps() -> list[RolloutStep]:
+    return [RolloutStep(weight=10), RolloutStep(weight=50)]
+
+
+class Rollout(_Model):
+    steps: list[RolloutStep] = Field(
+        default_factory=_default_steps,
+        max_length=20,
+        description="Canary steps; weights strictly increasing in 1..100.",
+        json_schema_extra=_cel(
+            "self.all(a, self.exists_one(b, b.weight == a.weight)) && self.map(s, s.weight).isSorted()", MSG_STEPS
+        ),
+    )
+    analysis: Analysis = Field(default_factory=Analysis, description="Canary vs stable metric analysis.")
+    conformance_gate: bool = Field(default=True, description="Run the serving-contract suite on a canary pod first.")
+    traffic_routing: TrafficRouting = Field(default_factory=TrafficRouting, description="How traffic is split.")
+    keep_previous: KeepPrevious = Field(default_factory=KeepPrevious, description="Warm prior bundle for fast rollback.")
+    progress_deadline_seconds: int = Field(default=1800, ge=30, description="A rollout not done by then rolls back.")
+
+    @model_validator(mode="after")
+    def _increasing(self) -> Rollout:
+        w = [s.weight for s in self.steps]
+        if any(b <= a for a, b in zip(w, w[1:], strict=False)):
+            raise ValueError(MSG_STEPS)
+        return self
+
+
+class ModelDeploymentSpec(_Model):
+    bundle: Bundle = Field(description="What is served: engine image, model, tokenizer, config. Hashed into the bundle id.")
+    replicas: int = Field(default=1, ge=0, le=1000, description="Serving replicas of the stable bundle.")
+    topology: Topology = Field(default_factory=Topology, description="GPUs and placement of one replica.")
+    resources: Resources = Field(default_factory=Resources, description="CPU/memory of the serving container.")
+    readiness: Readiness = Field(default_factory=Readiness, description="Load and readiness timing.")
+    rollout: Rollout = Field(default_factory=Rollout, description="How a bundle change is rolled out.")
+
+
+# ---- status (written only by the operator) ----
+
+
+class Condition(_Model):
+    type: Literal["Ready", "Progressing", "Degraded"] = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(max_length=128, description="CamelCase machine-readable reason.")
+    message: str = Field(default="", max_length=4096, description="Human-readable detail.")
+    observed_generation: int | None = Field(default=None, description="Generation this condition reflects.")
+    last_transition_time: str | None = Field(default=None, description="RFC 3339 time the status last changed.")
+
+
+class CohortStatus(_Model):
+    bundle: str = Field(max_length=64, description="Bundle id served by this cohort.")
+    revision: str | None = Field(default=None, max_length=256, description="Model revision of the bundle.")
+    deployment: str | None = Field(default=None, max_length=253, description="Deployment running the cohort.")
+    replicas: int = Field(default=0, description="Desired replicas.")
+    ready_replicas: int = Field(default=0, description="Replicas passing /health/ready.")
+    load_progress: float = Field(default=0.0, ge=0, le=1, description="Share of desired replicas that are ready (0..1).")
+
+
+class HistoryEntry(_Model):
+    bundle: str = Field(max_length=64, description="Bundle id.")
+    revision: str | None = Field(default=None, max_length=256, description="Model revision.")
+    promoted_at: str | None = Field(default=None, description="When it became stable.")
+    replaced_at: str | None = Field(default=None, description="When it stopped being stable.")
+
+
+class MetricVerdict(_Model):
+    metric: str = Field(max_length=64, description="Metric name.")
+    stable: float | None = Field(default=None, description="Stable cohort value.")
+    canary: float | None = Field(default=None, description="Canary cohort value.")
+    threshold: float | None = Field(default=None, description="Threshold applied.")
+    samples: int = Field(default=0, description="Requests observed per cohort (minimum of both).")
+    verdict: Literal["Pass", "Fail", "Inconclusive"] = Field(description="Pass, Fail or Inconclusive.")
+
+
+class AnalysisResult(_Model):
+    time: str | None = Field(default=None, description="When the analysis ran.")
+    step: int | None = Field(default=None, description="Rollout step analysed.")
+    verdict: Literal["Pass", "Fail", "Inconclusive"] = Field(description="Overall verdict.")
+    metrics: list[MetricVerdict] = Field(default_factory=list, description="Per-metric figures.")
+
+
+class ModelDeploymentStatus(_Model):
+    model_config = ConfigDict(extra="ignore")
+    observed_generation: int | None = Field(default=None, description="metadata.generation the status reflects.")
+    phase: str | None = Field(default=None, max_length=64, description="Stable, Deploying, Verifying, Canary, Promoting, RollingBack, Degraded.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
+    stable: CohortStatus | None = Field(default=None, description="The bundle serving production traffic.")
+    canary: CohortStatus | None = Field(default=None, description="The bundle being rolled out, if any.")
+    canary_weight: int = Field(default=0, ge=0, le=100, description="Percent of traffic on the canary.")
+    current_step: int | None = Field(default=None, description="Index into spec.rollout.steps.")
+    replicas: int = Field(default=0, description="Serving pods desired (scale subresource).")
+    ready_replicas: int = Field(default=0, description="Serving pods ready, all cohorts.")
+    selector: str | None = Field(default=None, description="Label selector of the serving pods (scale subresource).")
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=50, description="Prior stable bundles.")
+    last_analysis: AnalysisResult | None = Field(default=None, description="Latest canary analysis.")
+    failed_bundles: list[str] = Field(default_factory=list, max_length=50, description="Bundle ids not retried until spec changes.")
+
+
+class ModelDeployment(_Model):
+    """The whole object as the operator sees it; metadata stays a plain dict."""
+
+    model_config = ConfigDict(extra="ignore")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus = Field(default_factory=ModelDeploymentStatus)

@@ -1,0 +1,215 @@
+"""Manifest builders for the objects a ModelDeployment owns: pure functions, no I/O.
+
+One Deployment per live bundle runs `modeldeploy serve`; Services `<name>` (all serving
+pods), `<name>-stable` and `<name>-canary` (one cohort each) select by labels.
+Pods pass Pod Security `restricted` except for file:// models, which need a hostPath
+volume and are therefore for development clusters only (documented on the field).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from urllib.parse import urlparse
+
+from modeldeploy.operator.api import Artifact, ModelDeploymentSpec
+from modeldeploy.operator.bundle import (
+    BUNDLE_LABEL,
+    bundle_labels,
+    deployment_name,
+    instance_labels,
+    selector_labels,
+)
+
+PORT = 8000
+MODEL_DIR = "/models/model"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
+RUN_AS = 65532
+
+
+def owner_reference(md: dict[str, Any]) -> dict[str, Any]:
+    meta = md["metadata"]
+    return {
+        "apiVersion": md.get("apiVersion", "serving.modeldeploy.dev/v1alpha1"),
+        "kind": md.get("kind", "ModelDeployment"),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
+    """`modeldeploy serve` flags from spec.bundle.config; only flags the runtime defines."""
+    c = spec.bundle.config
+    args = ["--model", MODEL_DIR, "--host", "0.0.0.0", "--port", str(PORT)]
+    args += ["--max-num-seqs", str(c.max_num_seqs), "--max-queue", str(c.max_queue)]
+    if c.max_model_len is not None:
+        args += ["--max-model-len", str(c.max_model_len)]
+    if c.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
+    if c.kv_cache_fraction is not None:
+        args += ["--kv-cache-fraction", str(c.kv_cache_fraction)]
+    if c.num_kv_blocks is not None:
+        args += ["--num-kv-blocks", str(c.num_kv_blocks)]
+    if not c.chunked_prefill:
+        args += ["--no-chunked-prefill"]
+    if c.served_model_name:
+        args += ["--served-model-name", c.served_model_name]
+    args += ["--device", c.device, "--dtype", c.dtype, "--bundle-id", bid]
+    args += ["--model-digest", spec.bundle.model.digest, "--tokenizer-digest", spec.bundle.tokenizer.digest]
+    args += ["--model-revision", spec.bundle.model.revision, "--drain-timeout", str(c.drain_timeout_seconds)]
+    return args  # the API key arrives as env MODELDEPLOY_API_KEY, never on the command line
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def model_source(model: Artifact, image: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(volume, init container or None) that put the model files at MODEL_DIR."""
+    u = urlparse(model.uri)
+    if u.scheme == "pvc":
+        return {"name": "model", "persistentVolumeClaim": {"claimName": u.netloc, "readOnly": True}}, None
+    if u.scheme == "file":
+        return {"name": "model", "hostPath": {"path": u.path, "type": "Directory"}}, None
+    init = {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["modeldeploy", "fetch"],
+        "args": [model.uri, MODEL_DIR, "--digest", model.digest],
+        "volumeMounts": [{"name": "model", "mountPath": MODEL_DIR}],
+        "securityContext": container_security(),
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    return {"name": "model", "emptyDir": {}}, init
+
+
+def _quantities(d: dict[str, int | str]) -> dict[str, str]:
+    return {k: str(v) for k, v in d.items()}
+
+
+def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
+    topo, c = spec.topology, spec.bundle.config
+    image = spec.bundle.engine.image
+    volume, init = model_source(spec.bundle.model, image)
+    mount: dict[str, Any] = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+    sub = urlparse(spec.bundle.model.uri).path.lstrip("/")
+    if volume.get("persistentVolumeClaim") and sub:
+        mount["subPath"] = sub
+    requests = _quantities(spec.resources.requests)
+    limits = _quantities(spec.resources.limits)
+    if topo.gpus_per_replica:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(topo.gpus_per_replica)
+    env = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+        {"name": "MODELDEPLOY_BUNDLE", "value": bid},
+    ]
+    if c.api_key_secret_ref is not None:
+        ref = c.api_key_secret_ref
+        env.append({"name": "MODELDEPLOY_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
+    period = 5
+    container = {
+        "name": "serve",
+        "image": image,
+        "command": ["modeldeploy", "serve"],
+        "args": serve_args(spec, bid),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": {"requests": requests, "limits": limits},
+        "volumeMounts": [mount, {"name": "shm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "startupProbe": http("/health/ready")
+        | {"periodSeconds": period, "failureThreshold": math.ceil(spec.readiness.load_timeout_seconds / period)},
+        "readinessProbe": http("/health/ready") | {"periodSeconds": period, "failureThreshold": 2},
+        "livenessProbe": http("/health/live") | {"periodSeconds": 10, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
+        "securityContext": container_security(),
+    }
+    node_selector = dict(topo.node_selector)
+    if topo.gpu_type:
+        node_selector[GPU_PRODUCT_LABEL] = topo.gpu_type
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": c.drain_timeout_seconds + PRESTOP_SLEEP_S + 10,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            volume,
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(topo.shm_size)}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in topo.tolerations],
+    }
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if init is not None:
+        pod["initContainers"] = [init]
+    return pod
+
+
+def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int, cohort: str) -> dict[str, Any]:
+    name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
+    labels = bundle_labels(name, bid, spec.bundle.model.revision)
+    match = selector_labels(name) | {BUNDLE_LABEL: bid}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(name, bid),
+            "namespace": ns,
+            "labels": labels,
+            "annotations": {"modeldeploy.dev/cohort": cohort},
+            "ownerReferences": [owner_reference(md)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": match},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec(spec, bid)},
+        },
+    }
+
+
+def service(md: dict[str, Any], suffix: str, bid: str | None) -> dict[str, Any]:
+    """`<name>` (bid None: every serving pod) or `<name>-<suffix>` for one cohort's bundle."""
+    name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
+    selector = selector_labels(name)
+    if suffix:
+        # a cohort with no bundle selects nothing rather than everything
+        selector = selector | {BUNDLE_LABEL: bid or "none"}
+    labels = instance_labels(name) | ({"modeldeploy.dev/cohort": suffix} if suffix else {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": f"{name}-{suffix}" if suffix else name,
+            "namespace": ns,
+            "labels": labels,
+            "ownerReferences": [owner_reference(md)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

@@ -1,0 +1,77 @@
+"""Topology fit: can any node *ever* host one replica? Pure, no I/O.
+
+Pods that can never schedule sit Pending without telling anyone why at the level a
+platform team looks at (the ModelDeployment). This check names the first constraint that
+no node satisfies (GPU type, node labels, GPU count, untolerated taints) so status can
+say `Degraded/Unschedulable` instead. It uses allocatable capacity, not current usage:
+a busy cluster is a Pending pod, not an impossible one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from modeldeploy.operator.api import Toleration, Topology
+from modeldeploy.operator.children import GPU_PRODUCT_LABEL, GPU_RESOURCE
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+
+    @classmethod
+    def from_node(cls, node: dict[str, Any]) -> NodeInfo:
+        meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
+        alloc = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, "0")
+        try:
+            gpus = int(str(alloc))
+        except ValueError:
+            gpus = 0
+        taints = tuple((t.get("key", ""), t.get("value") or "", t.get("effect", "")) for t in spec.get("taints") or [])
+        return cls(name=meta.get("name", ""), labels=dict(meta.get("labels") or {}), gpus=gpus, taints=taints)
+
+
+def tolerates(tolerations: list[Toleration], taint: tuple[str, str, str]) -> bool:
+    key, value, effect = taint
+    if effect == "PreferNoSchedule":
+        return True
+    for t in tolerations:
+        if t.effect is not None and t.effect != effect:
+            continue
+        if t.key is None and t.operator == "Exists":
+            return True
+        if t.key == key and (t.operator == "Exists" or (t.value or "") == value):
+            return True
+    return False
+
+
+def fit(topology: Topology, nodes: list[NodeInfo]) -> str | None:
+    """None when some node can host a replica, else a message naming the constraint."""
+    if not nodes:
+        return "the cluster has no nodes"
+    selector = dict(topology.node_selector)
+    if topology.gpu_type:
+        selector[GPU_PRODUCT_LABEL] = topology.gpu_type
+    candidates = nodes
+    for key, value in selector.items():
+        candidates = [n for n in candidates if n.labels.get(key) == value]
+        if not candidates:
+            seen = sorted({n.labels[key] for n in nodes if key in n.labels})
+            have = f"; nodes have {key} in {seen}" if seen else f"; no node has label {key}"
+            what = "gpuType" if key == GPU_PRODUCT_LABEL and topology.gpu_type == value else "nodeSelector"
+            return f"{what}: no node has label {key}={value}{have}"
+    need = topology.gpus_per_replica
+    if need:
+        most = max(n.gpus for n in candidates)
+        if most < need:
+            return f"gpusPerReplica: {need} {GPU_RESOURCE} per replica but the largest matching node has {most}"
+        candidates = [n for n in candidates if n.gpus >= need]
+    hard = [n for n in candidates if all(tolerates(topology.tolerations, t) for t in n.taints)]
+    if not hard:
+        taints = sorted({f"{k}={v}:{e}" for n in candidates for (k, v, e) in n.taints if not tolerates(topology.tolerations, (k, v, e))})
+        return f"tolerations: every matching node has an untolerated taint ({', '.join(taints)})"
+    return None

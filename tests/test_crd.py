@@ -1,0 +1,126 @@
+"""The CRD is generated from the API types; committed copies must match, and its rules must bite."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_fixtures import DIGEST, IMAGE, md
+from pydantic import ValidationError
+
+from modeldeploy.operator import api, crd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("rel", [crd.CRD_PATH, crd.CHART_CRD_PATH])
+def test_committed_crd_matches_generated(rel: Path) -> None:
+    committed = (ROOT / rel).read_text()
+    assert committed == crd.render(), f"{rel} is stale: run `make crds`"
+
+
+def _walk(node: Any, path: str = ""):
+    if isinstance(node, dict):
+        yield path, node
+        for k, v in node.get("properties", {}).items():
+            yield from _walk(v, f"{path}.{k}")
+        if isinstance(node.get("items"), dict):
+            yield from _walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def schema() -> dict[str, Any]:
+    return crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_schema_is_structural_and_described() -> None:
+    for path, node in _walk(schema()):
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "title"):
+            assert banned not in node, f"{path} has {banned}"
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        if node.get("type") == "object":
+            assert not ("properties" in node and "additionalProperties" in node), path
+        primitive_item = path.endswith(("[]", "{}")) and node.get("type") != "object"
+        if path.startswith(".spec.") and not primitive_item:
+            assert node.get("description"), f"{path} has no description (kubectl explain)"
+
+
+def test_defaults_are_in_schema() -> None:
+    spec = schema()["properties"]["spec"]["properties"]
+    assert spec["replicas"]["default"] == 1
+    assert spec["topology"]["default"] == {}
+    assert spec["topology"]["properties"]["tolerations"]["default"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert spec["rollout"]["properties"]["steps"]["default"][0] == {"weight": 10, "pauseSeconds": 60}
+
+
+def rules(path: str) -> list[dict[str, str]]:
+    node = schema()
+    for part in path.split("."):
+        node = node["properties"][part]
+    return node["x-kubernetes-validations"]
+
+
+def test_cel_rules_and_messages_present() -> None:
+    assert "sha256" in rules("spec.bundle.engine.image")[0]["message"]
+    assert "64" in rules("spec.bundle.model.digest")[0]["message"]
+    assert "divide" in rules("spec.topology")[0]["message"]
+    assert "strictly increasing" in rules("spec.rollout.steps")[0]["message"]
+    # the CEL regexes are the same ones pydantic enforces; RE2 has no \s-style escapes inside CEL strings
+    for r in (rules("spec.bundle.engine.image")[0], rules("spec.bundle.model.digest")[0]):
+        pattern = re.search(r"matches\('(.*)'\)", r["rule"]).group(1)
+        assert "\\" not in pattern
+
+
+def test_subresources_columns_shortname() -> None:
+    c = crd.crd()["spec"]
+    v = c["versions"][0]
+    assert c["names"]["shortNames"] == ["md"] and v["subresources"]["status"] == {}
+    assert v["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    assert [col["name"] for col in v["additionalPrinterColumns"]] == ["Phase", "Stable", "Canary", "Weight", "Ready", "Age"]
+
+
+def test_valid_spec_parses_with_defaults() -> None:
+    spec = api.ModelDeploymentSpec.model_validate(md()["spec"])
+    assert spec.topology.tolerations[0].key == "nvidia.com/gpu" and spec.rollout.steps[-1].weight == 50
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        (("bundle", "engine", "image"), "registry.local/modeldeploy:v1", "pinned by digest"),
+        (("bundle", "engine", "image"), "registry.local/modeldeploy@sha256:abc", "pinned by digest"),
+        (("bundle", "model", "digest"), "sha256:" + "Z" * 64, "64 lowercase hex"),
+        (("bundle", "tokenizer", "digest"), "md5:" + "0" * 32, "64 lowercase hex"),
+        (("bundle", "model", "uri"), "hf://org/model", "pvc://"),
+        (("bundle", "tokenizer", "uri"), "pvc://other/tok", "tokenizer.uri must be omitted"),
+        (("topology",), {"gpusPerReplica": 4, "tensorParallel": 3}, "must divide"),
+        (("topology",), {"gpusPerReplica": 0, "tensorParallel": 2}, "must divide"),
+        (("rollout", "steps"), [{"weight": 50}, {"weight": 10}], "strictly increasing"),
+        (("rollout", "steps"), [{"weight": 10}, {"weight": 10}], "strictly increasing"),
+        (("rollout", "steps"), [{"weight": 101}], "less than or equal to 100"),
+        (("bundle", "config", "maxNumSeq"), 4, "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_specs_rejected_with_message(path: tuple[str, ...], value: Any, needle: str) -> None:
+    obj = md()["spec"]
+    node = obj
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    with pytest.raises(ValidationError) as e:
+        api.ModelDeploymentSpec.model_validate(obj)
+    assert needle in str(e.value)
+
+
+def test_yaml_header_says_generated() -> None:
+    text = crd.render()
+    assert text.startswith("# Generated by `modeldeploy crd`")
+    assert yaml.safe_load(text)["metadata"]["name"] == "modeldeployments.serving.modeldeploy.dev"
+    assert IMAGE and DIGEST  # fixtures are valid pins
+    api.ModelDeploymentSpec.model_validate(md()["spec"])

@@ -1,0 +1,221 @@
+"""plan(desired, observed) tables: create, scale, bundle change, deletion, drift, fit."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
+
+from modeldeploy.operator.plan import Create, Delete, Event, Observed, Patch, PatchStatus, plan
+
+NOW = "2026-01-01T00:00:00Z"
+
+
+def kinds(actions: list) -> list[tuple[str, str, str]]:
+    out = []
+    for a in actions:
+        if isinstance(a, Create):
+            out.append(("create", a.obj["kind"], a.obj["metadata"]["name"]))
+        elif isinstance(a, Patch):
+            out.append(("patch", a.kind, a.name))
+        elif isinstance(a, Delete):
+            out.append(("delete", a.kind, a.name))
+    return sorted(out)
+
+
+def status_of(actions: list) -> dict[str, Any]:
+    found = [a.status for a in actions if isinstance(a, PatchStatus)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def converge(obj: dict[str, Any], observed: Observed, ready: int | None = None) -> tuple[dict[str, Any], Observed]:
+    """Apply a plan the way the applier would, with every Deployment at `ready` ready replicas."""
+    acts = plan(obj, observed, NOW)
+    deps = {d["metadata"]["name"]: d for d in observed.deployments}
+    svcs = {s["metadata"]["name"]: s for s in observed.services}
+    for a in acts:
+        if isinstance(a, Create):
+            target = deps if a.obj["kind"] == "Deployment" else svcs
+            target[a.obj["metadata"]["name"]] = as_observed(a.obj, ready)
+        elif isinstance(a, Delete):
+            (deps if a.kind == "Deployment" else svcs).pop(a.name)
+        elif isinstance(a, Patch):
+            target = deps if a.kind == "Deployment" else svcs
+            target[a.name]["spec"].update(a.body["spec"])
+        elif isinstance(a, PatchStatus):
+            obj = {**obj, "status": a.status}
+    return obj, Observed(list(deps.values()), list(svcs.values()), observed.nodes)
+
+
+def test_create_makes_deployment_and_three_services() -> None:
+    acts = plan(md(), Observed(nodes=gpu_nodes()), NOW)
+    created = kinds(acts)
+    dep = [a.obj for a in acts if isinstance(a, Create) and a.obj["kind"] == "Deployment"]
+    assert len(dep) == 1 and dep[0]["spec"]["replicas"] == 2
+    bid = dep[0]["metadata"]["labels"]["modeldeploy.dev/bundle"]
+    assert created == sorted(
+        [("create", "Deployment", f"chat-{bid[:10]}"), ("create", "Service", "chat"),
+         ("create", "Service", "chat-stable"), ("create", "Service", "chat-canary")]
+    )  # fmt: skip
+    st = status_of(acts)
+    assert st["observedGeneration"] == 1 and st["phase"] == "Deploying" and st["stable"]["bundle"] == bid
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Progressing"]["status"] == "True" and cond["Ready"]["status"] == "False"
+    assert cond["Degraded"]["status"] == "False" and all(c["lastTransitionTime"] == NOW for c in cond.values())
+    assert any(isinstance(a, Event) and a.reason == "Created" for a in acts)
+
+
+def test_converged_state_plans_nothing_and_is_ready() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    obj, obs = converge(obj, obs)  # status now sees the ready Deployment
+    st = obj["status"]
+    assert st["phase"] == "Stable" and st["readyReplicas"] == 2
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {"Ready": "True", "Progressing": "False", "Degraded": "False"}
+    assert plan(obj, obs, "2026-01-01T01:00:00Z") == []  # idempotent: a restarted operator changes nothing
+
+
+def test_scale_patches_replicas_only() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    obj, obs = converge(obj, obs)
+    obj = copy.deepcopy(obj)
+    obj["spec"]["replicas"], obj["metadata"]["generation"] = 5, 2
+    acts = plan(obj, obs, NOW)
+    [patch] = [a for a in acts if isinstance(a, Patch)]
+    assert patch.kind == "Deployment" and patch.body["spec"]["replicas"] == 5
+    assert kinds(acts) == [("patch", "Deployment", patch.name)]  # same bundle id: no new Deployment
+    assert status_of(acts)["observedGeneration"] == 2
+
+
+def test_bundle_change_runs_new_deployment_then_promotes_and_deletes_old() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    obj, obs = converge(obj, obs)
+    old_bid = obj["status"]["stable"]["bundle"]
+    obj = copy.deepcopy(obj)
+    obj["spec"]["bundle"]["config"]["maxNumSeqs"] = 4
+    obj["metadata"]["generation"] = 2
+    acts = plan(obj, obs, NOW)
+    new = [a.obj for a in acts if isinstance(a, Create)]
+    assert [d["kind"] for d in new] == ["Deployment"]
+    new_bid = new[0]["metadata"]["labels"]["modeldeploy.dev/bundle"]
+    assert new_bid != old_bid and not any(isinstance(a, Delete) for a in acts)
+    canary_svc = [a for a in acts if isinstance(a, Patch) and a.name == "chat-canary"]
+    assert canary_svc and canary_svc[0].body["spec"]["selector"]["modeldeploy.dev/bundle"] == new_bid
+    st = status_of(acts)
+    assert st["stable"]["bundle"] == old_bid and st["canary"]["bundle"] == new_bid and st["phase"] == "Deploying"
+    # new pods still loading: nothing deleted yet
+    obj2, obs2 = converge(obj, obs, ready=0)
+    obj2, obs2 = converge(obj2, obs2, ready=0)
+    assert obj2["status"]["canary"]["readyReplicas"] == 0 and len(obs2.deployments) == 2
+    # new pods Ready -> promoted, old Deployment deleted, history records the old bundle
+    for d in obs2.deployments:
+        d["status"]["readyReplicas"] = d["spec"]["replicas"]
+    acts = plan(obj2, obs2, NOW)
+    assert ("delete", "Deployment", f"chat-{old_bid[:10]}") in kinds(acts)
+    assert any(isinstance(a, Event) and a.reason == "Promoted" for a in acts)
+    st = status_of(acts)
+    assert st["stable"]["bundle"] == new_bid and "canary" not in st and st["history"][-1]["bundle"] == old_bid
+
+
+def test_deletion_plans_nothing_gc_owns_children() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    obj["metadata"]["deletionTimestamp"] = NOW
+    assert plan(obj, obs, NOW) == []
+    owner = obs.deployments[0]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == "uid-1" and owner["controller"] is True and owner["blockOwnerDeletion"] is True
+
+
+def test_stale_bundle_deployment_is_deleted() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    stray = copy.deepcopy(obs.deployments[0])
+    stray["metadata"]["name"] = "chat-0000000000"
+    stray["metadata"]["labels"]["modeldeploy.dev/bundle"] = "0000000000000000"
+    obs.deployments.append(stray)
+    assert ("delete", "Deployment", "chat-0000000000") in kinds(plan(obj, obs, NOW))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["spec"]["template"]["spec"]["containers"][0].update(image="evil@sha256:" + "c" * 64),
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "X", "value": "1"}),
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["args"].__setitem__(1, "/elsewhere"),
+        lambda d: d["spec"].update(replicas=7),
+        lambda d: d["spec"]["template"]["spec"]["securityContext"].update(runAsNonRoot=False),
+    ],
+    ids=["image", "env-added", "args", "replicas", "security"],
+)
+def test_drift_on_child_deployment_is_reverted(edit) -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    obj, obs = converge(obj, obs)
+    edit(obs.deployments[0])
+    acts = plan(obj, obs, NOW)
+    [patch] = [a for a in acts if isinstance(a, Patch)]
+    assert patch.kind == "Deployment" and any(isinstance(a, Event) and a.reason == "DriftReverted" for a in acts)
+    obj, obs = converge(obj, obs)
+    assert obs.deployments[0]["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
+    assert [a for a in plan(obj, obs, NOW) if not isinstance(a, PatchStatus)] == []
+
+
+def test_service_selector_drift_is_reverted() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    svc = next(s for s in obs.services if s["metadata"]["name"] == "chat")
+    svc["spec"]["selector"] = {"app": "other"}
+    assert kinds(plan(obj, obs, NOW)) == [("patch", "Service", "chat")]
+
+
+def test_defaults_added_by_api_server_are_not_drift() -> None:
+    obj, obs = converge(md(resources={"requests": {"cpu": "1000m", "memory": "4Gi"}}), Observed(nodes=gpu_nodes()))
+    obs.deployments[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+    assert kinds(plan(obj, obs, NOW)) == []
+
+
+@pytest.mark.parametrize(
+    ("topology", "nodes", "needle"),
+    [
+        ({"gpusPerReplica": 1, "gpuType": "NVIDIA-B300"}, gpu_nodes(), "nvidia.com/gpu.product=NVIDIA-B300"),
+        ({"gpusPerReplica": 16, "tensorParallel": 8, "gpuType": "NVIDIA-H200"}, gpu_nodes(), "gpusPerReplica: 16"),
+        ({"gpusPerReplica": 1, "tolerations": []}, gpu_nodes(), "nvidia.com/gpu=present:NoSchedule"),
+        ({"gpusPerReplica": 1, "nodeSelector": {"zone": "b"}}, gpu_nodes(), "nodeSelector: no node has label zone=b"),
+    ],
+    ids=["gpu-type", "gpu-count", "taint", "node-selector"],
+)
+def test_unschedulable_topology_is_degraded_and_creates_no_pods(topology, nodes, needle) -> None:
+    acts = plan(md(topology=topology), Observed(nodes=nodes), NOW)
+    assert not any(isinstance(a, Create) and a.obj["kind"] == "Deployment" for a in acts)
+    st = status_of(acts)
+    deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert deg["status"] == "True" and deg["reason"] == "Unschedulable" and needle in deg["message"]
+    assert st["phase"] == "Degraded"
+    assert [a.reason for a in acts if isinstance(a, Event) and a.type == "Warning"] == ["Unschedulable"]
+
+
+def test_unschedulable_new_bundle_keeps_stable_serving() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    obj, obs = converge(obj, obs)
+    obj = copy.deepcopy(obj)
+    obj["spec"]["topology"]["gpuType"] = "NVIDIA-B300"
+    acts = plan(obj, obs, NOW)
+    assert kinds(acts) == [] or all(k[0] == "patch" and k[1] == "Service" for k in kinds(acts))
+    st = status_of(acts)
+    assert st["stable"]["readyReplicas"] == 2 and {c["type"]: c["reason"] for c in st["conditions"]}["Degraded"] == "Unschedulable"
+
+
+def test_last_transition_time_kept_when_status_unchanged() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
+    first = {c["type"]: c["lastTransitionTime"] for c in obj["status"]["conditions"]}
+    acts = plan(obj, obs, "2026-01-01T05:00:00Z")
+    st = status_of(acts)  # ready count changed: Ready flips, the others keep their time
+    times = {c["type"]: c["lastTransitionTime"] for c in st["conditions"]}
+    assert times["Ready"] == "2026-01-01T05:00:00Z" and times["Degraded"] == first["Degraded"]
+
+
+def test_invalid_spec_reports_degraded_without_children() -> None:
+    bad = md()
+    bad["spec"]["bundle"]["engine"]["image"] = "registry.local/modeldeploy:latest"
+    acts = plan(bad, Observed(nodes=gpu_nodes()), NOW)
+    assert kinds(acts) == []
+    deg = next(c for c in status_of(acts)["conditions"] if c["type"] == "Degraded")
+    assert deg["reason"] == "InvalidSpec" and "pinned by digest" in deg["message"]
