@@ -1,0 +1,276 @@
+"""Bring a local Kubernetes control plane up and down with kwokctl and the locally built binaries.
+
+kwokctl (`create cluster --runtime binary`) owns certificates, ports, component flags, pid files
+and process lifecycles of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the
+kwok controller; we only point it at the binaries `build.sh` compiled. What kwokctl cannot do is
+run real pods, so the process node (`modeldeploy.e2e.procnode`) is started here as one more
+background process with its own pid file, and `down` stops it before deleting the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MODELDEPLOY_CACHE", Path.home() / ".cache" / "modeldeploy"))
+
+
+def pinned_versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (HERE / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+@dataclass
+class Binaries:
+    """Paths of the cached binaries, keyed by component and version (see build.sh)."""
+
+    root: Path
+    versions: dict[str, str]
+
+    def _p(self, component: str, key: str, name: str) -> Path:
+        return self.root / f"{component}-{self.versions[key]}" / name
+
+    @property
+    def kube_dir(self) -> Path:
+        return self._p("kubernetes", "K8S_VERSION", "")
+
+    @property
+    def kubectl(self) -> Path:
+        return self._p("kubernetes", "K8S_VERSION", "kubectl")
+
+    @property
+    def etcd(self) -> Path:
+        return self._p("etcd", "ETCD_VERSION", "etcd")
+
+    @property
+    def kwok(self) -> Path:
+        return self._p("kwok", "KWOK_VERSION", "kwok")
+
+    @property
+    def kwokctl(self) -> Path:
+        return self._p("kwok", "KWOK_VERSION", "kwokctl")
+
+    @property
+    def helm(self) -> Path:
+        return self._p("helm", "HELM_VERSION", "helm")
+
+    def all(self) -> list[Path]:
+        k = self.kube_dir
+        kube = [k / n for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")]
+        return [*kube, self.etcd, self.kwok, self.kwokctl, self.helm]
+
+    def missing(self) -> list[Path]:
+        return [p for p in self.all() if not os.access(p, os.X_OK)]
+
+
+@dataclass
+class Settings:
+    """One local cluster. Two clusters on one machine need different names, bridges and CIDRs."""
+
+    name: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NAME", "modeldeploy"))
+    gpu_nodes: int = 2
+    ready_delay_ms: int = 1000
+    process_node: str = "proc-0"
+    bridge: str = "mdbr0"
+    pod_cidr: str = "10.244.0.0/24"
+
+
+class LocalCluster:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.s = settings or Settings()
+        self.bins = Binaries(cache_root(), pinned_versions())
+        self.workdir = cache_root() / "kwokctl"  # KWOK_WORKDIR: kwokctl keeps clusters/<name>/ here
+        self.run_dir = cache_root() / "run" / self.s.name  # ours: kubeconfig, process node state
+        self.kubeconfig = self.run_dir / "kubeconfig"
+        self.procnode_dir = self.run_dir / "procnode"
+        self.procnode_pidfile = self.run_dir / "procnode.pid"
+
+    # --- helpers ---------------------------------------------------------------------------
+    @property
+    def cluster_dir(self) -> Path:
+        return self.workdir / "clusters" / self.s.name
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.cluster_dir / "logs"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KWOK_WORKDIR"] = str(self.workdir)
+        env["PATH"] = f"{self.bins.kube_dir}:{env.get('PATH', '')}"
+        env.pop("KUBECONFIG", None)
+        return env
+
+    def kwokctl(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bins.kwokctl), "--name", self.s.name, *args]
+        return subprocess.run(cmd, env=self._env(), text=True, capture_output=True, check=check, timeout=timeout)
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise up/down of one cluster name across processes (several engineers, one machine)."""
+        self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir.parent / f"{self.s.name}.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # --- build -----------------------------------------------------------------------------
+    def build(self) -> None:
+        """Compile whatever is missing (prints one line per binary); a no-op when all are cached."""
+        if not self.bins.missing():
+            return
+        subprocess.run(["bash", str(HERE / "build.sh")], check=True)
+        if missing := self.bins.missing():
+            raise RuntimeError(f"build.sh finished but these binaries are missing: {missing}")
+
+    # --- state -----------------------------------------------------------------------------
+    def cluster_running(self) -> bool:
+        if not self.cluster_dir.exists() or not self.bins.kwokctl.exists():
+            return False
+        r = self.kwokctl("get", "components", check=False, timeout=30)
+        return r.returncode == 0 and "kube-apiserver" in r.stdout and "Unknown" not in r.stdout \
+            and "Stopped" not in r.stdout
+
+    def procnode_pid(self) -> int | None:
+        try:
+            pid = int(self.procnode_pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    # --- up --------------------------------------------------------------------------------
+    def _config_file(self) -> Path:
+        b = self.bins
+        cfg = (
+            "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n"
+            f"  runtime: binary\n  bindAddress: 127.0.0.1\n"
+            f"  kubeVersion: {b.versions['K8S_VERSION']}\n  kwokVersion: {b.versions['KWOK_VERSION']}\n"
+            f"  etcdVersion: {b.versions['ETCD_VERSION'].lstrip('v')}\n"
+            f"  kubeBinaryPrefix: {b.kube_dir.as_posix().rstrip('/')}\n  kubectlBinary: {b.kubectl}\n"
+            f"  etcdBinary: {b.etcd}\n  kwokControllerBinary: {b.kwok}\n"
+            "  kubeAdmission: true\n  kubeAuthorization: true\n  securePort: true\n"
+        )
+        stages = (HERE / "stages.yaml").read_text().replace("__READY_DELAY_MS__", str(self.s.ready_delay_ms))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "kwokctl.yaml"
+        path.write_text(cfg + "---\n" + stages)
+        return path
+
+    def up(self, log=print) -> float:  # noqa: ANN001 - a print-like callable
+        """Idempotent: builds what is missing, creates the cluster unless it runs, starts the process
+        node unless it runs, and waits until every node is Ready. Returns the seconds it took."""
+        t0 = time.monotonic()
+        self.build()
+        with self._lock():
+            if not self.cluster_running():
+                if self.cluster_dir.exists():  # stopped or half-created: start from scratch
+                    self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                log(f"[cluster] creating {self.s.name} (kwokctl, binary runtime)")
+                r = self.kwokctl(
+                    "create", "cluster", "--config", str(self._config_file()),
+                    "--kubeconfig", str(self.kubeconfig), "--wait", "2m", "--quiet-pull", check=False,
+                )
+                if r.returncode != 0:
+                    raise RuntimeError(f"kwokctl create cluster failed:\n{r.stdout}\n{r.stderr}\nlogs: {self.logs_dir}")
+            self._write_kubeconfig()
+            from modeldeploy.e2e.cluster.nodes import apply_nodes
+
+            apply_nodes(str(self.kubeconfig), self.s)
+            if self.procnode_pid() is None:
+                self._start_procnode()
+            from modeldeploy.e2e.cluster.nodes import wait_ready
+
+            wait_ready(str(self.kubeconfig), self.s, timeout=90)
+        dt = time.monotonic() - t0
+        log(f"[cluster] {self.s.name} up in {dt:.1f}s; KUBECONFIG={self.kubeconfig}")
+        return dt
+
+    def _write_kubeconfig(self) -> None:
+        r = self.kwokctl("get", "kubeconfig")
+        self.kubeconfig.write_text(r.stdout)
+        self.kubeconfig.chmod(0o600)
+
+    def _start_procnode(self) -> None:
+        self.procnode_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.procnode_dir / "procnode.log", "ab")  # noqa: SIM115 - handed to the child
+        cmd = [
+            sys.executable, "-m", "modeldeploy.e2e.procnode",
+            "--kubeconfig", str(self.kubeconfig), "--node", self.s.process_node,
+            "--bridge", self.s.bridge, "--pod-cidr", self.s.pod_cidr, "--state-dir", str(self.procnode_dir),
+        ]
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, env=self._env())
+        self.procnode_pidfile.write_text(str(p.pid))
+
+    # --- down ------------------------------------------------------------------------------
+    def down(self, log=print) -> None:  # noqa: ANN001
+        """Stop the process node (it stops its pods and removes their namespaces and the bridge),
+        then let kwokctl stop and delete the control plane. Leaves no process and no port."""
+        with self._lock():
+            pid = self.procnode_pid()
+            if pid is not None:
+                log(f"[cluster] stopping process node (pid {pid})")
+                os.kill(pid, signal.SIGTERM)
+                if not _wait_gone(pid, 60):
+                    os.kill(pid, signal.SIGKILL)
+                    _wait_gone(pid, 5)
+            from modeldeploy.e2e.procnode.net import Network
+
+            Network(self.s.bridge, self.s.pod_cidr).destroy_all()  # a crashed node leaves namespaces
+            if self.cluster_dir.exists() and self.bins.kwokctl.exists():
+                log(f"[cluster] deleting {self.s.name}")
+                r = self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
+                if r.returncode != 0:
+                    raise RuntimeError(f"kwokctl delete cluster failed:\n{r.stdout}\n{r.stderr}")
+            self.procnode_pidfile.unlink(missing_ok=True)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # --- status ----------------------------------------------------------------------------
+    def status(self) -> dict[str, object]:
+        running = self.cluster_running()
+        out: dict[str, object] = {
+            "name": self.s.name, "running": running, "kubeconfig": str(self.kubeconfig),
+            "logs": str(self.logs_dir), "procnode_pid": self.procnode_pid(),
+            "procnode_logs": str(self.procnode_dir), "missing_binaries": [str(p) for p in self.bins.missing()],
+        }
+        if running:
+            out["components"] = self.kwokctl("get", "components", check=False).stdout.strip()
+        return out
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,1 @@
+"""Process node: test infrastructure standing in for kubelet + container runtime (see node.py)."""
