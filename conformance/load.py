@@ -1,0 +1,105 @@
+"""Bounded load: N requests from C client workers while /metrics is sampled.
+
+Evidence that admission works: no 5xx, the server's running gauge never above its limit,
+requests waiting at some point when C exceeds the limit, and both gauges back to 0 after.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from modeldeploy.conformance.checks import PROMPT
+from modeldeploy.conformance.result import CheckResult, Target
+
+
+def run_load(t: Target, n: int, c: int, max_tokens: int = 32, stream: bool = False,
+             timeout_s: float = 120.0) -> dict[str, Any]:
+    """Fire n completions from c workers; sample metrics meanwhile. Returns raw observations."""
+    samples: list[tuple[float, float, float]] = []   # (t, running, waiting)
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def poll() -> None:
+        while not stop.is_set() and time.monotonic() - t0 < timeout_s:
+            m = t.metrics()
+            if m is not None:
+                samples.append((time.monotonic() - t0, m.get("modeldeploy_requests_running") or 0.0,
+                                m.get("modeldeploy_requests_waiting") or 0.0))
+            time.sleep(0.01)
+
+    def one(i: int) -> tuple[int, float]:
+        body = {"model": t.model, "prompt": f"{PROMPT} #{i}", "max_tokens": max_tokens, "temperature": 0,
+                "stream": stream, **t.extra()}
+        s = time.monotonic()
+        try:
+            if stream:
+                with t.server.client.stream("POST", "/v1/completions", json=body) as r:
+                    for _ in r.iter_lines():
+                        pass
+                    return r.status_code, time.monotonic() - s
+            r = t.server.post("/v1/completions", body)
+            return r.status_code, time.monotonic() - s
+        except Exception:  # noqa: BLE001 - a transport failure is an outcome, recorded as status 0
+            return 0, time.monotonic() - s
+
+    poller = threading.Thread(target=poll, daemon=True)
+    if t.has_metrics:
+        poller.start()
+    try:
+        with ThreadPoolExecutor(max_workers=c) as ex:
+            results = list(ex.map(one, range(n)))
+    finally:
+        stop.set()
+        if poller.is_alive():
+            poller.join(5)
+    lat = sorted(d for s, d in results if s == 200)
+    return {
+        "requests": n, "concurrency": c, "max_tokens": max_tokens, "stream": stream,
+        "statuses": dict(Counter(s for s, _ in results)),
+        "latency_p50_s": round(statistics.median(lat), 4) if lat else None,
+        "latency_max_s": round(lat[-1], 4) if lat else None,
+        "metric_samples": len(samples),
+        "running_max": max((r for _, r, _ in samples), default=None),
+        "waiting_max": max((w for _, _, w in samples), default=None),
+        "wall_s": round(time.monotonic() - t0, 3),
+    }
+
+
+def bounded_load(t: Target, n: int = 8, c: int = 4) -> CheckResult:
+    res = CheckResult("bounded_load")
+    before = t.metrics()
+    obs = run_load(t, n, c)
+    res.observations.update(obs, limit=t.limit)
+    st = obs["statuses"]
+    res.expect(not any(s >= 500 or s == 0 for s in st), f"5xx or transport errors under load: {st}")
+    res.expect(st.get(200, 0) >= 1, f"no request succeeded under load: {st}")
+    res.expect(set(st) <= {200, 429}, f"unexpected statuses under load: {st}")
+    if not t.has_metrics:
+        res.caveats.append("server exposes no modeldeploy metrics: running/waiting not observed")
+        return res
+    if t.limit is not None:
+        res.expect(obs["running_max"] is not None and obs["running_max"] <= t.limit,
+                   f"running reached {obs['running_max']}, above the server's limit {t.limit}")
+        if c > t.limit:
+            res.expect((obs["waiting_max"] or 0) >= 1 or st.get(429, 0) > 0,
+                       f"{c} workers > limit {t.limit} but no request was seen waiting (or refused)")
+    else:
+        res.caveats.append("server did not publish its running limit (/v1/bundle): limit not checked")
+    m, waited = t.wait_metrics(lambda m: (m.get("modeldeploy_requests_running") or 0) == 0
+                               and (m.get("modeldeploy_requests_waiting") or 0) == 0)
+    res.observations["settle_s"] = round(waited, 3)
+    res.expect(m is not None and (m.get("modeldeploy_requests_running") or 0) == 0
+               and (m.get("modeldeploy_requests_waiting") or 0) == 0, "running/waiting did not return to 0")
+    if before is not None and m is not None:
+        res.observations["requests_total_delta"] = {
+            o: (m.get("modeldeploy_requests_total", outcome=o) or 0) - (before.get("modeldeploy_requests_total",
+                                                                                  outcome=o) or 0)
+            for o in ("completed", "cancelled", "rejected", "error")}
+        res.expect(res.observations["requests_total_delta"]["completed"] >= st.get(200, 0),
+                   "fewer completed requests counted than answered with 200")
+    return res
