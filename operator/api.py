@@ -28,9 +28,7 @@ MSG_DIGEST = "digest must be 'sha256:' followed by 64 lowercase hex characters"
 MSG_URI = "uri must start with pvc://, file://, http:// or https://"
 MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica (and be 1 when gpusPerReplica is 0)"
 MSG_STEPS = "rollout.steps weights must be strictly increasing"
-MSG_TOKENIZER = (
-    "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
-)
+MSG_TOKENIZER = "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
 
 
 def _cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -84,12 +82,18 @@ class Artifact(_Model):
         description="Where the files are: pvc://CLAIM[/SUBPATH], file:///HOST/PATH (hostPath, dev clusters), "
         "or http(s)://URL (fetched by an init container that verifies the digest)."
     )
-    revision: str = Field(max_length=256, description="Human revision (git sha, tag) recorded in status and metrics.")
-    digest: Digest = Field(description="sha256 over the sorted path:sha256 manifest (`modeldeploy digest DIR`).")
+    revision: str = Field(
+        max_length=256, description="Human revision (git sha, tag) recorded in status and metrics."
+    )
+    digest: Digest = Field(
+        description="sha256 over the sorted path:sha256 manifest (`modeldeploy digest DIR`)."
+    )
 
 
 class TokenizerRef(_Model):
-    uri: Uri | None = Field(default=None, description="Omit (or set equal to model.uri): read from the model directory.")
+    uri: Uri | None = Field(
+        default=None, description="Omit (or set equal to model.uri): read from the model directory."
+    )
     revision: str = Field(max_length=256, description="Tokenizer revision.")
     digest: Digest = Field(description="sha256 manifest digest of the tokenizer files.")
 
@@ -100,38 +104,64 @@ class SecretKeyRef(_Model):
 
 
 class ServingConfig(_Model):
-    max_num_seqs: int = Field(default=16, ge=1, le=4096, description="Sequences batched at once (--max-num-seqs).")
-    max_queue: int = Field(default=64, ge=0, le=100000, description="Admission queue length before 429 (--max-queue).")
-    max_model_len: int | None = Field(default=None, ge=16, le=1048576, description="Context length cap (--max-model-len).")
+    max_num_seqs: int = Field(
+        default=16, ge=1, le=4096, description="Sequences batched at once (--max-num-seqs)."
+    )
+    max_queue: int = Field(
+        default=64, ge=0, le=100000, description="Admission queue length before 429 (--max-queue)."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=1048576, description="Context length cap (--max-model-len)."
+    )
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=16, le=1048576, description="Token budget per engine step (--max-num-batched-tokens)."
+        default=None,
+        ge=16,
+        le=1048576,
+        description="Token budget per engine step (--max-num-batched-tokens).",
     )
     kv_cache_fraction: float | None = Field(
-        default=None, gt=0, le=1, description="Share of free device memory for KV blocks (--kv-cache-fraction)."
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of free device memory for KV blocks (--kv-cache-fraction).",
     )
-    num_kv_blocks: int | None = Field(default=None, ge=1, description="Fixed KV block count (--num-kv-blocks).")
-    chunked_prefill: bool = Field(default=True, description="Split long prompts across steps (off: --no-chunked-prefill).")
+    num_kv_blocks: int | None = Field(
+        default=None, ge=1, description="Fixed KV block count (--num-kv-blocks)."
+    )
+    chunked_prefill: bool = Field(
+        default=True, description="Split long prompts across steps (off: --no-chunked-prefill)."
+    )
     served_model_name: str | None = Field(
         default=None, max_length=256, description="Model name clients send (--served-model-name)."
     )
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(default="auto", description="Weight dtype (--dtype).")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto", description="Weight dtype (--dtype)."
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device (--device).")
     drain_timeout_seconds: int = Field(
-        default=30, ge=0, le=3600, description="SIGTERM drain budget (--drain-timeout); grace period is longer."
+        default=30,
+        ge=0,
+        le=3600,
+        description="SIGTERM drain budget (--drain-timeout); grace period is longer.",
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, never read by the operator."
+        default=None,
+        description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, never read by the operator.",
     )
 
 
 class Bundle(_Model):
     model_config = ConfigDict(
-        json_schema_extra=_cel("!has(self.tokenizer.uri) || self.tokenizer.uri == self.model.uri", MSG_TOKENIZER)
+        json_schema_extra=_cel(
+            "!has(self.tokenizer.uri) || self.tokenizer.uri == self.model.uri", MSG_TOKENIZER
+        )
     )
     engine: EngineRef = Field(description="The serving runtime image.")
     model: Artifact = Field(description="Model weights and config.")
     tokenizer: TokenizerRef = Field(description="Tokenizer pin.")
-    config: ServingConfig = Field(default_factory=ServingConfig, description="Serving configuration (runtime flags).")
+    config: ServingConfig = Field(
+        default_factory=ServingConfig, description="Serving configuration (runtime flags)."
+    )
 
     @model_validator(mode="after")
     def _tokenizer_same_dir(self) -> Bundle:
@@ -146,7 +176,9 @@ class Toleration(_Model):
     key: str | None = Field(default=None, max_length=317, description="Taint key.")
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
     value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Effect."
+    )
     toleration_seconds: int | None = Field(default=None, description="NoExecute grace.")
 
 
@@ -162,22 +194,35 @@ class Topology(_Model):
             fieldPath=".tensorParallel",
         )
     )
-    gpus_per_replica: int = Field(default=1, ge=0, le=64, description="nvidia.com/gpu per replica (0: CPU only).")
-    tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel degree; divides gpusPerReplica.")
+    gpus_per_replica: int = Field(
+        default=1, ge=0, le=64, description="nvidia.com/gpu per replica (0: CPU only)."
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel degree; divides gpusPerReplica."
+    )
     gpu_type: str | None = Field(
-        default=None, max_length=128, description="Node label nvidia.com/gpu.product the replica needs (e.g. NVIDIA-H200)."
+        default=None,
+        max_length=128,
+        description="Node label nvidia.com/gpu.product the replica needs (e.g. NVIDIA-H200).",
     )
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels a replica needs (merged with the GPU-type selector)."
+        default_factory=dict,
+        description="Extra node labels a replica needs (merged with the GPU-type selector).",
     )
     tolerations: list[Toleration] = Field(
-        default_factory=_gpu_toleration, max_length=32, description="Pod tolerations (default: nvidia.com/gpu Exists)."
+        default_factory=_gpu_toleration,
+        max_length=32,
+        description="Pod tolerations (default: nvidia.com/gpu Exists).",
     )
     shm_size: Quantity = Field(default="1Gi", description="Size of the memory-backed /dev/shm.")
 
     @model_validator(mode="after")
     def _tp_divides(self) -> Topology:
-        ok = self.tensor_parallel == 1 if self.gpus_per_replica == 0 else self.gpus_per_replica % self.tensor_parallel == 0
+        ok = (
+            self.tensor_parallel == 1
+            if self.gpus_per_replica == 0
+            else self.gpus_per_replica % self.tensor_parallel == 0
+        )
         if not ok:
             raise ValueError(MSG_TP)
         return self
@@ -185,7 +230,8 @@ class Topology(_Model):
 
 class Resources(_Model):
     requests: dict[str, Quantity] = Field(
-        default_factory=lambda: {"cpu": "1", "memory": "4Gi"}, description="Container requests (GPUs come from topology)."
+        default_factory=lambda: {"cpu": "1", "memory": "4Gi"},
+        description="Container requests (GPUs come from topology).",
     )
     limits: dict[str, Quantity] = Field(
         default_factory=lambda: {"memory": "16Gi"}, description="Container limits (nvidia.com/gpu is added)."
@@ -211,15 +257,29 @@ class SLO(_Model):
 
 
 class Analysis(_Model):
-    interval_seconds: int = Field(default=30, ge=5, le=3600, description="How often canary is compared to stable.")
-    min_samples: int = Field(default=50, ge=1, description="Below this many requests per cohort the verdict is Inconclusive.")
-    max_ttft_p95_ratio: float = Field(default=1.2, gt=0, description="Fail when canary TTFT p95 > ratio * stable.")
-    max_inter_token_p95_ratio: float = Field(default=1.2, gt=0, description="Fail when canary ITL p95 > ratio * stable.")
-    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Fail when canary error rate exceeds this.")
-    min_goodput_ratio: float = Field(default=0.95, ge=0, description="Fail when canary goodput < ratio * stable.")
+    interval_seconds: int = Field(
+        default=30, ge=5, le=3600, description="How often canary is compared to stable."
+    )
+    min_samples: int = Field(
+        default=50, ge=1, description="Below this many requests per cohort the verdict is Inconclusive."
+    )
+    max_ttft_p95_ratio: float = Field(
+        default=1.2, gt=0, description="Fail when canary TTFT p95 > ratio * stable."
+    )
+    max_inter_token_p95_ratio: float = Field(
+        default=1.2, gt=0, description="Fail when canary ITL p95 > ratio * stable."
+    )
+    max_error_rate: float = Field(
+        default=0.01, ge=0, le=1, description="Fail when canary error rate exceeds this."
+    )
+    min_goodput_ratio: float = Field(
+        default=0.95, ge=0, description="Fail when canary goodput < ratio * stable."
+    )
     slo: SLO = Field(default_factory=SLO, description="Latency SLOs that define goodput.")
     prometheus_address: str | None = Field(
-        default=None, max_length=2048, description="Prometheus HTTP API; default: scrape cohort pods' /metrics."
+        default=None,
+        max_length=2048,
+        description="Prometheus HTTP API; default: scrape cohort pods' /metrics.",
     )
 
 
@@ -232,16 +292,22 @@ class GatewayParentRef(_Model):
 
 
 class GatewayAPI(_Model):
-    parent_refs: list[GatewayParentRef] = Field(min_length=1, max_length=16, description="Gateways the HTTPRoute attaches to.")
+    parent_refs: list[GatewayParentRef] = Field(
+        min_length=1, max_length=16, description="Gateways the HTTPRoute attaches to."
+    )
     hostnames: list[str] = Field(default_factory=list, max_length=16, description="HTTPRoute hostnames.")
     cohort_header: str = Field(
-        default="x-modeldeploy-cohort", max_length=256, description="Header whose value 'canary' pins to canary."
+        default="x-modeldeploy-cohort",
+        max_length=256,
+        description="Header whose value 'canary' pins to canary.",
     )
 
 
 class TrafficRouting(_Model):
     gateway_api: GatewayAPI | None = Field(
-        default=None, alias="gatewayAPI", description="Route by Gateway API HTTPRoute weights; default: by replica ratio."
+        default=None,
+        alias="gatewayAPI",
+        description="Route by Gateway API HTTPRoute weights; default: by replica ratio.",
     )
 
 
@@ -260,14 +326,23 @@ class Rollout(_Model):
         max_length=20,
         description="Canary steps; weights strictly increasing in 1..100.",
         json_schema_extra=_cel(
-            "self.all(a, self.exists_one(b, b.weight == a.weight)) && self.map(s, s.weight).isSorted()", MSG_STEPS
+            "self.all(a, self.exists_one(b, b.weight == a.weight)) && self.map(s, s.weight).isSorted()",
+            MSG_STEPS,
         ),
     )
     analysis: Analysis = Field(default_factory=Analysis, description="Canary vs stable metric analysis.")
-    conformance_gate: bool = Field(default=True, description="Run the serving-contract suite on a canary pod first.")
-    traffic_routing: TrafficRouting = Field(default_factory=TrafficRouting, description="How traffic is split.")
-    keep_previous: KeepPrevious = Field(default_factory=KeepPrevious, description="Warm prior bundle for fast rollback.")
-    progress_deadline_seconds: int = Field(default=1800, ge=30, description="A rollout not done by then rolls back.")
+    conformance_gate: bool = Field(
+        default=True, description="Run the serving-contract suite on a canary pod first."
+    )
+    traffic_routing: TrafficRouting = Field(
+        default_factory=TrafficRouting, description="How traffic is split."
+    )
+    keep_previous: KeepPrevious = Field(
+        default_factory=KeepPrevious, description="Warm prior bundle for fast rollback."
+    )
+    progress_deadline_seconds: int = Field(
+        default=1800, ge=30, description="A rollout not done by then rolls back."
+    )
 
     @model_validator(mode="after")
     def _increasing(self) -> Rollout:
@@ -278,10 +353,14 @@ class Rollout(_Model):
 
 
 class ModelDeploymentSpec(_Model):
-    bundle: Bundle = Field(description="What is served: engine image, model, tokenizer, config. Hashed into the bundle id.")
+    bundle: Bundle = Field(
+        description="What is served: engine image, model, tokenizer, config. Hashed into the bundle id."
+    )
     replicas: int = Field(default=1, ge=0, le=1000, description="Serving replicas of the stable bundle.")
     topology: Topology = Field(default_factory=Topology, description="GPUs and placement of one replica.")
-    resources: Resources = Field(default_factory=Resources, description="CPU/memory of the serving container.")
+    resources: Resources = Field(
+        default_factory=Resources, description="CPU/memory of the serving container."
+    )
     readiness: Readiness = Field(default_factory=Readiness, description="Load and readiness timing.")
     rollout: Rollout = Field(default_factory=Rollout, description="How a bundle change is rolled out.")
 
@@ -295,7 +374,9 @@ class Condition(_Model):
     reason: str = Field(max_length=128, description="CamelCase machine-readable reason.")
     message: str = Field(default="", max_length=4096, description="Human-readable detail.")
     observed_generation: int | None = Field(default=None, description="Generation this condition reflects.")
-    last_transition_time: str | None = Field(default=None, description="RFC 3339 time the status last changed.")
+    last_transition_time: str | None = Field(
+        default=None, description="RFC 3339 time the status last changed."
+    )
 
 
 class CohortStatus(_Model):
@@ -304,7 +385,9 @@ class CohortStatus(_Model):
     deployment: str | None = Field(default=None, max_length=253, description="Deployment running the cohort.")
     replicas: int = Field(default=0, description="Desired replicas.")
     ready_replicas: int = Field(default=0, description="Replicas passing /health/ready.")
-    load_progress: float = Field(default=0.0, ge=0, le=1, description="Share of desired replicas that are ready (0..1).")
+    load_progress: float = Field(
+        default=0.0, ge=0, le=1, description="Share of desired replicas that are ready (0..1)."
+    )
 
 
 class HistoryEntry(_Model):
@@ -332,8 +415,14 @@ class AnalysisResult(_Model):
 
 class ModelDeploymentStatus(_Model):
     model_config = ConfigDict(extra="ignore")
-    observed_generation: int | None = Field(default=None, description="metadata.generation the status reflects.")
-    phase: str | None = Field(default=None, max_length=64, description="Stable, Deploying, Verifying, Canary, Promoting, RollingBack, Degraded.")
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the status reflects."
+    )
+    phase: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Stable, Deploying, Verifying, Canary, Promoting, RollingBack, Degraded.",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
     stable: CohortStatus | None = Field(default=None, description="The bundle serving production traffic.")
     canary: CohortStatus | None = Field(default=None, description="The bundle being rolled out, if any.")
@@ -341,10 +430,16 @@ class ModelDeploymentStatus(_Model):
     current_step: int | None = Field(default=None, description="Index into spec.rollout.steps.")
     replicas: int = Field(default=0, description="Serving pods desired (scale subresource).")
     ready_replicas: int = Field(default=0, description="Serving pods ready, all cohorts.")
-    selector: str | None = Field(default=None, description="Label selector of the serving pods (scale subresource).")
-    history: list[HistoryEntry] = Field(default_factory=list, max_length=50, description="Prior stable bundles.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the serving pods (scale subresource)."
+    )
+    history: list[HistoryEntry] = Field(
+        default_factory=list, max_length=50, description="Prior stable bundles."
+    )
     last_analysis: AnalysisResult | None = Field(default=None, description="Latest canary analysis.")
-    failed_bundles: list[str] = Field(default_factory=list, max_length=50, description="Bundle ids not retried until spec changes.")
+    failed_bundles: list[str] = Field(
+        default_factory=list, max_length=50, description="Bundle ids not retried until spec changes."
+    )
 
 
 class ModelDeployment(_Model):

@@ -119,7 +119,9 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     ]
     if c.api_key_secret_ref is not None:
         ref = c.api_key_secret_ref
-        env.append({"name": "MODELDEPLOY_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env.append(
+            {"name": "MODELDEPLOY_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
     http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
     period = 5
     container = {
@@ -130,9 +132,16 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
-        "volumeMounts": [mount, {"name": "shm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            mount,
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
         "startupProbe": http("/health/ready")
-        | {"periodSeconds": period, "failureThreshold": math.ceil(spec.readiness.load_timeout_seconds / period)},
+        | {
+            "periodSeconds": period,
+            "failureThreshold": math.ceil(spec.readiness.load_timeout_seconds / period),
+        },
         "readinessProbe": http("/health/ready") | {"periodSeconds": period, "failureThreshold": 2},
         "livenessProbe": http("/health/live") | {"periodSeconds": 10, "failureThreshold": 3},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
@@ -167,7 +176,9 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     return pod
 
 
-def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int, cohort: str) -> dict[str, Any]:
+def deployment(
+    md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int, cohort: str
+) -> dict[str, Any]:
     name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
     labels = bundle_labels(name, bid, spec.bundle.model.revision)
     match = selector_labels(name) | {BUNDLE_LABEL: bid}

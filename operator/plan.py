@@ -16,13 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from modeldeploy.operator import children
 from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
 from modeldeploy.operator.status import cohort, condition, replica_failure
 from modeldeploy.operator.topology import NodeInfo, fit
+from pydantic import ValidationError
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,11 @@ def subset(want: Any, have: Any) -> bool:
     if isinstance(want, dict):
         return isinstance(have, dict) and all(k in have and subset(v, have[k]) for k, v in want.items())
     if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(subset(a, b) for a, b in zip(want, have, strict=True))
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(subset(a, b) for a, b in zip(want, have, strict=True))
+        )
     if want == have:
         return True
     if isinstance(want, str) and isinstance(have, str | int):
@@ -98,7 +101,9 @@ def _reconcile_child(want: dict[str, Any], have: dict[str, Any] | None, out: lis
     fields = {"spec": want["spec"], "metadata": {"labels": want["metadata"]["labels"]}}
     if not subset(fields, have):
         out.append(Patch(kind, name, fields))
-        out.append(Event("Normal", "DriftReverted", f"{kind} {name} differed from the desired state; reverted"))
+        out.append(
+            Event("Normal", "DriftReverted", f"{kind} {name} differed from the desired state; reverted")
+        )
 
 
 def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
@@ -113,7 +118,9 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     except ValidationError as e:
         msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())[:1000]
         cond = [condition("Degraded", True, "InvalidSpec", msg, generation, prior.conditions, now)]
-        status = prior.model_copy(update={"observed_generation": generation, "phase": "Degraded", "conditions": cond})
+        status = prior.model_copy(
+            update={"observed_generation": generation, "phase": "Degraded", "conditions": cond}
+        )
         return _finish(md, prior, status, out + [Event("Warning", "InvalidSpec", msg)])
 
     bid = bundle_id(spec.bundle)
@@ -133,7 +140,13 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         ready = int(((canary_dep or {}).get("status") or {}).get("readyReplicas") or 0)
         if canary_dep is not None and ready >= spec.replicas:
             history.append(HistoryEntry(bundle=stable_id, revision=prior.stable.revision, replaced_at=now))
-            out.append(Event("Normal", "Promoted", f"bundle {canary_id} is Ready ({ready}/{spec.replicas}); replaces {stable_id}"))
+            out.append(
+                Event(
+                    "Normal",
+                    "Promoted",
+                    f"bundle {canary_id} is Ready ({ready}/{spec.replicas}); replaces {stable_id}",
+                )
+            )
             stable_id, canary_id, promoted = canary_id, None, True
         else:
             live[stable_id] = by_bundle[stable_id]  # keep serving as it is while the new bundle loads
@@ -147,15 +160,34 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     for other, dep in by_bundle.items():
         if other not in live:
             out.append(Delete("Deployment", dep["metadata"]["name"]))
-            out.append(Event("Normal", "Deleted", f"deleted Deployment {dep['metadata']['name']} (bundle {other} no longer live)"))
+            out.append(
+                Event(
+                    "Normal",
+                    "Deleted",
+                    f"deleted Deployment {dep['metadata']['name']} (bundle {other} no longer live)",
+                )
+            )
 
     svcs = {s["metadata"]["name"]: s for s in observed.services}
-    for suffix, sid in (("", None), ("stable", stable_id if stable_id in live else None), ("canary", canary_id)):
+    for suffix, sid in (
+        ("", None),
+        ("stable", stable_id if stable_id in live else None),
+        ("canary", canary_id),
+    ):
         want = children.service(md, suffix, sid)
         _reconcile_child(want, svcs.get(want["metadata"]["name"]), out)
 
-    stable_c = cohort(stable_id, _revision(prior, stable_id, spec, bid), by_bundle.get(stable_id), _size(by_bundle.get(stable_id), spec, stable_id == bid))
-    canary_c = cohort(canary_id, spec.bundle.model.revision, by_bundle.get(canary_id), spec.replicas) if canary_id else None
+    stable_c = cohort(
+        stable_id,
+        _revision(prior, stable_id, spec, bid),
+        by_bundle.get(stable_id),
+        _size(by_bundle.get(stable_id), spec, stable_id == bid),
+    )
+    canary_c = (
+        cohort(canary_id, spec.bundle.model.revision, by_bundle.get(canary_id), spec.replicas)
+        if canary_id
+        else None
+    )
     ready_total = stable_c.ready_replicas + (canary_c.ready_replicas if canary_c else 0)
     weight = round(100 * canary_c.ready_replicas / ready_total) if canary_c and ready_total else 0
 
@@ -173,19 +205,50 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         phase = "Deploying"
     else:
         phase = "Stable" if all_ready else "Deploying"
-    progressing = ("NewBundle", f"bundle {bid} loading: {canary_c.ready_replicas}/{spec.replicas} ready") if canary_c else (
-        ("Complete", "desired state reached") if all_ready else ("ReplicasNotReady", f"{stable_c.ready_replicas}/{spec.replicas} replicas ready")
+    progressing = (
+        ("NewBundle", f"bundle {bid} loading: {canary_c.ready_replicas}/{spec.replicas} ready")
+        if canary_c
+        else (
+            ("Complete", "desired state reached")
+            if all_ready
+            else ("ReplicasNotReady", f"{stable_c.ready_replicas}/{spec.replicas} replicas ready")
+        )
     )
     if promoted:
         progressing = ("Promoted", f"bundle {bid} promoted")
     conds = [
-        condition("Ready", stable_c.ready_replicas >= spec.replicas, "AllReplicasReady" if stable_c.ready_replicas >= spec.replicas else "ReplicasNotReady",
-                  f"{stable_c.ready_replicas}/{spec.replicas} stable replicas ready", generation, prior.conditions, now),
-        condition("Progressing", not all_ready and not degraded, progressing[0], progressing[1], generation, prior.conditions, now),
-        condition("Degraded", degraded is not None, degraded[0] if degraded else "AsExpected", degraded[1] if degraded else "", generation, prior.conditions, now),
+        condition(
+            "Ready",
+            stable_c.ready_replicas >= spec.replicas,
+            "AllReplicasReady" if stable_c.ready_replicas >= spec.replicas else "ReplicasNotReady",
+            f"{stable_c.ready_replicas}/{spec.replicas} stable replicas ready",
+            generation,
+            prior.conditions,
+            now,
+        ),
+        condition(
+            "Progressing",
+            not all_ready and not degraded,
+            progressing[0],
+            progressing[1],
+            generation,
+            prior.conditions,
+            now,
+        ),
+        condition(
+            "Degraded",
+            degraded is not None,
+            degraded[0] if degraded else "AsExpected",
+            degraded[1] if degraded else "",
+            generation,
+            prior.conditions,
+            now,
+        ),
     ]
     old_degraded = next((c for c in prior.conditions if c.type == "Degraded"), None)
-    if degraded and (old_degraded is None or old_degraded.reason != degraded[0] or old_degraded.status != "True"):
+    if degraded and (
+        old_degraded is None or old_degraded.reason != degraded[0] or old_degraded.status != "True"
+    ):
         out.append(Event("Warning", degraded[0], degraded[1]))
     sel = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
     status = prior.model_copy(
@@ -210,7 +273,9 @@ def _revision(prior: ModelDeploymentStatus, sid: str, spec: ModelDeploymentSpec,
     return prior.stable.revision if prior.stable and prior.stable.bundle == sid else None
 
 
-def _finish(md: dict[str, Any], prior: ModelDeploymentStatus, status: ModelDeploymentStatus, out: list[Action]) -> list[Action]:
+def _finish(
+    md: dict[str, Any], prior: ModelDeploymentStatus, status: ModelDeploymentStatus, out: list[Action]
+) -> list[Action]:
     new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     old = prior.model_dump(mode="json", by_alias=True, exclude_none=True)
     if new != old:

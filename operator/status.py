@@ -12,13 +12,28 @@ from modeldeploy.operator.api import CohortStatus, Condition
 
 
 def condition(
-    ctype: str, status: bool, reason: str, message: str, generation: int | None, previous: list[Condition], now: str
+    ctype: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    previous: list[Condition],
+    now: str,
 ) -> Condition:
     value = "True" if status else "False"
     old = next((c for c in previous if c.type == ctype), None)
-    since = old.last_transition_time if old is not None and old.status == value and old.last_transition_time else now
+    since = (
+        old.last_transition_time
+        if old is not None and old.status == value and old.last_transition_time
+        else now
+    )
     return Condition(
-        type=ctype, status=value, reason=reason, message=message, observed_generation=generation, last_transition_time=since
+        type=ctype,
+        status=value,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=since,
     )
 
 
@@ -28,7 +43,12 @@ def cohort(bid: str, revision: str | None, deployment: dict[str, Any] | None, de
     name = (deployment or {}).get("metadata", {}).get("name")
     progress = 1.0 if desired == 0 else min(1.0, ready / desired)
     return CohortStatus(
-        bundle=bid, revision=revision, deployment=name, replicas=desired, ready_replicas=ready, load_progress=round(progress, 3)
+        bundle=bid,
+        revision=revision,
+        deployment=name,
+        replicas=desired,
+        ready_replicas=ready,
+        load_progress=round(progress, 3),
     )
 
 

@@ -31,7 +31,9 @@ class NodeInfo:
             gpus = int(str(alloc))
         except ValueError:
             gpus = 0
-        taints = tuple((t.get("key", ""), t.get("value") or "", t.get("effect", "")) for t in spec.get("taints") or [])
+        taints = tuple(
+            (t.get("key", ""), t.get("value") or "", t.get("effect", "")) for t in spec.get("taints") or []
+        )
         return cls(name=meta.get("name", ""), labels=dict(meta.get("labels") or {}), gpus=gpus, taints=taints)
 
 
@@ -68,10 +70,19 @@ def fit(topology: Topology, nodes: list[NodeInfo]) -> str | None:
     if need:
         most = max(n.gpus for n in candidates)
         if most < need:
-            return f"gpusPerReplica: {need} {GPU_RESOURCE} per replica but the largest matching node has {most}"
+            return (
+                f"gpusPerReplica: {need} {GPU_RESOURCE} per replica but the largest matching node has {most}"
+            )
         candidates = [n for n in candidates if n.gpus >= need]
     hard = [n for n in candidates if all(tolerates(topology.tolerations, t) for t in n.taints)]
     if not hard:
-        taints = sorted({f"{k}={v}:{e}" for n in candidates for (k, v, e) in n.taints if not tolerates(topology.tolerations, (k, v, e))})
+        taints = sorted(
+            {
+                f"{k}={v}:{e}"
+                for n in candidates
+                for (k, v, e) in n.taints
+                if not tolerates(topology.tolerations, (k, v, e))
+            }
+        )
         return f"tolerations: every matching node has an untolerated taint ({', '.join(taints)})"
     return None

@@ -33,7 +33,12 @@ def md(name: str = "chat", **spec: Any) -> dict[str, Any]:
 
 def gpu_nodes(n: int = 2, product: str = "NVIDIA-H200", gpus: int = 8) -> list[NodeInfo]:
     return [
-        NodeInfo(f"gpu-{i}", {"nvidia.com/gpu.product": product}, gpus, (("nvidia.com/gpu", "present", "NoSchedule"),))
+        NodeInfo(
+            f"gpu-{i}",
+            {"nvidia.com/gpu.product": product},
+            gpus,
+            (("nvidia.com/gpu", "present", "NoSchedule"),),
+        )
         for i in range(n)
     ]
 
@@ -47,7 +52,10 @@ def as_observed(obj: dict[str, Any], ready: int | None = None) -> dict[str, Any]
         c["terminationMessagePath"] = "/dev/termination-log"
         c["startupProbe"]["httpGet"]["scheme"] = "HTTP"
         out["spec"]["revisionHistoryLimit"] = 10
-        out["status"] = {"replicas": obj["spec"]["replicas"], "readyReplicas": obj["spec"]["replicas"] if ready is None else ready}
+        out["status"] = {
+            "replicas": obj["spec"]["replicas"],
+            "readyReplicas": obj["spec"]["replicas"] if ready is None else ready,
+        }
     else:
         out["spec"]["clusterIP"] = "10.0.0.7"
         out["spec"]["sessionAffinity"] = "None"

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
+from modeldeploy.operator import api, crd
 from operator_fixtures import DIGEST, IMAGE, md
 from pydantic import ValidationError
-
-from modeldeploy.operator import api, crd
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +81,14 @@ def test_subresources_columns_shortname() -> None:
     v = c["versions"][0]
     assert c["names"]["shortNames"] == ["md"] and v["subresources"]["status"] == {}
     assert v["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
-    assert [col["name"] for col in v["additionalPrinterColumns"]] == ["Phase", "Stable", "Canary", "Weight", "Ready", "Age"]
+    assert [col["name"] for col in v["additionalPrinterColumns"]] == [
+        "Phase",
+        "Stable",
+        "Canary",
+        "Weight",
+        "Ready",
+        "Age",
+    ]
 
 
 def test_valid_spec_parses_with_defaults() -> None:

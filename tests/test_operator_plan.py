@@ -6,9 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
-
 from modeldeploy.operator.plan import Create, Delete, Event, Observed, Patch, PatchStatus, plan
+from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -31,7 +30,9 @@ def status_of(actions: list) -> dict[str, Any]:
     return found[0]
 
 
-def converge(obj: dict[str, Any], observed: Observed, ready: int | None = None) -> tuple[dict[str, Any], Observed]:
+def converge(
+    obj: dict[str, Any], observed: Observed, ready: int | None = None
+) -> tuple[dict[str, Any], Observed]:
     """Apply a plan the way the applier would, with every Deployment at `ready` ready replicas."""
     acts = plan(obj, observed, NOW)
     deps = {d["metadata"]["name"]: d for d in observed.deployments}
@@ -64,7 +65,9 @@ def test_create_makes_deployment_and_three_services() -> None:
     assert st["observedGeneration"] == 1 and st["phase"] == "Deploying" and st["stable"]["bundle"] == bid
     cond = {c["type"]: c for c in st["conditions"]}
     assert cond["Progressing"]["status"] == "True" and cond["Ready"]["status"] == "False"
-    assert cond["Degraded"]["status"] == "False" and all(c["lastTransitionTime"] == NOW for c in cond.values())
+    assert cond["Degraded"]["status"] == "False" and all(
+        c["lastTransitionTime"] == NOW for c in cond.values()
+    )
     assert any(isinstance(a, Event) and a.reason == "Created" for a in acts)
 
 
@@ -73,7 +76,11 @@ def test_converged_state_plans_nothing_and_is_ready() -> None:
     obj, obs = converge(obj, obs)  # status now sees the ready Deployment
     st = obj["status"]
     assert st["phase"] == "Stable" and st["readyReplicas"] == 2
-    assert {c["type"]: c["status"] for c in st["conditions"]} == {"Ready": "True", "Progressing": "False", "Degraded": "False"}
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {
+        "Ready": "True",
+        "Progressing": "False",
+        "Degraded": "False",
+    }
     assert plan(obj, obs, "2026-01-01T01:00:00Z") == []  # idempotent: a restarted operator changes nothing
 
 
@@ -104,7 +111,9 @@ def test_bundle_change_runs_new_deployment_then_promotes_and_deletes_old() -> No
     canary_svc = [a for a in acts if isinstance(a, Patch) and a.name == "chat-canary"]
     assert canary_svc and canary_svc[0].body["spec"]["selector"]["modeldeploy.dev/bundle"] == new_bid
     st = status_of(acts)
-    assert st["stable"]["bundle"] == old_bid and st["canary"]["bundle"] == new_bid and st["phase"] == "Deploying"
+    assert (
+        st["stable"]["bundle"] == old_bid and st["canary"]["bundle"] == new_bid and st["phase"] == "Deploying"
+    )
     # new pods still loading: nothing deleted yet
     obj2, obs2 = converge(obj, obs, ready=0)
     obj2, obs2 = converge(obj2, obs2, ready=0)
@@ -153,7 +162,9 @@ def test_drift_on_child_deployment_is_reverted(edit) -> None:
     edit(obs.deployments[0])
     acts = plan(obj, obs, NOW)
     [patch] = [a for a in acts if isinstance(a, Patch)]
-    assert patch.kind == "Deployment" and any(isinstance(a, Event) and a.reason == "DriftReverted" for a in acts)
+    assert patch.kind == "Deployment" and any(
+        isinstance(a, Event) and a.reason == "DriftReverted" for a in acts
+    )
     obj, obs = converge(obj, obs)
     assert obs.deployments[0]["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
     assert [a for a in plan(obj, obs, NOW) if not isinstance(a, PatchStatus)] == []
@@ -167,7 +178,9 @@ def test_service_selector_drift_is_reverted() -> None:
 
 
 def test_defaults_added_by_api_server_are_not_drift() -> None:
-    obj, obs = converge(md(resources={"requests": {"cpu": "1000m", "memory": "4Gi"}}), Observed(nodes=gpu_nodes()))
+    obj, obs = converge(
+        md(resources={"requests": {"cpu": "1000m", "memory": "4Gi"}}), Observed(nodes=gpu_nodes())
+    )
     obs.deployments[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
     assert kinds(plan(obj, obs, NOW)) == []
 
@@ -176,9 +189,17 @@ def test_defaults_added_by_api_server_are_not_drift() -> None:
     ("topology", "nodes", "needle"),
     [
         ({"gpusPerReplica": 1, "gpuType": "NVIDIA-B300"}, gpu_nodes(), "nvidia.com/gpu.product=NVIDIA-B300"),
-        ({"gpusPerReplica": 16, "tensorParallel": 8, "gpuType": "NVIDIA-H200"}, gpu_nodes(), "gpusPerReplica: 16"),
+        (
+            {"gpusPerReplica": 16, "tensorParallel": 8, "gpuType": "NVIDIA-H200"},
+            gpu_nodes(),
+            "gpusPerReplica: 16",
+        ),
         ({"gpusPerReplica": 1, "tolerations": []}, gpu_nodes(), "nvidia.com/gpu=present:NoSchedule"),
-        ({"gpusPerReplica": 1, "nodeSelector": {"zone": "b"}}, gpu_nodes(), "nodeSelector: no node has label zone=b"),
+        (
+            {"gpusPerReplica": 1, "nodeSelector": {"zone": "b"}},
+            gpu_nodes(),
+            "nodeSelector: no node has label zone=b",
+        ),
     ],
     ids=["gpu-type", "gpu-count", "taint", "node-selector"],
 )
@@ -200,7 +221,10 @@ def test_unschedulable_new_bundle_keeps_stable_serving() -> None:
     acts = plan(obj, obs, NOW)
     assert kinds(acts) == [] or all(k[0] == "patch" and k[1] == "Service" for k in kinds(acts))
     st = status_of(acts)
-    assert st["stable"]["readyReplicas"] == 2 and {c["type"]: c["reason"] for c in st["conditions"]}["Degraded"] == "Unschedulable"
+    assert (
+        st["stable"]["readyReplicas"] == 2
+        and {c["type"]: c["reason"] for c in st["conditions"]}["Degraded"] == "Unschedulable"
+    )
 
 
 def test_last_transition_time_kept_when_status_unchanged() -> None:

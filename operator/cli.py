@@ -1,0 +1,47 @@
+"""`modeldeploy operator`: run the kopf operator with metrics and a health endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)"
+    )
+    parser.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics (0: off)")
+    parser.add_argument("--health-port", type=int, default=8081, help="port of /healthz (0: off)")
+    parser.add_argument("--bind", default="0.0.0.0", help="address for metrics and health")
+    parser.add_argument(
+        "--peering",
+        default=None,
+        help="kopf peering name; required to exist (the chart installs the peering CRDs)",
+    )
+    parser.add_argument("--standalone", action="store_true", help="no peering: a single replica")
+    parser.add_argument("--verbose", "-v", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    import kopf
+    import modeldeploy.operator.handlers  # noqa: F401  (registers the handlers)
+    from prometheus_client import start_http_server
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.bind)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        standalone=args.standalone or None,
+        peering_name=args.peering,
+        liveness_endpoint=f"http://{args.bind}:{args.health_port}/healthz" if args.health_port else None,
+    )
+    return 0

@@ -1,0 +1,68 @@
+"""kopf handlers: a few lines each, all of them ending in reconcile.reconcile().
+
+Level-triggered: any change to a ModelDeployment or to a child it controls, plus a
+periodic resync (node changes, missed events), runs the same idempotent reconcile.
+Only `on.event` and timers are used, so kopf keeps no state of its own in the objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import kopf
+from modeldeploy.operator import metrics, reconcile
+from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator.bundle import MANAGED_BY
+
+RESYNC_S = float(os.environ.get("MODELDEPLOY_RESYNC_SECONDS", "30"))
+CHILD = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="modeldeploy.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="modeldeploy.dev")
+    settings.posting.level = logging.WARNING  # our own Events carry the decisions
+    settings.watching.server_timeout = 300
+    settings.execution.max_workers = int(os.environ.get("MODELDEPLOY_WORKERS", "8"))
+    reconcile.load_config()
+
+
+def _run(namespace: str | None, name: str | None) -> None:
+    if not namespace or not name:
+        return
+    try:
+        reconcile.reconcile(namespace, name)
+    except Exception as e:
+        metrics.ERRORS.labels(type(e).__name__).inc()
+        raise kopf.TemporaryError(f"reconcile {namespace}/{name}: {e}", delay=5) from e
+
+
+def _owner(body: kopf.Body) -> str | None:
+    return next(
+        (r["name"] for r in body.metadata.get("ownerReferences", []) if r.get("kind") == "ModelDeployment"),
+        None,
+    )
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def modeldeployment_changed(type: str | None, namespace: str, name: str, **_) -> None:
+    if type != "DELETED":
+        _run(namespace, name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=CHILD)
+@kopf.on.event("", "v1", "services", labels=CHILD)
+def child_changed(body: kopf.Body, namespace: str, **_) -> None:
+    _run(namespace, _owner(body))
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
+def resync(namespace: str, name: str, **_) -> None:
+    _run(namespace, name)
+
+
+@kopf.on.probe(id="reconciles")
+def reconciles_probe(**_) -> float:
+    return metrics.RECONCILES._value.get()

@@ -1,0 +1,17 @@
+"""The operator's own Prometheus metrics (served by `modeldeploy operator --metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+RECONCILES = Counter("modeldeploy_operator_reconciles_total", "ModelDeployment reconciles completed")
+ERRORS = Counter("modeldeploy_operator_reconcile_errors_total", "Reconciles that raised", ["error"])
+DECISIONS = Counter(
+    "modeldeploy_operator_decisions_total", "Child objects created, patched or deleted", ["action", "kind"]
+)
+EVENTS = Counter("modeldeploy_operator_events_total", "Kubernetes Events posted, by reason", ["reason"])
+RECONCILE_SECONDS = Histogram(
+    "modeldeploy_operator_reconcile_seconds",
+    "Wall time of one reconcile (read, plan, apply)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -1,0 +1,149 @@
+"""The I/O around plan(): read what exists, apply the actions. Everything decided is in plan.
+
+Reads are fresh GETs/LISTs (not the watch event body), so a reconcile never acts on a
+status it wrote a moment ago and has not seen yet. Per-object locks keep the MD and child
+watchers from reconciling one object twice at once. Names are deterministic, so a create
+racing a restarted operator gets 409 and the next event converges: never duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from modeldeploy.operator import metrics
+from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator.bundle import MANAGED_BY
+from modeldeploy.operator.plan import Action, Create, Delete, Event, Observed, Patch, PatchStatus, plan
+from modeldeploy.operator.topology import NodeInfo
+
+NODE_TTL_S = 15.0
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_nodes: dict[str, Any] = {"at": 0.0, "nodes": None}
+_nodes_lock = threading.Lock()
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    return json.loads(resp.data)
+
+
+def nodes() -> list[NodeInfo]:
+    """All nodes, listed at most every NODE_TTL_S (no node watch: kwok heartbeats would flood it)."""
+    with _nodes_lock:
+        if _nodes["nodes"] is None or time.monotonic() - _nodes["at"] > NODE_TTL_S:
+            items = _json(client.CoreV1Api().list_node(_preload_content=False))["items"]
+            _nodes["nodes"] = [NodeInfo.from_node(n) for n in items]
+            _nodes["at"] = time.monotonic()
+        return _nodes["nodes"]
+
+
+def observe(md: dict[str, Any]) -> Observed:
+    ns, name, uid = md["metadata"]["namespace"], md["metadata"]["name"], md["metadata"]["uid"]
+    sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
+    deps = _json(
+        client.AppsV1Api().list_namespaced_deployment(ns, label_selector=sel, _preload_content=False)
+    )["items"]
+    svcs = _json(client.CoreV1Api().list_namespaced_service(ns, label_selector=sel, _preload_content=False))[
+        "items"
+    ]
+    owned = lambda o: any(
+        r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", [])
+    )  # noqa: E731
+    return Observed([d for d in deps if owned(d)], [s for s in svcs if owned(s)], nodes())
+
+
+def reconcile(namespace: str, name: str) -> list[Action]:
+    """Plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
+    with _locks[(namespace, name)], metrics.RECONCILE_SECONDS.time():
+        try:
+            md = _json(
+                client.CustomObjectsApi().get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+                )
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        actions = plan(md, observe(md), now)
+        apply(md, actions, now)
+        metrics.RECONCILES.inc()
+        return actions
+
+
+def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
+    ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
+    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    merge = "application/merge-patch+json"
+    for a in actions:
+        try:
+            if isinstance(a, Create):
+                kind = a.obj["kind"]
+                (
+                    apps.create_namespaced_deployment
+                    if kind == "Deployment"
+                    else core.create_namespaced_service
+                )(ns, a.obj)
+                metrics.DECISIONS.labels("create", kind).inc()
+            elif isinstance(a, Patch):
+                fn = (
+                    apps.patch_namespaced_deployment
+                    if a.kind == "Deployment"
+                    else core.patch_namespaced_service
+                )
+                fn(a.name, ns, a.body, _content_type=merge)
+                metrics.DECISIONS.labels("patch", a.kind).inc()
+            elif isinstance(a, Delete):
+                opts = client.V1DeleteOptions(propagation_policy="Background")
+                (
+                    apps.delete_namespaced_deployment
+                    if a.kind == "Deployment"
+                    else core.delete_namespaced_service
+                )(a.name, ns, body=opts)
+                metrics.DECISIONS.labels("delete", a.kind).inc()
+            elif isinstance(a, PatchStatus):
+                body = [
+                    {"op": "add", "path": "/status", "value": a.status}
+                ]  # replace whole: removed fields go too
+                client.CustomObjectsApi().patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, PLURAL, name, body
+                )
+            elif isinstance(a, Event):
+                post_event(md, a, now)
+        except ApiException as e:
+            if e.status in (
+                404,
+                409,
+            ):  # raced with GC, another writer or a restarted operator: next event converges
+                continue
+            raise
+
+
+def post_event(md: dict[str, Any], ev: Event, now: str) -> None:
+    meta = md["metadata"]
+    body = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment", "name": meta["name"],
+            "namespace": meta["namespace"], "uid": meta["uid"], "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": ev.type, "reason": ev.reason, "message": ev.message[:1024],
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+    }  # fmt: skip
+    client.CoreV1Api().create_namespaced_event(meta["namespace"], body)
+    metrics.EVENTS.labels(ev.reason).inc()

@@ -1,0 +1,191 @@
+"""Manifest builders: serve args, volumes per uri scheme, GPU placement, probes, restricted security."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from modeldeploy.operator import children
+from modeldeploy.operator.api import ModelDeploymentSpec
+from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, deployment_name
+from operator_fixtures import DIGEST, IMAGE, md
+
+
+def build(**spec):
+    obj = md(**spec)
+    s = ModelDeploymentSpec.model_validate(obj["spec"])
+    bid = bundle_id(s.bundle)
+    return bid, children.deployment(obj, s, bid, s.replicas, "stable")
+
+
+def test_bundle_id_is_stable_under_defaults_and_changes_with_content() -> None:
+    a = ModelDeploymentSpec.model_validate(md()["spec"]).bundle
+    explicit = md()["spec"]
+    explicit["bundle"]["config"]["dtype"] = "auto"  # a default written out is the same bundle
+    b = ModelDeploymentSpec.model_validate(explicit).bundle
+    changed = md()["spec"]
+    changed["bundle"]["model"]["revision"] = "r2"
+    c = ModelDeploymentSpec.model_validate(changed).bundle
+    assert bundle_id(a) == bundle_id(b) != bundle_id(c) and len(bundle_id(a)) == 16
+
+
+def test_deployment_runs_modeldeploy_serve_with_config_flags() -> None:
+    bid, dep = build()
+    assert dep["metadata"]["name"] == deployment_name("chat", bid) == f"chat-{bid[:10]}"
+    for obj in (dep["metadata"], dep["spec"]["template"]["metadata"]):
+        assert obj["labels"][BUNDLE_LABEL] == bid and obj["labels"]["app.kubernetes.io/instance"] == "chat"
+        assert obj["labels"]["app.kubernetes.io/managed-by"] == "modeldeploy-operator"
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["modeldeploy", "serve"] and c["image"] == IMAGE
+    args = dict(zip(c["args"][::2], c["args"][1::2], strict=False))
+    assert args["--model"] == children.MODEL_DIR and args["--host"] == "0.0.0.0" and args["--port"] == "8000"
+    assert args["--max-num-seqs"] == "8" and args["--bundle-id"] == bid and args["--model-digest"] == DIGEST
+    assert args["--drain-timeout"] == "30" and "--api-key" not in c["args"]
+
+
+def test_gpu_limits_selector_tolerations_shm() -> None:
+    _, dep = build(
+        topology={"gpusPerReplica": 2, "tensorParallel": 2, "gpuType": "NVIDIA-H200", "shmSize": "8Gi"}
+    )
+    pod = dep["spec"]["template"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "2" and res["requests"]["nvidia.com/gpu"] == "2"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+
+
+def test_cpu_only_replica_requests_no_gpu() -> None:
+    _, dep = build(topology={"gpusPerReplica": 0})
+    assert "nvidia.com/gpu" not in dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_probes_sized_from_load_timeout_and_grace_covers_drain() -> None:
+    _, dep = build(
+        readiness={"loadTimeoutSeconds": 900},
+        bundle={**md()["spec"]["bundle"], "config": {"drainTimeoutSeconds": 120}},
+    )
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 900
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+    assert pod["terminationGracePeriodSeconds"] >= 120 + c["lifecycle"]["preStop"]["sleep"]["seconds"]
+
+
+@pytest.mark.parametrize(
+    ("uri", "kind", "init"),
+    [("pvc://models/llama/v1", "persistentVolumeClaim", False), ("file:///srv/models/tiny", "hostPath", False),
+     ("https://models.internal/tiny.tar", "emptyDir", True)],
+)  # fmt: skip
+def test_model_volume_per_scheme(uri: str, kind: str, init: bool) -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["model"]["uri"] = uri
+    _, dep = build(bundle=bundle)
+    pod = dep["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert kind in vol
+    if kind == "persistentVolumeClaim":
+        assert vol[kind]["claimName"] == "models"
+        assert pod["containers"][0]["volumeMounts"][0]["subPath"] == "llama/v1"
+    if kind == "hostPath":
+        assert vol[kind]["path"] == "/srv/models/tiny"
+    if init:
+        [ic] = pod["initContainers"]
+        assert ic["command"] == ["modeldeploy", "fetch"] and ic["args"] == [
+            uri,
+            children.MODEL_DIR,
+            "--digest",
+            DIGEST,
+        ]
+    else:
+        assert "initContainers" not in pod
+
+
+def _restricted_violations(pod: dict) -> list[str]:
+    """Pod Security `restricted` (v1.36) checks, as the admission plugin evaluates them."""
+    bad = []
+    allowed_vols = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for v in pod.get("volumes", []):
+        if not (set(v) - {"name"}) <= allowed_vols:
+            bad.append(f"volume {v['name']}")
+    psc = pod.get("securityContext", {})
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append("allowPrivilegeEscalation")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"] or set(
+            sc.get("capabilities", {}).get("add", [])
+        ) - {"NET_BIND_SERVICE"}:
+            bad.append("capabilities")
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
+            bad.append("runAsNonRoot")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append("runAsUser")
+        if (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") not in (
+            "RuntimeDefault",
+            "Localhost",
+        ):
+            bad.append("seccomp")
+        if sc.get("privileged") or any(p.get("hostPort") for p in c.get("ports", [])):
+            bad.append("privileged/hostPort")
+    return bad
+
+
+@pytest.mark.parametrize("uri", ["pvc://models/tiny", "https://models.internal/tiny"])
+def test_pods_pass_pod_security_restricted(uri: str) -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["model"]["uri"] = uri
+    _, dep = build(bundle=bundle)
+    assert _restricted_violations(dep["spec"]["template"]["spec"]) == []
+
+
+def test_file_uri_uses_hostpath_which_restricted_rejects() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["model"]["uri"] = "file:///srv/tiny"
+    _, dep = build(bundle=bundle)
+    assert _restricted_violations(dep["spec"]["template"]["spec"]) == [
+        "volume model"
+    ]  # documented: dev clusters only
+
+
+def test_api_key_comes_from_secret_env_not_args() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["config"]["apiKeySecretRef"] = {"name": "chat-key", "key": "token"}
+    _, dep = build(bundle=bundle)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MODELDEPLOY_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "chat-key", "key": "token"}
+    assert "--api-key" not in c["args"]
+
+
+def test_services_select_all_pods_and_each_cohort() -> None:
+    obj = md()
+    all_svc = children.service(obj, "", None)
+    stable = children.service(obj, "stable", "abc")
+    canary = children.service(obj, "canary", None)
+    assert all_svc["metadata"]["name"] == "chat" and BUNDLE_LABEL not in all_svc["spec"]["selector"]
+    assert stable["metadata"]["name"] == "chat-stable" and stable["spec"]["selector"][BUNDLE_LABEL] == "abc"
+    assert canary["spec"]["selector"][BUNDLE_LABEL] == "none"  # no canary: selects no pod, never all pods
+
+
+def test_import_operator_leaves_out_torch_transformers_engine() -> None:
+    code = (
+        "import sys, modeldeploy.operator, modeldeploy.operator.handlers, modeldeploy.operator.cli, modeldeploy.fetch\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') or m.startswith('modeldeploy.runtime')]\n"
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
