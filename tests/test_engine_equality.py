@@ -1,0 +1,107 @@
+"""The engine against transformers: same weights, same greedy tokens, whatever the batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeldeploy.runtime import LLM, SamplingParams
+
+MAX_NEW = 24
+TEXT_PROMPTS = [
+    "The quick brown fox",
+    "Kubernetes schedules pods onto nodes that have room for them. A node with eight GPUs",
+    "A",
+    "def forward(x): return down(silu(gate(x)) * up(x))",
+    "Time to first token measures how long a user waits before anything appears. Inter-token latency "
+    "measures how smooth the stream feels after that, and goodput counts only the requests that met",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 16 32 64",
+]
+TOKEN_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 20 + 53))]   # 8 prompts in all, 1..~70 tokens
+
+VARIANTS = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {}), ("llama", {"rope_scaling": "llama3"})]
+
+
+def hf_greedy(model_dir, prompts_ids: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    outs, first_logits = [], []
+    with torch.no_grad():
+        for ids in prompts_ids:
+            x = torch.tensor([ids])
+            first_logits.append(hf(x).logits[0, -1].float())
+            g = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=MAX_NEW)
+            outs.append(g[0, len(ids):].tolist())
+    return outs, first_logits
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v[0] + ("-" + "-".join(v[1].values()) if v[1] else ""))
+def reference(request, tiny_model):
+    arch, sizes = request.param
+    model_dir = tiny_model(arch, **sizes)
+    llm = LLM(model_dir, dtype="float32")
+    prompts = [llm.engine.encode(p) for p in TEXT_PROMPTS] + TOKEN_PROMPTS
+    expected, logits = hf_greedy(model_dir, prompts)
+    return model_dir, prompts, expected, logits
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+
+
+def test_greedy_matches_transformers(reference):
+    model_dir, prompts, expected, _ = reference
+    outs = LLM(model_dir, dtype="float32").generate(prompts, GREEDY)
+    assert len(prompts) >= 8
+    for i, (out, exp) in enumerate(zip(outs, expected, strict=True)):
+        assert out.token_ids == exp, f"prompt {i}: engine {out.token_ids} != transformers {exp}"
+
+
+def test_first_step_logits_close(reference):
+    model_dir, prompts, _, hf_logits = reference
+    llm = LLM(model_dir, dtype="float32")
+    eng = llm.engine
+    for i, ids in enumerate(prompts):
+        eng.add_request(f"r{i}", ids, SamplingParams(temperature=0.0, max_tokens=1))
+    batch = eng.scheduler.schedule()
+    logits, seqs = eng.runner.run(batch)
+    for row, seq in enumerate(seqs):
+        i = int(seq.request_id[1:])
+        err = (logits[row] - hf_logits[i]).abs().max().item()
+        assert err < 1e-4, f"prompt {i}: max abs logit error {err}"
+    assert len(seqs) == len(prompts)
+
+
+def test_chunked_prefill_same_tokens(reference):
+    model_dir, prompts, expected, _ = reference
+    llm = LLM(model_dir, dtype="float32", max_num_batched_tokens=16, max_model_len=256)
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+
+
+def test_no_chunked_prefill_same_tokens(reference):
+    model_dir, prompts, expected, _ = reference
+    llm = LLM(model_dir, dtype="float32", enable_chunked_prefill=False, max_num_batched_tokens=256,
+              max_model_len=256, max_num_seqs=3)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+
+
+def test_prefix_cache_hits_same_tokens(reference):
+    model_dir, prompts, expected, _ = reference
+    llm = LLM(model_dir, dtype="float32")
+    first = llm.generate(prompts, GREEDY)
+    second = llm.generate(prompts, GREEDY)
+    assert llm.engine.stats().prefix_cache_hit_tokens > 0
+    assert [o.token_ids for o in first] == expected
+    assert [o.token_ids for o in second] == expected
+
+
+def test_preemption_same_tokens(reference):
+    model_dir, prompts, expected, _ = reference
+    # 128-token sequences need 8 blocks each; 10 blocks cannot hold 8 running sequences.
+    llm = LLM(model_dir, dtype="float32", max_model_len=128, num_kv_blocks=10, enable_prefix_caching=False)
+    outs = llm.generate(prompts, GREEDY)
+    stats = llm.engine.stats()
+    assert stats.preemptions_total > 0
+    assert [o.token_ids for o in outs] == expected
+    assert stats.num_free_blocks == stats.num_total_blocks
