@@ -125,7 +125,9 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
 
 
 def _to_api_error(e: ValidationError) -> APIError:
-    err = e.errors(include_url=False)[0]
+    errs = e.errors(include_url=False)
+    # for a union (str | list[int]) the deepest error says most: "prompt.0: not an integer"
+    err = max(errs, key=lambda x: (x["type"] == "extra_forbidden", len([p for p in x["loc"] if not _is_union_tag(p)])))
     loc = [str(p) for p in err["loc"] if not _is_union_tag(p)]
     param = ".".join(loc) or None
     if err["type"] == "extra_forbidden":
