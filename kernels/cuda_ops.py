@@ -1,0 +1,22 @@
+"""Register the CuPy kernels into `dispatch._CUDA`.
+
+`dispatch` imports this module the first time it sees a CUDA tensor. Without CuPy the
+import raises ImportError and dispatch keeps using the torch twins. Each wrapper falls
+back to its twin for layouts or dtypes its kernel does not cover (e.g. head_dim 96).
+"""
+
+from __future__ import annotations
+
+import cupy  # noqa: F401  (ImportError here = no CUDA kernels)
+from modeldeploy.kernels import activation, attention, cache, dispatch, norm, rotary
+
+KERNELS = {
+    "rms_norm": norm.rms_norm,
+    "rotary_embedding": rotary.rotary_embedding,
+    "silu_and_mul": activation.silu_and_mul,
+    "write_kv": cache.write_kv,
+    "paged_attention_decode": attention.paged_attention_decode,
+    "paged_attention_prefill": attention.paged_attention_prefill,
+}
+
+dispatch._CUDA.update(KERNELS)

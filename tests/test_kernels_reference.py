@@ -1,0 +1,243 @@
+"""The torch twins (kernels/reference.py) against plain float64 loops written here.
+
+The twins are what CI runs and what the CuPy kernels are checked against on a GPU, so they
+are anchored to an independent, obviously-correct implementation: explicit Python loops
+over sequences, heads and tokens in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from modeldeploy.kernels import dispatch, reference
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    assert torch.isfinite(a).all(), "non-finite output"
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+# ---- float64 oracles -----------------------------------------------------------------
+def rms_norm64(x, w, eps, residual=None):
+    h = x.double() + (residual.double() if residual is not None else 0)
+    out = torch.empty_like(h)
+    for r in range(h.shape[0]):
+        row = h[r]
+        out[r] = row / math.sqrt(float((row * row).sum()) / row.numel() + eps) * w.double()
+    return out, h
+
+
+def rotary64(positions, x, cache):
+    x = x.double().clone()
+    half = cache.shape[1] // 2
+    for t in range(x.shape[0]):
+        c = cache[positions[t], :half].double()
+        s = cache[positions[t], half:].double()
+        for h in range(x.shape[1]):
+            x1, x2 = x[t, h, :half].clone(), x[t, h, half:].clone()
+            x[t, h, :half] = x1 * c - x2 * s
+            x[t, h, half:] = x2 * c + x1 * s
+    return x
+
+
+def attend64(q, keys, values, scale):
+    """q [D], keys/values [L, D] -> softmax(q.k * scale) @ v, all float64."""
+    scores = [float(q @ keys[j]) * scale for j in range(keys.shape[0])]
+    m = max(scores)
+    w = [math.exp(s - m) for s in scores]
+    total = sum(w)
+    return sum(wj / total * values[j] for j, wj in enumerate(w))
+
+
+def token_kv(cache, table, t):
+    """Cached row [Hkv, D] of token t through the block table."""
+    S = cache.shape[1]
+    return cache[int(table[t // S]), t % S].double()
+
+
+def decode64(q, k_cache, v_cache, tables, lens, scale):
+    B, H, D = q.shape
+    group = H // k_cache.shape[2]
+    out = torch.zeros(B, H, D, dtype=torch.float64)
+    for b in range(B):
+        L = int(lens[b])
+        ks = torch.stack([token_kv(k_cache, tables[b], t) for t in range(L)])
+        vs = torch.stack([token_kv(v_cache, tables[b], t) for t in range(L)])
+        for h in range(H):
+            out[b, h] = attend64(q[b, h].double(), ks[:, h // group], vs[:, h // group], scale)
+    return out
+
+
+def prefill64(q, k_cache, v_cache, tables, cu, lens, scale):
+    T, H, D = q.shape
+    group = H // k_cache.shape[2]
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    for b in range(len(lens)):
+        s, e, L = int(cu[b]), int(cu[b + 1]), int(lens[b])
+        ks = torch.stack([token_kv(k_cache, tables[b], t) for t in range(L)])
+        vs = torch.stack([token_kv(v_cache, tables[b], t) for t in range(L)])
+        for i in range(s, e):
+            pos = L - (e - i)                      # this query's own position: sees keys 0..pos
+            for h in range(H):
+                out[i, h] = attend64(q[i, h].double(), ks[: pos + 1, h // group],
+                                     vs[: pos + 1, h // group], scale)
+    return out
+
+
+# ---- random paged-cache problems -----------------------------------------------------
+def paged_problem(lens, hkv, group, d, block_size, dtype, gen, spare_blocks=5):
+    """Caches with random content, block tables that point at shuffled, non-contiguous
+    blocks (padding entries -1), context lengths `lens`."""
+    per_seq = [-(-L // block_size) for L in lens]
+    n_blocks = sum(per_seq) + spare_blocks
+    perm = torch.randperm(n_blocks, generator=gen)
+    M = max(per_seq) + 1
+    tables = torch.full((len(lens), M), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(per_seq):
+        tables[b, :n] = perm[used: used + n].to(torch.int32)
+        used += n
+    k_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen).to(dtype)
+    return k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+# ---- tests ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (7, 96), (16, 1024)])
+def test_rms_norm(dtype, with_residual, rows, hidden):
+    gen = torch.Generator().manual_seed(rows * hidden + with_residual)
+    x = torch.randn(rows, hidden, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    res = torch.randn(rows, hidden, generator=gen).to(dtype) if with_residual else None
+    out, new_res = reference.rms_norm(x, w, 1e-5, res)
+    exp_out, exp_res = rms_norm64(x, w, 1e-5, res)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert rel_err(out, exp_out) < TOL[dtype]
+    if with_residual:
+        assert rel_err(new_res, exp_res) < TOL[dtype]
+    else:
+        assert new_res is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,hq,hk,d", [(1, 4, 4, 64), (5, 8, 2, 128), (9, 6, 3, 32)])
+def test_rotary_in_place(dtype, T, hq, hk, d):
+    gen = torch.Generator().manual_seed(T * hq * d)
+    max_pos = 64
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    cache = torch.cat([ang.cos(), ang.sin()], dim=-1).float()
+    positions = torch.randint(0, max_pos, (T,), generator=gen)
+    q = torch.randn(T, hq, d, generator=gen).to(dtype)
+    k = torch.randn(T, hk, d, generator=gen).to(dtype)
+    q_exp, k_exp = rotary64(positions, q, cache), rotary64(positions, k, cache)
+    q_ptr = q.data_ptr()
+    assert reference.rotary_embedding(positions, q, k, cache) is None
+    assert q.data_ptr() == q_ptr                                   # really in place
+    assert rel_err(q, q_exp) < TOL[dtype] and rel_err(k, k_exp) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,inter", [(1, 8), (13, 344)])
+def test_silu_and_mul(dtype, rows, inter):
+    gen = torch.Generator().manual_seed(rows + inter)
+    x = (3 * torch.randn(rows, 2 * inter, generator=gen)).to(dtype)
+    g, u = x[:, :inter].double(), x[:, inter:].double()
+    expected = g / (1 + torch.exp(-g)) * u
+    out = reference.silu_and_mul(x)
+    assert out.shape == (rows, inter) and out.dtype == dtype
+    assert rel_err(out, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("T,hkv,d,block_size", [(1, 1, 64, 16), (11, 2, 128, 16), (20, 4, 32, 8)])
+def test_write_kv_scatters_and_skips(T, hkv, d, block_size):
+    gen = torch.Generator().manual_seed(T)
+    n_blocks = 6
+    k_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen)
+    v_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    slots = torch.randperm(n_blocks * block_size, generator=gen)[:T]
+    slots[1::3] = -1                                               # padding tokens
+    k = torch.randn(T, hkv, d, generator=gen)
+    v = torch.randn(T, hkv, d, generator=gen)
+    reference.write_kv(k, v, k_cache, v_cache, slots)
+    exp_k, exp_v = k0.clone(), v0.clone()
+    for t in range(T):
+        s = int(slots[t])
+        if s >= 0:
+            exp_k[s // block_size, s % block_size] = k[t]
+            exp_v[s // block_size, s % block_size] = v[t]
+    assert torch.equal(k_cache, exp_k) and torch.equal(v_cache, exp_v)
+    assert not torch.equal(k_cache, k0)                            # something was written
+    assert T == 1 or (slots == -1).any()                           # and something skipped
+
+
+DECODE_CASES = [  # lens, hkv, group, d, block_size
+    ([1], 1, 1, 64, 16),
+    ([17, 3, 40], 2, 4, 64, 16),
+    ([33, 64, 1, 100], 4, 2, 128, 16),
+    ([5, 50], 1, 8, 32, 8),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,hkv,group,d,block_size", DECODE_CASES)
+def test_paged_attention_decode(dtype, lens, hkv, group, d, block_size):
+    gen = torch.Generator().manual_seed(sum(lens) * group + d)
+    k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, dtype, gen)
+    q = torch.randn(len(lens), hkv * group, d, generator=gen).to(dtype)
+    scale = d ** -0.5
+    out = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, decode64(q, k_cache, v_cache, tables, ctx, scale)) < TOL[dtype]
+
+
+PREFILL_CASES = [  # lens, new tokens per sequence, hkv, group, d, block_size
+    ([5], [5], 1, 1, 64, 16),                      # plain prompt, no cached prefix
+    ([20, 37, 3], [4, 37, 1], 2, 4, 64, 16),        # prefix + chunk, full prompt, decode-like
+    ([40, 18], [0, 18], 2, 2, 128, 16),            # a sequence with no new tokens
+    ([23, 9], [7, 9], 1, 8, 32, 8),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,new,hkv,group,d,block_size", PREFILL_CASES)
+def test_paged_attention_prefill(dtype, lens, new, hkv, group, d, block_size):
+    gen = torch.Generator().manual_seed(sum(lens) + sum(new) * group + d)
+    k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, dtype, gen)
+    cu = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), hkv * group, d, generator=gen).to(dtype)
+    scale = d ** -0.5
+    out = reference.paged_attention_prefill(q, k_cache, v_cache, tables, cu, ctx, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, prefill64(q, k_cache, v_cache, tables, cu, ctx, scale)) < TOL[dtype]
+
+
+def test_prefill_last_token_equals_decode():
+    """The last new token of a prompt sees the whole context: same result as decode."""
+    gen = torch.Generator().manual_seed(7)
+    lens = [19, 33]
+    k_cache, v_cache, tables, ctx = paged_problem(lens, 2, 4, 64, 16, torch.float32, gen)
+    cu = torch.tensor([0, 19, 52], dtype=torch.int32)
+    q = torch.randn(52, 8, 64, generator=gen)
+    pre = reference.paged_attention_prefill(q, k_cache, v_cache, tables, cu, ctx, 0.125)
+    dec = reference.paged_attention_decode(q[[18, 51]], k_cache, v_cache, tables, ctx, 0.125)
+    torch.testing.assert_close(pre[[18, 51]], dec, rtol=1e-5, atol=1e-6)
+
+
+def test_dispatch_uses_twins_on_cpu():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 16, generator=gen)
+    w = torch.randn(16, generator=gen)
+    torch.testing.assert_close(dispatch.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0],
+                               rtol=0, atol=0)
+    torch.testing.assert_close(dispatch.silu_and_mul(x), reference.silu_and_mul(x), rtol=0, atol=0)
+    assert dispatch._impl("silu_and_mul", x) is reference.silu_and_mul
