@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-model clean crds
+.PHONY: setup test unit lint demo demo-model clean crds example-model
 
 setup: .venv/.installed
 
@@ -36,3 +36,9 @@ clean:
 
 crds: setup
 	$(PY) -m modeldeploy crd
+
+# The model examples/modeldeployment-tiny.yaml pins (seeded: its digest is fixed).
+EXAMPLE_MODEL_DIR ?= /var/lib/modeldeploy/models/tiny-llama
+example-model: setup
+	$(PY) -m modeldeploy tiny-model $(EXAMPLE_MODEL_DIR) --arch llama --seed 0
+	$(PY) -m modeldeploy digest $(EXAMPLE_MODEL_DIR)
