@@ -1,0 +1,371 @@
+"""Operator core against the real API server (issue 6, "Must show"): CEL rejections, a tiny
+model served through a ModelDeployment, Unschedulable, restart safety, drift, deletion GC.
+
+The operator runs as a subprocess (`modeldeploy operator --namespace NS --standalone`) against
+the test cluster's kubeconfig, exactly as a user would run it outside the cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from modeldeploy.operator import api, crd
+
+from .conftest import E2ECluster
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64
+FAKE_DIGEST = "sha256:" + "b" * 64
+G, V, P = api.GROUP, api.VERSION, api.PLURAL
+
+
+@pytest.fixture(scope="module")
+def crd_installed(cluster: E2ECluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / crd.CRD_PATH))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{P}.{G}", "--timeout=60s")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Operator:
+    """`modeldeploy operator` as a child process; restartable, logs kept for failure dumps."""
+
+    def __init__(self, cluster: E2ECluster, namespace: str, log: Path) -> None:
+        self.cluster, self.namespace, self.log = cluster, namespace, log
+        self.metrics_port, self.health_port = _free_port(), _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5"}
+        argv = [
+            sys.executable,
+            "-m",
+            "modeldeploy",
+            "operator",
+            "--namespace",
+            self.namespace,
+            "--standalone",
+            "--bind",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--health-port",
+            str(self.health_port),
+        ]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def get(self, path: str, port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.read().decode()
+
+
+@pytest.fixture
+def operator(
+    cluster: E2ECluster, namespace: str, crd_installed: None, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Operator]:
+    op = Operator(cluster, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.kill(signal.SIGTERM)
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        print("--- operator log (tail)\n" + "\n".join(op.log.read_text(errors="replace").splitlines()[-80:]))
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "bundle": {
+            "engine": {"image": IMAGE},
+            "model": {"uri": "https://models.invalid/tiny", "revision": "r1", "digest": FAKE_DIGEST},
+            "tokenizer": {"revision": "r1", "digest": FAKE_DIGEST},
+            "config": {"maxNumSeqs": 4, "device": "cpu"},
+        },
+        "replicas": 1,
+        "topology": {
+            "gpusPerReplica": 1,
+            "gpuType": "NVIDIA-H200",
+            "nodeSelector": {"modeldeploy.dev/node-kind": "kwok"},
+        },
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    base.update(spec)
+    return {"apiVersion": f"{G}/{V}", "kind": api.KIND, "metadata": {"name": name}, "spec": base}
+
+
+def create(cluster: E2ECluster, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return cluster.custom.create_namespaced_custom_object(G, V, ns, P, obj)
+
+
+def get_md(cluster: E2ECluster, ns: str, name: str) -> dict[str, Any]:
+    return cluster.custom.get_namespaced_custom_object(G, V, ns, P, name)
+
+
+def condition(md: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in md.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
+
+
+def owned(cluster: E2ECluster, ns: str, name: str) -> tuple[list[str], list[str]]:
+    sel = f"app.kubernetes.io/instance={name}"
+    deps = [d.metadata.name for d in cluster.apps.list_namespaced_deployment(ns, label_selector=sel).items]
+    svcs = [s.metadata.name for s in cluster.core.list_namespaced_service(ns, label_selector=sel).items]
+    return sorted(deps), sorted(svcs)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s["bundle"]["engine"].update(image="registry.local/runtime:latest"), "pinned by digest"),
+        (lambda s: s["topology"].update(gpusPerReplica=4, tensorParallel=3), "tensorParallel must divide"),
+        (lambda s: s["bundle"]["model"].update(digest="sha256:1234"), "64 lowercase hex"),
+        (lambda s: s["bundle"]["tokenizer"].update(digest="sha256:" + "G" * 64), "64 lowercase hex"),
+        (lambda s: s.update(rollout={"steps": [{"weight": 50}, {"weight": 20}]}), "strictly increasing"),
+    ],
+    ids=["tag-only-image", "tp-not-dividing", "bad-model-digest", "bad-tokenizer-digest", "steps-decreasing"],
+)
+def test_api_server_rejects_invalid_with_cel_message(
+    cluster: E2ECluster, namespace: str, crd_installed: None, edit, message: str
+) -> None:
+    obj = manifest("bad")
+    edit(obj["spec"])
+    with pytest.raises(ApiException) as e:
+        create(cluster, namespace, obj)
+    assert e.value.status == 422 and message in e.value.body, e.value.body
+
+
+def test_api_server_applies_defaults_and_examples_validate(
+    cluster: E2ECluster, namespace: str, crd_installed: None
+) -> None:
+    out = create(cluster, namespace, manifest("defaults"))
+    assert out["spec"]["topology"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert (
+        out["spec"]["rollout"]["steps"][0]["weight"] == 10
+        and out["spec"]["bundle"]["config"]["maxQueue"] == 64
+    )
+    for path in sorted((ROOT / "examples").glob("modeldeployment-*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        doc["metadata"]["namespace"] = namespace
+        cluster.custom.create_namespaced_custom_object(G, V, namespace, P, doc, dry_run="All")
+    explain = cluster.kubectl("explain", "md.spec.bundle.engine.image").stdout
+    assert "pinned by digest" in explain
+
+
+def _pv_with_tiny_model(cluster: E2ECluster, ns: str, tmp: Path) -> str:
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    from modeldeploy.digest import dir_digest
+
+    model = make_tiny_model(tmp / "models" / "tiny-llama")
+    pv = f"{ns}-models"
+    cluster.core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+        "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(tmp / "models"), "type": "Directory"},
+        "claimRef": {"namespace": ns, "name": "models"}}})  # fmt: skip
+    cluster.core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "models"}, "spec": {
+        "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+        "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+    return dir_digest(model)
+
+
+def test_tiny_model_served_in_restricted_namespace(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    if cluster.process_node is None:
+        pytest.skip("external $KUBECONFIG cluster: no process node")
+    digest = _pv_with_tiny_model(cluster, namespace, tmp_path)
+    try:
+        spec = manifest("tiny")["spec"]
+        spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest}
+        spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": digest}
+        spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
+        spec["readiness"] = {"loadTimeoutSeconds": 180}
+        created = create(cluster, namespace, manifest("tiny", **spec))
+        seen_progressing = cluster.wait(
+            lambda: condition(get_md(cluster, namespace, "tiny"), "Progressing").get("status") == "True",
+            60,
+            "Progressing=True",
+        )
+        assert seen_progressing
+        md = cluster.wait(
+            lambda: (lambda m: m if condition(m, "Ready").get("status") == "True" else None)(
+                get_md(cluster, namespace, "tiny")
+            ),
+            300,
+            "Ready=True",
+        )
+        st = md["status"]
+        assert st["observedGeneration"] == created["metadata"]["generation"] and st["phase"] == "Stable"
+        assert (
+            condition(md, "Progressing")["status"] == "False"
+            and condition(md, "Degraded")["status"] == "False"
+        )
+        bid = st["stable"]["bundle"]
+        assert st["stable"]["readyReplicas"] == 1 and st["stable"]["loadProgress"] == 1.0
+        deps, svcs = owned(cluster, namespace, "tiny")
+        assert deps == [f"tiny-{bid[:10]}"] and svcs == ["tiny", "tiny-canary", "tiny-stable"]
+        pods = cluster.core.list_namespaced_pod(
+            namespace, label_selector=f"modeldeploy.dev/bundle={bid}"
+        ).items
+        assert (
+            len(pods) == 1 and pods[0].spec.node_name == cluster.process_node
+        )  # admitted under `restricted`
+        disc = client.DiscoveryV1Api(cluster.api)
+        eps = cluster.wait(
+            lambda: [
+                e
+                for sl in disc.list_namespaced_endpoint_slice(
+                    namespace, label_selector="kubernetes.io/service-name=tiny-stable"
+                ).items
+                for e in sl.endpoints or []
+            ],
+            30,
+            "tiny-stable endpoints",
+        )
+        assert eps[0].addresses == [pods[0].status.pod_ip]
+        table = cluster.kubectl("get", "md", "-n", namespace).stdout
+        assert table.split()[:7] == ["NAME", "PHASE", "STABLE", "CANARY", "WEIGHT", "READY", "AGE"], table
+        assert "Stable" in table and bid in table
+        events = [
+            e.reason
+            for e in cluster.core.list_namespaced_event(namespace).items
+            if e.involved_object.name == "tiny"
+        ]
+        assert "Created" in events
+        metrics = operator.get("/metrics", operator.metrics_port)
+        assert (
+            "modeldeploy_operator_reconciles_total" in metrics
+            and "modeldeploy_operator_decisions_total" in metrics
+        )
+        assert operator.get("/healthz", operator.health_port)
+    finally:
+        cluster.core.delete_persistent_volume(f"{namespace}-models")
+
+
+def test_impossible_gpu_type_is_degraded_unschedulable(
+    cluster: E2ECluster, namespace: str, operator: Operator
+) -> None:
+    spec = manifest("nogpu")["spec"]
+    spec["topology"] = {"gpusPerReplica": 1, "gpuType": "NVIDIA-B300"}
+    create(cluster, namespace, manifest("nogpu", **spec))
+    md = cluster.wait(
+        lambda: (lambda m: m if condition(m, "Degraded").get("status") == "True" else None)(
+            get_md(cluster, namespace, "nogpu")
+        ),
+        60,
+        "Degraded=True",
+    )
+    deg = condition(md, "Degraded")
+    assert deg["reason"] == "Unschedulable" and "nvidia.com/gpu.product=NVIDIA-B300" in deg["message"]
+    assert md["status"]["phase"] == "Degraded"
+    assert owned(cluster, namespace, "nogpu")[0] == []  # no pods left Pending silently
+    warnings = [e for e in cluster.core.list_namespaced_event(namespace).items if e.reason == "Unschedulable"]
+    assert warnings and warnings[0].type == "Warning"
+
+
+def _ready(cluster: E2ECluster, ns: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    return cluster.wait(
+        lambda: (lambda m: m if m.get("status", {}).get("phase") == "Stable" else None)(
+            get_md(cluster, ns, name)
+        ),
+        timeout,
+        f"{name} Stable",
+    )
+
+
+def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
+    cluster: E2ECluster, namespace: str, operator: Operator
+) -> None:
+    create(cluster, namespace, manifest("web", replicas=2))
+    cluster.wait(lambda: owned(cluster, namespace, "web")[0], 60, "first child Deployment")
+    operator.kill()  # mid-reconcile: children partly created, status maybe unwritten
+    operator.start()
+    md = _ready(cluster, namespace, "web")
+    deps, svcs = owned(cluster, namespace, "web")
+    assert deps == [f"web-{md['status']['stable']['bundle'][:10]}"] and svcs == [
+        "web",
+        "web-canary",
+        "web-stable",
+    ]
+    operator.kill()
+    operator.start()
+    _ready(cluster, namespace, "web")
+    assert owned(cluster, namespace, "web") == (deps, svcs)  # a second restart changes nothing
+
+    # drift: someone edits the child Deployment -> reverted
+    dep = cluster.apps.read_namespaced_deployment(deps[0], namespace)
+    cluster.apps.patch_namespaced_deployment(
+        deps[0],
+        namespace,
+        {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [{"name": "serve", "image": "registry.local/evil@sha256:" + "e" * 64}]
+                    }
+                }
+            }
+        },
+    )
+    cluster.wait(
+        lambda: (
+            cluster.apps.read_namespaced_deployment(deps[0], namespace).spec.template.spec.containers[0].image
+            == IMAGE
+        ),
+        60,
+        "image drift reverted",
+    )
+    assert dep.metadata.owner_references[0].kind == "ModelDeployment"
+
+    # a bundle change: new Deployment, promoted when Ready, the old one deleted
+    spec = copy.deepcopy(md["spec"])
+    spec["bundle"]["config"]["maxNumSeqs"] = 2
+    cluster.custom.patch_namespaced_custom_object(G, V, namespace, P, "web", {"spec": spec})
+    new = cluster.wait(
+        lambda: (
+            lambda m: (
+                m
+                if m["status"].get("observedGeneration") == m["metadata"]["generation"]
+                and m["status"]["phase"] == "Stable"
+                else None
+            )
+        )(get_md(cluster, namespace, "web")),
+        120,
+        "new bundle promoted",
+    )
+    assert new["status"]["stable"]["bundle"] != md["status"]["stable"]["bundle"]
+    assert new["status"]["history"][-1]["bundle"] == md["status"]["stable"]["bundle"]
+    cluster.wait(
+        lambda: owned(cluster, namespace, "web")[0] == [f"web-{new['status']['stable']['bundle'][:10]}"],
+        60,
+        "old bundle Deployment deleted",
+    )
+
+    # deletion: the garbage collector removes every child through ownerReferences
+    cluster.custom.delete_namespaced_custom_object(G, V, namespace, P, "web")
+    cluster.wait(lambda: owned(cluster, namespace, "web") == ([], []), 90, "children garbage-collected")
