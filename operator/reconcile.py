@@ -59,9 +59,12 @@ def observe(md: dict[str, Any]) -> Observed:
     svcs = _json(client.CoreV1Api().list_namespaced_service(ns, label_selector=sel, _preload_content=False))[
         "items"
     ]
-    owned = lambda o: any(
-        r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", [])
-    )  # noqa: E731
+
+    def owned(o):
+        return any(
+            r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", [])
+        )  # noqa: E731
+
     return Observed([d for d in deps if owned(d)], [s for s in svcs if owned(s)], nodes())
 
 
@@ -88,39 +91,39 @@ def reconcile(namespace: str, name: str) -> list[Action]:
 def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
     ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
     apps, core = client.AppsV1Api(), client.CoreV1Api()
-    merge = "application/merge-patch+json"
+    raw = {"_preload_content": False}  # the response body is not needed: skip model decoding
     for a in actions:
         try:
             if isinstance(a, Create):
                 kind = a.obj["kind"]
-                (
+                create = (
                     apps.create_namespaced_deployment
                     if kind == "Deployment"
                     else core.create_namespaced_service
-                )(ns, a.obj)
+                )
+                create(ns, a.obj, **raw)
                 metrics.DECISIONS.labels("create", kind).inc()
             elif isinstance(a, Patch):
-                fn = (
+                patch = (
                     apps.patch_namespaced_deployment
                     if a.kind == "Deployment"
                     else core.patch_namespaced_service
                 )
-                fn(a.name, ns, a.body, _content_type=merge)
+                patch(a.name, ns, a.body, _content_type="application/merge-patch+json", **raw)
                 metrics.DECISIONS.labels("patch", a.kind).inc()
             elif isinstance(a, Delete):
-                opts = client.V1DeleteOptions(propagation_policy="Background")
-                (
+                delete = (
                     apps.delete_namespaced_deployment
                     if a.kind == "Deployment"
                     else core.delete_namespaced_service
-                )(a.name, ns, body=opts)
+                )
+                delete(a.name, ns, body={"propagationPolicy": "Background"}, **raw)
                 metrics.DECISIONS.labels("delete", a.kind).inc()
             elif isinstance(a, PatchStatus):
-                body = [
-                    {"op": "add", "path": "/status", "value": a.status}
-                ]  # replace whole: removed fields go too
+                # JSON patch `add /status` replaces the whole status, so fields plan() dropped go too
+                body = [{"op": "add", "path": "/status", "value": a.status}]
                 client.CustomObjectsApi().patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, PLURAL, name, body
+                    GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/json-patch+json", **raw
                 )
             elif isinstance(a, Event):
                 post_event(md, a, now)
@@ -145,5 +148,5 @@ def post_event(md: dict[str, Any], ev: Event, now: str) -> None:
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
     }  # fmt: skip
-    client.CoreV1Api().create_namespaced_event(meta["namespace"], body)
+    client.CoreV1Api().create_namespaced_event(meta["namespace"], body, _preload_content=False)
     metrics.EVENTS.labels(ev.reason).inc()
