@@ -386,7 +386,10 @@ class CohortStatus(_Model):
     replicas: int = Field(default=0, description="Desired replicas.")
     ready_replicas: int = Field(default=0, description="Replicas passing /health/ready.")
     load_progress: float = Field(
-        default=0.0, ge=0, le=1, description="Share of desired replicas that are ready (0..1)."
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Ready replicas plus the /health/ready progress of loading ones, over desired (0..1).",
     )
 
 

@@ -64,6 +64,8 @@ class Observed:
     deployments: list[dict[str, Any]] = field(default_factory=list)
     services: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[NodeInfo] | None = None  # None: not known yet, skip the fit check
+    # bundle id -> load progress (0..1) reported by /health/ready of its pods that are not Ready yet
+    loading: dict[str, list[float]] = field(default_factory=dict)
 
 
 def subset(want: Any, have: Any) -> bool:
@@ -182,12 +184,14 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         _revision(prior, stable_id, spec, bid),
         by_bundle.get(stable_id),
         _size(by_bundle.get(stable_id), spec, stable_id == bid),
+        observed.loading.get(stable_id, []),
     )
-    canary_c = (
-        cohort(canary_id, spec.bundle.model.revision, by_bundle.get(canary_id), spec.replicas)
-        if canary_id
-        else None
-    )
+    canary_c = None
+    if canary_id:
+        dep = by_bundle.get(canary_id)
+        canary_c = cohort(
+            canary_id, spec.bundle.model.revision, dep, spec.replicas, observed.loading.get(canary_id, [])
+        )
     ready_total = stable_c.ready_replicas + (canary_c.ready_replicas if canary_c else 0)
     weight = round(100 * canary_c.ready_replicas / ready_total) if canary_c and ready_total else 0
 

@@ -22,6 +22,7 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": rw},
         {"apiGroups": [""], "resources": ["services"], "verbs": rw},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {

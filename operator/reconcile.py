@@ -15,15 +15,19 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from modeldeploy.operator import metrics
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
-from modeldeploy.operator.bundle import MANAGED_BY
+from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
+from modeldeploy.operator.children import PORT
 from modeldeploy.operator.plan import Action, Create, Delete, Event, Observed, Patch, PatchStatus, plan
 from modeldeploy.operator.topology import NodeInfo
 
 NODE_TTL_S = 15.0
+MAX_PROBES = 8
+PROBE_TIMEOUT_S = 0.5
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 _nodes: dict[str, Any] = {"at": 0.0, "nodes": None}
 _nodes_lock = threading.Lock()
@@ -53,19 +57,51 @@ def nodes() -> list[NodeInfo]:
 def observe(md: dict[str, Any]) -> Observed:
     ns, name, uid = md["metadata"]["namespace"], md["metadata"]["name"], md["metadata"]["uid"]
     sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
-    deps = _json(
-        client.AppsV1Api().list_namespaced_deployment(ns, label_selector=sel, _preload_content=False)
-    )["items"]
-    svcs = _json(client.CoreV1Api().list_namespaced_service(ns, label_selector=sel, _preload_content=False))[
-        "items"
-    ]
+    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    deps = _json(apps.list_namespaced_deployment(ns, label_selector=sel, _preload_content=False))["items"]
+    svcs = _json(core.list_namespaced_service(ns, label_selector=sel, _preload_content=False))["items"]
 
-    def owned(o):
+    def owned(o: dict[str, Any]) -> bool:
         return any(
             r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", [])
-        )  # noqa: E731
+        )
 
-    return Observed([d for d in deps if owned(d)], [s for s in svcs if owned(s)], nodes())
+    deps = [d for d in deps if owned(d)]
+    loading = _loading(ns, sel) if any(_not_ready(d) for d in deps) else {}
+    return Observed(deps, [s for s in svcs if owned(s)], nodes(), loading)
+
+
+def _not_ready(dep: dict[str, Any]) -> bool:
+    st = dep.get("status") or {}
+    return int(st.get("readyReplicas") or 0) < int((dep.get("spec") or {}).get("replicas") or 0)
+
+
+def _loading(ns: str, sel: str) -> dict[str, list[float]]:
+    """Load progress of Running-but-not-Ready serving pods, from their /health/ready body.
+
+    Bounded: at most MAX_PROBES pods, PROBE_TIMEOUT_S each; an unreachable pod counts as 0.
+    """
+    pods = _json(client.CoreV1Api().list_namespaced_pod(ns, label_selector=sel, _preload_content=False))[
+        "items"
+    ]
+    out: dict[str, list[float]] = {}
+    probed = 0
+    with httpx.Client(timeout=PROBE_TIMEOUT_S) as http:
+        for p in pods:
+            st = p.get("status") or {}
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+            )
+            if ready or st.get("phase") != "Running" or not st.get("podIP") or probed >= MAX_PROBES:
+                continue
+            probed += 1
+            try:
+                body = http.get(f"http://{st['podIP']}:{PORT}/health/ready").json()
+                progress = float(body.get("progress", 0.0))
+            except (httpx.HTTPError, ValueError, AttributeError):
+                progress = 0.0
+            out.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), []).append(progress)
+    return out
 
 
 def reconcile(namespace: str, name: str) -> list[Action]:

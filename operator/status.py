@@ -37,11 +37,18 @@ def condition(
     )
 
 
-def cohort(bid: str, revision: str | None, deployment: dict[str, Any] | None, desired: int) -> CohortStatus:
-    """Figures for one cohort from its Deployment (None: not created yet)."""
+def cohort(
+    bid: str, revision: str | None, deployment: dict[str, Any] | None, desired: int, loading: list[float] = ()
+) -> CohortStatus:
+    """Figures for one cohort from its Deployment (None: not created yet).
+
+    loadProgress counts a Ready replica as 1 and a loading one by the fraction its
+    /health/ready reports, so a human sees weights loading rather than a flat 0/N.
+    """
     ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
     name = (deployment or {}).get("metadata", {}).get("name")
-    progress = 1.0 if desired == 0 else min(1.0, ready / desired)
+    partial = sum(min(1.0, max(0.0, p)) for p in loading[: max(0, desired - ready)])
+    progress = 1.0 if desired == 0 else min(1.0, (min(ready, desired) + partial) / desired)
     return CohortStatus(
         bundle=bid,
         revision=revision,

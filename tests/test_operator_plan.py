@@ -243,3 +243,11 @@ def test_invalid_spec_reports_degraded_without_children() -> None:
     assert kinds(acts) == []
     deg = next(c for c in status_of(acts)["conditions"] if c["type"] == "Degraded")
     assert deg["reason"] == "InvalidSpec" and "pinned by digest" in deg["message"]
+
+
+def test_load_progress_counts_loading_pods() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()), ready=0)
+    bid = obj["status"]["stable"]["bundle"]
+    obs.loading = {bid: [0.5, 0.25]}
+    st = status_of(plan(obj, obs, NOW))
+    assert st["stable"]["loadProgress"] == 0.375 and st["stable"]["readyReplicas"] == 0
