@@ -2,11 +2,12 @@
 
 Level-triggered: any change to a ModelDeployment or to a child it controls, plus a
 periodic resync (node changes, missed events), runs the same idempotent reconcile.
-Only `on.event` and timers are used, so kopf keeps no state of its own in the objects.
+Only `on.event` is used, so kopf keeps no state and no finalizer of its own in the objects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
@@ -16,6 +17,7 @@ from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 from modeldeploy.operator.bundle import MANAGED_BY
 
 RESYNC_S = float(os.environ.get("MODELDEPLOY_RESYNC_SECONDS", "30"))
+log = logging.getLogger("modeldeploy.operator")
 CHILD = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
@@ -46,10 +48,16 @@ def _owner(body: kopf.Body) -> str | None:
     )
 
 
+_known: set[tuple[str, str]] = set()  # ModelDeployments seen by the watch, for the periodic resync
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def modeldeployment_changed(type: str | None, namespace: str, name: str, **_) -> None:
-    if type != "DELETED":
-        _run(namespace, name)
+    if type == "DELETED":
+        _known.discard((namespace, name))
+        return
+    _known.add((namespace, name))
+    _run(namespace, name)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD)
@@ -58,11 +66,32 @@ def child_changed(body: kopf.Body, namespace: str, **_) -> None:
     _run(namespace, _owner(body))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
-def resync(namespace: str, name: str, **_) -> None:
-    _run(namespace, name)
+async def _resync_forever() -> None:
+    """Re-reconcile every known object each RESYNC_S: node changes, missed events.
+
+    A plain task rather than a kopf timer, because kopf timers put a finalizer on every
+    object, which would block deleting a ModelDeployment while the operator is down.
+    """
+    while True:
+        await asyncio.sleep(RESYNC_S)
+        for namespace, name in sorted(_known):
+            try:
+                await asyncio.to_thread(reconcile.reconcile, namespace, name)
+            except Exception as e:  # one object's failure must not stop the others' resync
+                metrics.ERRORS.labels(type(e).__name__).inc()
+                log.warning("resync %s/%s: %s", namespace, name, e)
+
+
+@kopf.on.startup()
+async def start_resync(memo: kopf.Memo, **_) -> None:
+    memo.resync = asyncio.create_task(_resync_forever())
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_) -> None:
+    memo.resync.cancel()
 
 
 @kopf.on.probe(id="reconciles")
 def reconciles_probe(**_) -> float:
-    return metrics.RECONCILES._value.get()
+    return float(reconcile.COUNT["reconciles"])
