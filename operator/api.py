@@ -369,7 +369,7 @@ class ModelDeploymentSpec(_Model):
 
 
 class Condition(_Model):
-    type: Literal["Ready", "Progressing", "Degraded"] = Field(description="Condition type.")
+    type: str = Field(max_length=64, description="Ready, Progressing or Degraded (the rollout may add more).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(max_length=128, description="CamelCase machine-readable reason.")
     message: str = Field(default="", max_length=4096, description="Human-readable detail.")
