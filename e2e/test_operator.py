@@ -331,6 +331,7 @@ def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
                 }
             }
         },
+        _content_type="application/strategic-merge-patch+json",
     )
     cluster.wait(
         lambda: (
