@@ -68,38 +68,37 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             mask: torch.Tensor | None) -> torch.Tensor:
-    """q [Q, H, D], k/v [L, Hkv, D] -> [Q, H, D], softmax in float32, GQA by repeat."""
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,lhd->hql", q.float(), k.float()) * scale
+    """q [Q, H, D], k/v [L, Hkv, D], mask [Q, L] -> [Q, H, D]; softmax in float32, GQA by grouping."""
+    Q, H, D = q.shape
+    Hkv = k.shape[1]
+    qg = q.reshape(Q, Hkv, H // Hkv, D).float()
+    scores = torch.einsum("qkgd,lkd->kgql", qg, k.float()) * scale     # [Hkv, G, Q, L]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hql,lhd->qhd", probs, v.float()).to(q.dtype)
+    return torch.einsum("kgql,lkd->qkgd", probs, v.float()).reshape(Q, H, D).to(q.dtype)
 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] over its first context_lens[b] cached tokens."""
-    B = q.shape[0]
+    B, H, D = q.shape
     if B == 0:
         return torch.empty_like(q)
-    S = k_cache.shape[1]
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
     max_len = int(context_lens.max())
     nblk = (max_len + S - 1) // S
     tables = block_tables[:, :nblk]
-    k = k_cache[tables].reshape(B, nblk * S, *k_cache.shape[2:])   # [B, L, Hkv, D]
-    v = v_cache[tables].reshape(B, nblk * S, *v_cache.shape[2:])
-    group = q.shape[1] // k.shape[2]
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhd,blhd->bhl", q.float(), k.float()) * scale
+    k = k_cache[tables].reshape(B, nblk * S, Hkv, D)                 # [B, L, Hkv, D]
+    v = v_cache[tables].reshape(B, nblk * S, Hkv, D)
+    qg = q.reshape(B, Hkv, H // Hkv, D).float()                       # GQA: query groups share a kv head
+    scores = torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * scale  # [B, Hkv, G, L]
     valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("bhl,blhd->bhd", probs, v.float()).to(q.dtype)
+    out = torch.einsum("bkgl,blkd->bkgd", probs, v.float())
+    return out.reshape(B, H, D).to(q.dtype)
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -121,5 +120,5 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         v = _gather(v_cache, block_tables[b], L)
         qpos = torch.arange(L - (e - s), L, device=q.device)
         mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]   # [Q, L]
-        out[s:e] = _attend(q[s:e], k, v, scale, mask[None])
+        out[s:e] = _attend(q[s:e], k, v, scale, mask)
     return out
