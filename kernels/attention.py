@@ -42,10 +42,12 @@ def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) ->
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         return False
     h, d, hkv = q.shape[1], q.shape[2], k_cache.shape[2]
+    vec_bytes = d // 32 * q.element_size()         # one lane's load: must be aligned
     return (dtype_name(q) in build.CTYPES and k_cache.dtype == q.dtype == v_cache.dtype
             and d in build.ATTN_HEAD_DIMS and k_cache.shape[3] == d and h % hkv == 0
             and h // hkv in build.ATTN_GROUPS
-            and k_cache.is_contiguous() and v_cache.is_contiguous())
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.data_ptr() % vec_bytes == 0 and v_cache.data_ptr() % vec_bytes == 0)
 
 
 def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

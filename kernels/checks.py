@@ -28,8 +28,10 @@ class Problem:
     label: str                                # shape summary
     dtype: torch.dtype
     setup: Callable[[int], dict]              # seed -> inputs (on the device)
-    cuda: Callable[[dict], list[torch.Tensor]]
-    twin: Callable[[dict], list[torch.Tensor]]
+    # (inputs, check) -> outputs. check=True: poison outputs first, return comparable tensors;
+    # check=False: just the call, for timing.
+    cuda: Callable[..., list[torch.Tensor]]
+    twin: Callable[..., list[torch.Tensor]]
     nbytes: Callable[[dict], int]
 
 
@@ -72,13 +74,13 @@ def rms_norm_problem(rows: int, hidden: int, dtype, residual: bool, device="cuda
                 "r": (torch.randn(rows, hidden, generator=g, device=device).to(dtype)
                       if residual else None)}
 
-    def cuda(d):
-        out = _poison((rows, hidden), dtype, device)
-        res = _poison((rows, hidden), dtype, device) if residual else None
+    def cuda(d, check=True):
+        out = _poison((rows, hidden), dtype, device) if check else None
+        res = _poison((rows, hidden), dtype, device) if residual and check else None
         o, r = norm.rms_norm(d["x"], d["w"], 1e-5, d["r"], out=out, residual_out=res)
         return [o, r] if residual else [o]
 
-    def twin(d):
+    def twin(d, check=True):
         o, r = reference.rms_norm(d["x"], d["w"], 1e-5, d["r"])
         return [o, r] if residual else [o]
 
@@ -95,8 +97,9 @@ def silu_and_mul_problem(rows: int, inter: int, dtype, device="cuda") -> Problem
 
     el = torch.tensor([], dtype=dtype).element_size()
     return Problem("silu_and_mul", f"{rows}x{inter}", dtype, setup,
-                   lambda d: [activation.silu_and_mul(d["x"], out=_poison((rows, inter), dtype, device))],
-                   lambda d: [reference.silu_and_mul(d["x"])],
+                   lambda d, check=True: [activation.silu_and_mul(
+                       d["x"], out=_poison((rows, inter), dtype, device) if check else None)],
+                   lambda d, check=True: [reference.silu_and_mul(d["x"])],
                    lambda d: el * rows * inter * 3)
 
 
@@ -118,7 +121,7 @@ def rotary_problem(tokens: int, hq: int, hk: int, head_dim: int, dtype, device="
         return q, k
 
     def call(fn):
-        def f(d):
+        def f(d, check=True):
             q, k = split(d)
             fn(d["pos"], q, k, d["cache"])
             return [q, k]
@@ -146,10 +149,12 @@ def write_kv_problem(tokens: int, hkv: int, head_dim: int, dtype, device="cuda")
                 "vc": _poison((n_blocks, S, hkv, head_dim), dtype, device)}
 
     def call(fn):
-        def f(d):
+        def f(d, check=True):
             k = d["kv"][:, : hkv * head_dim].view(tokens, hkv, head_dim)
             v = d["kv"][:, hkv * head_dim: 2 * hkv * head_dim].view(tokens, hkv, head_dim)
             fn(k, v, d["kc"], d["vc"], d["slots"])
+            if not check:
+                return [d["kc"], d["vc"]]
             # Unwritten slots stay NaN in both: compare NaN-free through nan_to_num.
             return [d["kc"].nan_to_num(7.0), d["vc"].nan_to_num(7.0)]
         return f
@@ -157,7 +162,7 @@ def write_kv_problem(tokens: int, hkv: int, head_dim: int, dtype, device="cuda")
     el = torch.tensor([], dtype=dtype).element_size()
     return Problem("write_kv", f"{tokens}t {hkv}h d{head_dim}", dtype, setup,
                    call(cache.write_kv), call(reference.write_kv),
-                   lambda d: tokens * (4 * hkv * head_dim * el + 8))
+                   lambda d: int((d["slots"] >= 0).sum()) * 4 * hkv * head_dim * el + tokens * 8)
 
 
 def _paged(lens, hkv, head_dim, dtype, g, device, S=16):
@@ -190,12 +195,12 @@ def decode_problem(lens: list[int], hkv: int, group: int, head_dim: int, dtype, 
         return d["q"], d["kc"], d["vc"], d["tables"], d["ctx"], head_dim ** -0.5
 
     el = torch.tensor([], dtype=dtype).element_size()
-    def cuda(d):
-        out = _poison((B, H, head_dim), dtype, device)
+    def cuda(d, check=True):
+        out = _poison((B, H, head_dim), dtype, device) if check else None
         return [attention.paged_attention_decode(*args(d), out=out)]
 
     return Problem("paged_attention_decode", f"B{B} L{max(lens)} {H}/{hkv}h d{head_dim}", dtype, setup,
-                   cuda, lambda d: [reference.paged_attention_decode(*args(d))],
+                   cuda, lambda d, check=True: [reference.paged_attention_decode(*args(d))],
                    lambda d: el * (sum(lens) * hkv * head_dim * 2 + 2 * B * H * head_dim))
 
 
@@ -216,12 +221,12 @@ def prefill_problem(lens: list[int], new: list[int], hkv: int, group: int, head_
         return d["q"], d["kc"], d["vc"], d["tables"], d["cu"], d["ctx"], head_dim ** -0.5
 
     el = torch.tensor([], dtype=dtype).element_size()
-    def cuda(d):
-        out = _poison((T, H, head_dim), dtype, device)
+    def cuda(d, check=True):
+        out = _poison((T, H, head_dim), dtype, device) if check else None
         return [attention.paged_attention_prefill(*args(d), out=out)]
 
     return Problem("paged_attention_prefill", f"L{lens} new{new} {H}/{hkv}h d{head_dim}", dtype, setup,
-                   cuda, lambda d: [reference.paged_attention_prefill(*args(d))],
+                   cuda, lambda d, check=True: [reference.paged_attention_prefill(*args(d))],
                    lambda d: el * (sum(lens) * hkv * head_dim * 2 + 2 * T * H * head_dim))
 
 
@@ -247,3 +252,16 @@ def correctness_problems(device: str = "cuda") -> list[Problem]:
                prefill_problem([600, 50], [0, 50], 4, 2, 64, dt, device),
                prefill_problem([19], [19], 1, 1, 64, dt, device)]
     return ps
+
+
+def bench_problems(device: str = "cuda") -> list[Problem]:
+    """Llama-3-8B shapes in bf16, each input well past the 50-60 MB L2, for roofline timing."""
+    bf = torch.bfloat16
+    return [rms_norm_problem(16384, 4096, bf, True, device),
+            silu_and_mul_problem(16384, 14336, bf, device),
+            rotary_problem(65536, 32, 8, 128, bf, device),
+            write_kv_problem(65536, 8, 128, bf, device),
+            decode_problem([1024] * 64, 8, 4, 128, bf, device),
+            decode_problem([4096] * 8, 8, 4, 128, bf, device),
+            decode_problem([32768], 8, 4, 128, bf, device),                     # split-K
+            prefill_problem([1024] * 4, [1024] * 4, 8, 4, 128, bf, device)]    # compute-bound

@@ -15,6 +15,9 @@ import torch
 from modeldeploy.kernels import build
 
 
+_modules: list[cupy.RawModule] = []
+
+
 @cache
 def kernel(family: str, name: str, device: int) -> cupy.RawKernel:
     """Compile one instantiation (CuPy caches the binary on disk) and load it on `device`.
@@ -27,7 +30,8 @@ def kernel(family: str, name: str, device: int) -> cupy.RawKernel:
     with cupy.cuda.Device(device):
         mod = cupy.RawModule(code=build.source(family), options=build.nvrtc_options(),
                              name_expressions=(name,))
-        return mod.get_function(name)  # compiles now: fail here, not mid-step
+        _modules.append(mod)            # keep the module (and its loaded binary) alive
+        return mod.get_function(name)   # compiles now: fail here, not mid-step
 
 
 _streams: dict[int, cupy.cuda.Stream] = {}

@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""GPU check for the runtime's kernels and engine (issue 4), one stage per process.
+
+    python bench/gpu_check.py WORKDIR STAGE [ARG]
+
+stages (bench/gpu_check.sh runs them all, each under its own timeout):
+  env            device, versions, device-to-device copy bandwidth
+  kernels NAME   CuPy kernel NAME vs its torch twin on fresh random inputs (poisoned outputs)
+  greedy         engine vs transformers greedy tokens, tiny models, float32 on CUDA
+  decode         8B-shaped bf16 decode, batch 1/8/32/64 at context ~1k: tokens/s, bytes/s vs
+                 copy roofline, and transformers generate tokens/s at the same batch
+  kernel_bench   each kernel's time vs its memory roofline (and vs its twin)
+  report OUTDIR  merge the stage JSONs into OUTDIR/gpu_check.json and print the table
+
+Each stage writes WORKDIR/<stage>[-NAME].json, with "error" set if it failed, so a CUDA fault
+in one stage (which poisons that process's context) cannot hide the others' results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")   # "cpu": dry run of the script's plumbing
+
+
+def _importable() -> None:
+    """Use the installed package, or map the working tree's folders into `modeldeploy`."""
+    try:
+        import modeldeploy.kernels  # noqa: F401
+        import modeldeploy.runtime  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(ROOT))
+        import modeldeploy
+
+        modeldeploy.__path__.append(str(ROOT))  # modeldeploy.kernels -> ROOT/kernels, ...
+
+
+def _write(out: Path, name: str, data: dict) -> None:
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+# ---- measurement helpers ------------------------------------------------------------------
+def time_cuda(fn, warmup: int = 3, reps: int = 20) -> float:
+    """Median seconds of fn() with CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth(nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    import torch
+
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    t = time_cuda(lambda: dst.copy_(src), warmup=3, reps=10)
+    src = dst = None                                  # free before the caller allocates
+    torch.cuda.empty_cache()
+    return 2 * nbytes / t
+
+
+# ---- stages ---------------------------------------------------------------------------------
+def stage_env(out: Path, _arg) -> dict:
+    import cupy
+    import torch
+    import transformers
+
+    p = torch.cuda.get_device_properties(0)
+    return {"device": p.name, "sms": p.multi_processor_count, "memory_gib": p.total_memory / 2**30,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cupy.__version__,
+            "transformers": transformers.__version__, "copy_bytes_per_s": copy_bandwidth()}
+
+
+def stage_kernels(out: Path, name: str) -> dict:
+    import torch
+    from modeldeploy.kernels import checks
+
+    results = []
+    for i, p in enumerate(x for x in checks.correctness_problems() if x.kernel == name):
+        for seed in (i, 100 + i):            # two fresh draws per shape
+            try:
+                results.append(checks.run(p, seed))
+            except Exception as e:           # record and go on (a CUDA fault ends the process anyway)
+                results.append({"kernel": name, "label": p.label, "dtype": str(p.dtype)[6:], "ok": False,
+                                "error": f"{type(e).__name__}: {e}"[:500]})
+                torch.cuda.synchronize()
+    out = {"kernel": name, "results": results, "ok": bool(results) and all(r["ok"] for r in results)}
+    if not results:
+        out["error"] = f"no check problems for {name!r} in kernels/checks.py"
+    return out
+
+
+def _count_launches() -> dict[str, int]:
+    """Wrap every wrapper module's `launch` so the stage can prove the CuPy kernels ran."""
+    from modeldeploy.kernels import activation, attention, cache, norm, rotary
+
+    counts: dict[str, int] = {}
+    for mod in (activation, attention, cache, norm, rotary):
+        real = mod.launch
+
+        def counted(family, name, *a, _real=real, **k):
+            counts[name.split("<")[0]] = counts.get(name.split("<")[0], 0) + 1
+            return _real(family, name, *a, **k)
+
+        mod.launch = counted
+    return counts
+
+
+def stage_greedy(out: Path, _arg) -> dict:
+    import torch
+    from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    counts = _count_launches()
+    max_new = 24
+    variants = [("llama", {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}),            # d64 g2
+                ("llama", {"hidden_size": 512, "num_heads": 4, "num_kv_heads": 1, "rope_scaling": "llama3"}),
+                ("qwen3", {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2})]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (1, 7, 16, 33, 100, 250)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (arch, sizes) in enumerate(variants):
+            row = {"model": f"{arch} {sizes}"}
+            try:
+                d = make_tiny_model(Path(tmp) / str(i), arch, seed=i, **sizes)
+                ours = LLM(d, dtype="float32", device=DEVICE).generate(
+                    prompts, SamplingParams(temperature=0, max_tokens=max_new))
+                hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(DEVICE).eval()
+                mismatches = 0
+                for p, o in zip(prompts, ours, strict=True):
+                    x = torch.tensor([p], device=DEVICE)
+                    with torch.no_grad():
+                        g = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                        max_new_tokens=max_new)
+                    mismatches += g[0, len(p):].tolist() != o.token_ids
+                row.update(prompts=len(prompts), mismatches=mismatches, ok=mismatches == 0)
+                del hf
+            except Exception as e:
+                row.update(ok=False, error=f"{type(e).__name__}: {e}"[:500], trace=traceback.format_exc()[-2000:])
+            rows.append(row)
+    used = counts.get("paged_attention_kernel", 0) > 0 and counts.get("rms_norm_kernel", 0) > 0
+    return {"variants": rows, "launches": counts, "cupy_kernels_used": used,
+            "ok": used and all(r.get("ok") for r in rows)}
+
+
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+BATCHES = (1, 8, 32, 64)
+CONTEXT, DECODE_STEPS = 1000, 32
+
+
+def _bytes_per_step(cfg: dict, batch: int, context: int, itemsize: int = 2) -> int:
+    """Least HBM traffic of one decode step: every weight once (not the embedding table, of
+    which only `batch` rows are read) plus each sequence's K and V cache."""
+    h, i, L, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    layer = h * (h + 2 * kv) + h * h + 3 * h * i + 2 * h
+    weights = L * layer + v * h + h
+    kv_cache = batch * context * L * 2 * kv
+    return itemsize * (weights + kv_cache)
+
+
+def _ours_decode(model_dir: Path, gen, device: str = DEVICE) -> list[dict]:
+    """Tokens/s over steps in which every sequence decodes (prefill steps excluded)."""
+    import torch
+    from modeldeploy.runtime import LLM, SamplingParams
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    blocks = max(BATCHES) * (-(-(CONTEXT + DECODE_STEPS + 8) // 16)) + 64
+    llm = LLM(model_dir, dtype="bfloat16", device=device, load_format="dummy", max_num_seqs=max(BATCHES),
+              max_num_batched_tokens=8192, enable_prefix_caching=False, num_kv_blocks=blocks,
+              max_model_len=CONTEXT + DECODE_STEPS + 32)
+    llm.generate([[5] * 64, [6] * 32], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    eng, rows = llm.engine, []
+    for b in BATCHES:
+        params = SamplingParams(temperature=0, max_tokens=DECODE_STEPS + 1, ignore_eos=True)
+        for j in range(b):
+            eng.add_request(f"bench-{b}-{j}", torch.randint(10, 500, (CONTEXT,), generator=gen).tolist(), params)
+        decode_time, decode_tokens = 0.0, 0
+        while eng.has_work():
+            sync()
+            t0 = time.perf_counter()
+            outs = eng.step()
+            sync()
+            dt = time.perf_counter() - t0
+            if len(outs) == b and all(len(o.token_ids) >= 2 for o in outs):   # a pure decode step
+                decode_time += dt
+                decode_tokens += b
+        rows.append({"batch": b, "tokens_per_s": decode_tokens / decode_time, "decode_steps": decode_tokens // b,
+                     "bytes_per_step": _bytes_per_step(LLAMA3_8B, b, CONTEXT + DECODE_STEPS // 2),
+                     "step_s": decode_time / max(1, decode_tokens // b)})
+    return rows
+
+
+def _hf_decode(gen, device: str = DEVICE) -> list[dict]:
+    """transformers generate at the same batch: (time(1 + N new) - time(1 new)) / N per token."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k not in ("architectures", "model_type")})
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    rows = []
+    for b in BATCHES:
+        x = torch.randint(10, 500, (b, CONTEXT), generator=gen).to(device)
+
+        def run(n, x=x):
+            sync()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                               min_new_tokens=n, pad_token_id=0)
+            sync()
+            return time.perf_counter() - t0
+
+        run(2)                                                       # warm-up at this shape
+        t = run(DECODE_STEPS + 1) - run(1)
+        rows.append({"batch": b, "tokens_per_s": b * DECODE_STEPS / t})
+    model = None
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def stage_decode(out: Path, _arg) -> dict:
+    import torch
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    gen = torch.Generator().manual_seed(0)
+    result: dict = {"config": "Llama-3-8B shape, random weights, bf16", "context": CONTEXT,
+                    "decode_steps": DECODE_STEPS, "copy_bytes_per_s": copy_bandwidth()}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = make_tiny_model(Path(tmp) / "m8b", "llama", seed=0)      # tokenizer files (ids < 512)
+        for f in d.glob("*.safetensors*"):
+            f.unlink()
+        (d / "config.json").write_text(json.dumps(LLAMA3_8B, indent=1))
+        try:
+            result["ours"] = _ours_decode(d, gen)
+            for r in result["ours"]:
+                r["roofline"] = r["bytes_per_step"] / r["step_s"] / result["copy_bytes_per_s"]
+        except Exception as e:
+            result["ours_error"] = f"{type(e).__name__}: {e}"[:500]
+            result["ours_trace"] = traceback.format_exc()[-3000:]
+    try:
+        result["transformers"] = _hf_decode(gen)
+    except Exception as e:
+        result["transformers_error"] = f"{type(e).__name__}: {e}"[:500]
+        result["transformers_trace"] = traceback.format_exc()[-3000:]
+    return result
+
+
+def stage_kernel_bench(out: Path, _arg) -> dict:
+    import torch
+    from modeldeploy.kernels import checks
+
+    bw = copy_bandwidth()
+    rows = []
+    for p in checks.bench_problems():
+        row = {"kernel": p.kernel, "label": p.label, "dtype": str(p.dtype)[6:]}
+        try:
+            d = p.setup(0)
+            row["bytes"] = p.nbytes(d)
+            row["kernel_s"] = time_cuda(lambda d=d, p=p: p.cuda(d, False))
+            row["twin_s"] = time_cuda(lambda d=d, p=p: p.twin(d, False), warmup=1, reps=5)
+            row["bytes_per_s"] = row["bytes"] / row["kernel_s"]
+            row["roofline"] = row["bytes_per_s"] / bw
+            row["speedup_vs_twin"] = row["twin_s"] / row["kernel_s"]
+            del d
+            torch.cuda.empty_cache()
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+        rows.append(row)
+    return {"copy_bytes_per_s": bw, "rows": rows}
+
+
+# ---- report ------------------------------------------------------------------------------------
+def _load(out: Path, name: str) -> dict:
+    f = out / f"{name}.json"
+    return json.loads(f.read_text()) if f.is_file() else {"error": "stage produced no output (timeout/crash)"}
+
+
+# The dispatch names (kernels/dispatch.py); stage_kernels fails a name with no problems.
+KERNEL_NAMES = ("rms_norm", "rotary_embedding", "silu_and_mul", "write_kv",
+                "paged_attention_decode", "paged_attention_prefill")
+
+
+def stage_report(out: Path, _arg) -> dict:
+    env = _load(out, "env")
+    kern = {k: _load(out, f"kernels-{k}") for k in KERNEL_NAMES}
+    greedy, decode, kb = _load(out, "greedy"), _load(out, "decode"), _load(out, "kernel_bench")
+    merged = {"git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
+              "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+              "env": env, "kernels": kern, "greedy": greedy, "decode": decode, "kernel_bench": kb}
+    lines = [f"gpu_check {merged['date']} rev {merged['git_rev']}",
+             f"device {env.get('device', '?')}  copy {env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s"
+             f"  torch {env.get('torch', '?')}  cupy {env.get('cupy', '?')}", "",
+             "kernel vs twin                     cases  worst rel err  verdict"]
+    for k, r in kern.items():
+        res = r.get("results", [])
+        worst = max((x.get("rel_err", float("nan")) for x in res), default=float("nan"))
+        verdict = "PASS" if r.get("ok") else "FAIL " + (r.get("error") or next(
+            (x.get("error", x["label"]) for x in res if not x["ok"]), ""))[:60]
+        lines.append(f"  {k:32s} {len(res):5d}  {worst:13.2e}  {verdict}")
+    lines.append(f"greedy == transformers (fp32, cuda): {'PASS' if greedy.get('ok') else 'FAIL'}  "
+                 + "; ".join(f"{v.get('model', '?')[:40]}: {v.get('mismatches', v.get('error', '?'))}"
+                             for v in greedy.get("variants", [])))
+    lines += ["", "8B bf16 decode, ctx ~1k   batch  ours tok/s  roofline  transformers tok/s  speedup"]
+    hf = {r["batch"]: r["tokens_per_s"] for r in decode.get("transformers", [])}
+    for r in decode.get("ours", []):
+        h = hf.get(r["batch"])
+        lines.append(f"  {'':24s}{r['batch']:5d}  {r['tokens_per_s']:10.1f}  {r['roofline']:8.1%}  "
+                     f"{h or float('nan'):18.1f}  {(r['tokens_per_s'] / h if h else float('nan')):6.1f}x")
+    for key in ("ours_error", "transformers_error", "error"):
+        if key in decode:
+            lines.append(f"  decode {key}: {decode[key][:100]}")
+    lines += ["", "kernel roofline (bf16)                                   GB/s   roofline  vs twin"]
+    for r in kb.get("rows", []):
+        if "error" in r:
+            lines.append(f"  {r['kernel']:24s} {r['label'][:28]:28s} ERROR {r['error'][:40]}")
+        else:
+            lines.append(f"  {r['kernel']:24s} {r['label'][:28]:28s} {r['bytes_per_s'] / 1e9:6.0f}  "
+                         f"{r['roofline']:8.1%}  {r['speedup_vs_twin']:6.1f}x")
+    merged["table"] = lines
+    return merged
+
+
+STAGES = {"env": stage_env, "kernels": stage_kernels, "greedy": stage_greedy, "decode": stage_decode,
+          "kernel_bench": stage_kernel_bench, "report": stage_report}
+
+
+def main() -> int:
+    out, stage = Path(sys.argv[1]), sys.argv[2]
+    arg = sys.argv[3] if len(sys.argv) > 3 else None
+    if stage == "list-kernels":                       # for gpu_check.sh's loop
+        print(" ".join(KERNEL_NAMES))
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    name = stage + (f"-{arg}" if arg else "")
+    _importable()
+    t0 = time.time()
+    try:
+        data = STAGES[stage](out, arg)
+    except Exception as e:
+        data = {"error": f"{type(e).__name__}: {e}"[:1000], "trace": traceback.format_exc()[-3000:]}
+    data["wall_s"] = round(time.time() - t0, 1)
+    if stage == "report":
+        Path(arg).mkdir(parents=True, exist_ok=True)
+        _write(Path(arg), "gpu_check", data)
+        print("\n".join(data.get("table", [data.get("error", "report failed")])))
+    else:
+        _write(out, name, data)
+        print(f"[{name}] {data['wall_s']}s" + (f" ERROR {data['error']}" if "error" in data else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
