@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from modeldeploy.kernels import build
 
-
 _modules: list[cupy.RawModule] = []
 
 
@@ -42,9 +41,9 @@ def _stream(device: torch.device) -> cupy.cuda.Stream:
     ts = torch.cuda.current_stream(device)
     s = _streams.get(ts.cuda_stream)
     if s is None:
-        if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14
+        try:                                   # CuPy >= 14 with torch's __cuda_stream__
             s = cupy.cuda.Stream.from_external(ts)
-        else:
+        except (AttributeError, TypeError):    # older CuPy or torch
             s = cupy.cuda.ExternalStream(ts.cuda_stream, device.index)
         _streams[ts.cuda_stream] = s
     return s
