@@ -176,9 +176,7 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     return pod
 
 
-def deployment(
-    md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int, cohort: str
-) -> dict[str, Any]:
+def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int) -> dict[str, Any]:
     name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
     labels = bundle_labels(name, bid, spec.bundle.model.revision)
     match = selector_labels(name) | {BUNDLE_LABEL: bid}
@@ -189,7 +187,6 @@ def deployment(
             "name": deployment_name(name, bid),
             "namespace": ns,
             "labels": labels,
-            "annotations": {"modeldeploy.dev/cohort": cohort},
             "ownerReferences": [owner_reference(md)],
         },
         "spec": {

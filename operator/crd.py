@@ -48,7 +48,8 @@ def _factory_defaults(model: type[BaseModel]) -> dict[str, Any]:
             continue
         value = field.default_factory()
         if isinstance(value, BaseModel):
-            value = {}  # nested defaults are applied by the API server once the object exists
+            # the full object, not {}: the API server checks CEL rules against the default itself
+            value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
         elif isinstance(value, list):
             value = [
                 v.model_dump(mode="json", by_alias=True, exclude_none=True) if isinstance(v, BaseModel) else v
@@ -109,7 +110,7 @@ def structural(model: type[BaseModel]) -> dict[str, Any]:
                 raise ValueError(f"cannot express anyOf {options} structurally")
         if node.get("default", 0) is None:
             del node["default"]
-        if "exclusiveMinimum" in node:
+        if not isinstance(node.get("exclusiveMinimum", True), bool):  # JSON Schema number -> OpenAPI v3 bool
             node["minimum"], node["exclusiveMinimum"] = node.pop("exclusiveMinimum"), True
         out = {k: v for k, v in node.items() if k in _KEEP or k == "exclusiveMinimum"}
         if "properties" in out:

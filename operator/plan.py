@@ -13,6 +13,8 @@ Deployment is deleted. The rollout issue refines the middle (steps, analysis, ro
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,8 @@ from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
 from modeldeploy.operator.status import cohort, condition, replica_failure
 from modeldeploy.operator.topology import NodeInfo, fit
 from pydantic import ValidationError
+
+DESIRED_HASH = "modeldeploy.dev/desired-hash"
 
 
 @dataclass(frozen=True)
@@ -95,17 +99,28 @@ def _same_quantity(a: str, b: str) -> bool:
 
 
 def _reconcile_child(want: dict[str, Any], have: dict[str, Any] | None, out: list[Action]) -> None:
+    """Create, or patch back to `want`; the desired-hash annotation tells our update from drift."""
     kind, name = want["kind"], want["metadata"]["name"]
+    digest = hashlib.sha256(
+        json.dumps([want["spec"], want["metadata"]["labels"]], sort_keys=True).encode()
+    ).hexdigest()[:16]
+    want["metadata"].setdefault("annotations", {})[DESIRED_HASH] = digest
     if have is None:
         out.append(Create(want))
         out.append(Event("Normal", "Created", f"created {kind} {name}"))
         return
-    fields = {"spec": want["spec"], "metadata": {"labels": want["metadata"]["labels"]}}
+    fields = {
+        "spec": want["spec"],
+        "metadata": {"labels": want["metadata"]["labels"], "annotations": {DESIRED_HASH: digest}},
+    }
     if not subset(fields, have):
         out.append(Patch(kind, name, fields))
-        out.append(
-            Event("Normal", "DriftReverted", f"{kind} {name} differed from the desired state; reverted")
-        )
+        if (have["metadata"].get("annotations") or {}).get(DESIRED_HASH) == digest:
+            out.append(
+                Event("Normal", "DriftReverted", f"{kind} {name} was changed outside the operator; reverted")
+            )
+        else:
+            out.append(Event("Normal", "Updated", f"updated {kind} {name} to the desired state"))
 
 
 def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
@@ -154,7 +169,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
             live[stable_id] = by_bundle[stable_id]  # keep serving as it is while the new bundle loads
 
     if unfit is None:
-        want = children.deployment(md, spec, bid, spec.replicas, "canary" if canary_id else "stable")
+        want = children.deployment(md, spec, bid, spec.replicas)
         _reconcile_child(want, by_bundle.get(bid), out)
         live[bid] = want
     elif bid in by_bundle:

@@ -37,9 +37,14 @@ class NodeInfo:
         return cls(name=meta.get("name", ""), labels=dict(meta.get("labels") or {}), gpus=gpus, taints=taints)
 
 
+# Taints the node lifecycle sets from conditions (not-ready, unreachable, pressure, cordon):
+# they come and go, so they make a node busy for now, not impossible forever.
+TRANSIENT_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+
+
 def tolerates(tolerations: list[Toleration], taint: tuple[str, str, str]) -> bool:
     key, value, effect = taint
-    if effect == "PreferNoSchedule":
+    if effect == "PreferNoSchedule" or key.startswith(TRANSIENT_TAINT_PREFIXES):
         return True
     for t in tolerations:
         if t.effect is not None and t.effect != effect:

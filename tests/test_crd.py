@@ -60,7 +60,7 @@ def test_schema_is_structural_and_described() -> None:
 def test_defaults_are_in_schema() -> None:
     spec = schema()["properties"]["spec"]["properties"]
     assert spec["replicas"]["default"] == 1
-    assert spec["topology"]["default"] == {}
+    assert spec["topology"]["default"]["gpusPerReplica"] == 1 and spec["topology"]["default"]["tensorParallel"] == 1
     assert spec["topology"]["properties"]["tolerations"]["default"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
@@ -148,3 +148,12 @@ def test_examples_are_valid_modeldeployments(path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
         if doc and doc.get("kind") == "ModelDeployment":
             api.ModelDeploymentSpec.model_validate(doc["spec"])
+
+
+def test_numeric_bounds_are_numbers() -> None:
+    for path, node in _walk(schema()):
+        for key in ("minimum", "maximum"):
+            if key in node:
+                assert type(node[key]) in (int, float), f"{path}.{key} = {node[key]!r}"
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path

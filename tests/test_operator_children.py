@@ -16,7 +16,7 @@ def build(**spec):
     obj = md(**spec)
     s = ModelDeploymentSpec.model_validate(obj["spec"])
     bid = bundle_id(s.bundle)
-    return bid, children.deployment(obj, s, bid, s.replicas, "stable")
+    return bid, children.deployment(obj, s, bid, s.replicas)
 
 
 def test_bundle_id_is_stable_under_defaults_and_changes_with_content() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from modeldeploy.operator.plan import Create, Delete, Event, Observed, Patch, PatchStatus, plan
+from modeldeploy.operator.topology import NodeInfo
 from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
 NOW = "2026-01-01T00:00:00Z"
@@ -46,6 +47,7 @@ def converge(
         elif isinstance(a, Patch):
             target = deps if a.kind == "Deployment" else svcs
             target[a.name]["spec"].update(a.body["spec"])
+            target[a.name]["metadata"].setdefault("annotations", {}).update(a.body["metadata"]["annotations"])
         elif isinstance(a, PatchStatus):
             obj = {**obj, "status": a.status}
     return obj, Observed(list(deps.values()), list(svcs.values()), observed.nodes)
@@ -92,6 +94,7 @@ def test_scale_patches_replicas_only() -> None:
     acts = plan(obj, obs, NOW)
     [patch] = [a for a in acts if isinstance(a, Patch)]
     assert patch.kind == "Deployment" and patch.body["spec"]["replicas"] == 5
+    assert [a.reason for a in acts if isinstance(a, Event)] == ["Updated"]  # our change, not drift
     assert kinds(acts) == [("patch", "Deployment", patch.name)]  # same bundle id: no new Deployment
     assert status_of(acts)["observedGeneration"] == 2
 
@@ -251,3 +254,10 @@ def test_load_progress_counts_loading_pods() -> None:
     obs.loading = {bid: [0.5, 0.25]}
     st = status_of(plan(obj, obs, NOW))
     assert st["stable"]["loadProgress"] == 0.375 and st["stable"]["readyReplicas"] == 0
+
+
+def test_transient_node_taints_do_not_make_a_replica_impossible() -> None:
+    nodes = [NodeInfo("gpu-0", {"nvidia.com/gpu.product": "NVIDIA-H200"}, 8,
+                      (("nvidia.com/gpu", "present", "NoSchedule"), ("node.kubernetes.io/not-ready", "", "NoSchedule")))]
+    acts = plan(md(), Observed(nodes=nodes), NOW)
+    assert any(isinstance(a, Create) and a.obj["kind"] == "Deployment" for a in acts)
