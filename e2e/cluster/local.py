@@ -173,6 +173,11 @@ class LocalCluster:
             f"  kubeBinaryPrefix: {b.kube_dir.as_posix().rstrip('/')}\n  kubectlBinary: {b.kubectl}\n"
             f"  etcdBinary: {b.etcd}\n  kwokControllerBinary: {b.kwok}\n"
             "  kubeAdmission: true\n  kubeAuthorization: true\n  securePort: true\n"
+            # kwokctl's binary runtime starts kwok with --manage-all-nodes=true, which would make kwok
+            # fake the process node too; restrict it to nodes annotated kwok.x-k8s.io/node=fake.
+            "componentsPatches:\n- name: kwok-controller\n  extraArgs:\n"
+            "  - {key: manage-all-nodes, value: 'false', override: true}\n"
+            "  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}\n"
         )
         stages = (HERE / "stages.yaml").read_text().replace("__READY_DELAY_MS__", str(self.s.ready_delay_ms))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -244,11 +249,27 @@ class LocalCluster:
             Network(self.s.bridge, self.s.pod_cidr).destroy_all()  # a crashed node leaves namespaces
             if self.cluster_dir.exists() and self.bins.kwokctl.exists():
                 log(f"[cluster] deleting {self.s.name}")
+                pids = self.component_pids()
                 r = self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
                 if r.returncode != 0:
                     raise RuntimeError(f"kwokctl delete cluster failed:\n{r.stdout}\n{r.stderr}")
+                # kwokctl signals the components and returns at once; wait for them to exit
+                for pid in pids:
+                    if not _wait_gone(pid, 30):
+                        log(f"[cluster] pid {pid} ignored SIGTERM for 30s: SIGKILL")
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                        _wait_gone(pid, 5)
             self.procnode_pidfile.unlink(missing_ok=True)
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def component_pids(self) -> list[int]:
+        """Pids of the processes kwokctl started for this cluster (its pid files)."""
+        out = []
+        for f in (self.cluster_dir / "pids").glob("*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                out.append(int(f.read_text().strip()))
+        return out
 
     # --- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, object]:

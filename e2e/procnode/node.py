@@ -26,13 +26,13 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from modeldeploy.e2e.cluster.nodes import gpu_node
 from modeldeploy.e2e.procnode.net import Network
 from modeldeploy.e2e.procnode.worker import PodWorker
 
 log = logging.getLogger("procnode")
 LEASE_SECONDS = 40
+SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
 
 
 def _now() -> dt.datetime:
@@ -75,14 +75,15 @@ class ProcessNode:
                          "containerRuntimeVersion": "process://", "kernelVersion": "", "osImage": "",
                          "machineID": "", "systemUUID": "", "bootID": "", "kubeProxyVersion": ""},
         }
-        self.core.patch_node_status(self.name, {"status": status})
+        self.core.patch_node_status(self.name, {"status": status}, _content_type=SMP)
         self.renew_lease()
 
     def renew_lease(self) -> None:
         now = _now()
         spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now}
         try:
-            self.coord.patch_namespaced_lease(self.name, "kube-node-lease", {"spec": spec})
+            self.coord.patch_namespaced_lease(self.name, "kube-node-lease", {"spec": spec},
+                                              _content_type="application/merge-patch+json")
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -97,7 +98,8 @@ class ProcessNode:
             try:
                 self.renew_lease()
                 if time.monotonic() - last_status > 30:
-                    self.core.patch_node_status(self.name, {"status": {"conditions": self._conditions()}})
+                    self.core.patch_node_status(self.name, {"status": {"conditions": self._conditions()}},
+                                                _content_type=SMP)
                     last_status = time.monotonic()
             except (ApiException, OSError) as e:
                 log.warning("heartbeat failed: %s", e)

@@ -21,7 +21,6 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from modeldeploy.e2e.procnode.net import Network
 from modeldeploy.e2e.procnode.probes import ProbeState, now, probe_once
 from modeldeploy.e2e.procnode.spec import UnsupportedPod, build_launch
@@ -259,10 +258,10 @@ class PodWorker(threading.Thread):
             phase = "Running"
         else:
             phase = "Pending"
-        scheduled = [x.to_dict() for x in (self.pod.status.conditions or []) if x.type == "PodScheduled"]
-        sched = [{"type": "PodScheduled", "status": d["status"],
-                  "lastTransitionTime": d["last_transition_time"].strftime("%Y-%m-%dT%H:%M:%SZ")
-                  if d.get("last_transition_time") else None, "lastProbeTime": None} for d in scheduled]
+        sched = [{"type": "PodScheduled", "status": x.status, "lastProbeTime": None,
+                  "lastTransitionTime": x.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+                  if x.last_transition_time else None}
+                 for x in (self.pod.status.conditions or []) if x.type == "PodScheduled"]
         conds = [
             self._cond("PodReadyToStartContainers", bool(self.pod_ip)),
             self._cond("Initialized", True),
