@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
-SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
+# <|endoftext|> is in the vocab because transformers loads Qwen2Tokenizer for qwen2/qwen3 configs and
+# that class adds it as its unknown token; without it the tokenizer would be one id larger than the model.
+SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -34,7 +36,7 @@ def train_tokenizer(vocab_size: int = 512):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS.read_text().splitlines(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                   pad_token="<|pad|>", additional_special_tokens=SPECIAL[3:])
+                                   pad_token="<|pad|>", additional_special_tokens=SPECIAL[3:5])
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

@@ -1,0 +1,162 @@
+"""Canary analysis: compare the canary cohort with the stable one on what users feel.
+
+Pure functions over Prometheus samples scraped from the cohorts' pods (no Prometheus
+server needed): histogram deltas between two scrapes give this interval's TTFT and
+inter-token latency distributions, counters give outcomes. `analyze()` turns two cohort
+deltas and `spec.rollout.analysis` into an `AnalysisResult` with one verdict per metric.
+
+Goodput is estimated from the histograms: the share of requests that completed, times
+the share of first tokens within the TTFT SLO, times the share of token gaps within the
+inter-token SLO (independence assumed; the server exports no per-request joint SLO flag).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from modeldeploy.conformance.prom import Metrics
+from modeldeploy.operator.api import Analysis, AnalysisResult, MetricVerdict
+
+TTFT = "modeldeploy_time_to_first_token_seconds"
+ITL = "modeldeploy_inter_token_latency_seconds"
+REQUESTS = "modeldeploy_requests_total"
+FAILED = ("error", "rejected")       # outcomes a user sees as failure (cancelled is the client's choice)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets (le, count) sorted by le, the last one +Inf."""
+    buckets: tuple[tuple[float, float], ...] = ()
+    count: float = 0.0
+    total: float = 0.0
+
+    @classmethod
+    def from_metrics(cls, m: Metrics, name: str, bundle: str) -> Histogram:
+        rows: dict[float, float] = {}
+        for s in m.samples:
+            if s.name == name + "_bucket" and s.labels.get("bundle") == bundle:
+                le = float(s.labels["le"])
+                rows[le] = rows.get(le, 0.0) + s.value
+        return cls(tuple(sorted(rows.items())), m.get(name + "_count", bundle=bundle) or 0.0,
+                   m.get(name + "_sum", bundle=bundle) or 0.0)
+
+    def __add__(self, other: Histogram) -> Histogram:
+        if not self.buckets:
+            return other
+        if not other.buckets:
+            return self
+        b = tuple((le, c + dict(other.buckets).get(le, 0.0)) for le, c in self.buckets)
+        return Histogram(b, self.count + other.count, self.total + other.total)
+
+    def since(self, earlier: Histogram) -> Histogram:
+        """This scrape minus an earlier one; a restarted pod (counts went down) counts from zero."""
+        if earlier.count > self.count or not earlier.buckets:
+            return self
+        prev = dict(earlier.buckets)
+        return Histogram(tuple((le, c - prev.get(le, 0.0)) for le, c in self.buckets),
+                         self.count - earlier.count, self.total - earlier.total)
+
+    def quantile(self, q: float) -> float | None:
+        """PromQL histogram_quantile: linear within the bucket; +Inf bucket -> highest finite bound."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        rank = q * self.count
+        lo_le, lo_c = 0.0, 0.0
+        for le, c in self.buckets:
+            if c >= rank:
+                if math.isinf(le):
+                    return lo_le
+                return lo_le + (le - lo_le) * ((rank - lo_c) / (c - lo_c) if c > lo_c else 1.0)
+            lo_le, lo_c = le, c
+        return lo_le
+
+    def share_le(self, x: float) -> float | None:
+        """Share of observations <= x, interpolating linearly inside the bucket holding x."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        lo_le, lo_c = 0.0, 0.0
+        for le, c in self.buckets:
+            if x <= le:
+                if math.isinf(le):
+                    return lo_c / self.count
+                return (lo_c + (c - lo_c) * (x - lo_le) / (le - lo_le)) / self.count
+            lo_le, lo_c = le, c
+        return 1.0
+
+
+@dataclass(frozen=True)
+class CohortSample:
+    """What one cohort (or one pod) served, cumulative or over an interval."""
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+    outcomes: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_text(cls, text: str, bundle: str) -> CohortSample:
+        m = Metrics(text)
+        outcomes = {o: m.get(REQUESTS, bundle=bundle, outcome=o) or 0.0
+                    for o in m.label_values(REQUESTS, "outcome")}
+        return cls(Histogram.from_metrics(m, TTFT, bundle), Histogram.from_metrics(m, ITL, bundle), outcomes)
+
+    def __add__(self, other: CohortSample) -> CohortSample:
+        keys = set(self.outcomes) | set(other.outcomes)
+        return CohortSample(self.ttft + other.ttft, self.itl + other.itl,
+                            {k: self.outcomes.get(k, 0.0) + other.outcomes.get(k, 0.0) for k in keys})
+
+    def since(self, earlier: CohortSample) -> CohortSample:
+        reset = any(self.outcomes.get(k, 0.0) < v for k, v in earlier.outcomes.items())
+        if reset:
+            return self
+        return CohortSample(self.ttft.since(earlier.ttft), self.itl.since(earlier.itl),
+                            {k: v - earlier.outcomes.get(k, 0.0) for k, v in self.outcomes.items()})
+
+    @property
+    def finished(self) -> float:
+        return self.outcomes.get("completed", 0.0) + sum(self.outcomes.get(o, 0.0) for o in FAILED)
+
+    def error_rate(self) -> float | None:
+        n = self.finished
+        return sum(self.outcomes.get(o, 0.0) for o in FAILED) / n if n else None
+
+    def goodput(self, ttft_slo: float, itl_slo: float) -> float | None:
+        n = self.finished
+        if not n:
+            return None
+        ok = self.outcomes.get("completed", 0.0) / n
+        ttft_ok = self.ttft.share_le(ttft_slo)
+        itl_ok = self.itl.share_le(itl_slo)
+        return ok * (1.0 if ttft_ok is None else ttft_ok) * (1.0 if itl_ok is None else itl_ok)
+
+
+def _ratio_check(metric: str, stable: float | None, canary: float | None, ratio: float, samples: int,
+                 enough: bool, higher_is_worse: bool = True) -> MetricVerdict:
+    if not enough or stable is None or canary is None:
+        return MetricVerdict(metric=metric, stable=stable, canary=canary, samples=samples, verdict="Inconclusive")
+    threshold = ratio * stable
+    bad = canary > threshold if higher_is_worse else canary < threshold
+    return MetricVerdict(metric=metric, stable=stable, canary=canary, threshold=threshold, samples=samples,
+                         verdict="Fail" if bad else "Pass")
+
+
+def analyze(stable: CohortSample, canary: CohortSample, cfg: Analysis, step: int | None = None,
+            time: str | None = None) -> AnalysisResult:
+    """Per-metric verdicts and the overall one: any Fail fails; else any Inconclusive holds."""
+    samples = int(min(stable.finished, canary.finished))
+    enough = samples >= cfg.min_samples
+    err = canary.error_rate()
+    verdicts = [
+        _ratio_check("ttft_p95_seconds", stable.ttft.quantile(0.95), canary.ttft.quantile(0.95),
+                     cfg.max_ttft_p95_ratio, samples, enough),
+        _ratio_check("inter_token_latency_p95_seconds", stable.itl.quantile(0.95), canary.itl.quantile(0.95),
+                     cfg.max_inter_token_p95_ratio, samples, enough),
+        MetricVerdict(metric="error_rate", stable=stable.error_rate(), canary=err, threshold=cfg.max_error_rate,
+                      samples=samples, verdict="Inconclusive" if not enough or err is None
+                      else ("Fail" if err > cfg.max_error_rate else "Pass")),
+        _ratio_check("goodput", stable.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
+                     canary.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
+                     cfg.min_goodput_ratio, samples, enough, higher_is_worse=False),
+    ]
+    kinds = {v.verdict for v in verdicts}
+    overall = "Fail" if "Fail" in kinds else "Inconclusive" if "Inconclusive" in kinds else "Pass"
+    return AnalysisResult(time=time, step=step, verdict=overall, metrics=verdicts)
