@@ -36,8 +36,11 @@ def silu_and_mul_name(dtype: str, vec: int) -> str:
     return f"silu_and_mul_kernel<{CTYPES[dtype]}, {vec}>"
 
 
-def rotary_name(dtype: str) -> str:
-    return f"rotary_kernel<{CTYPES[dtype]}>"
+ROTARY_VEC = 4  # pairs per thread on the vector path (needs head_dim / 2 % 4 == 0)
+
+
+def rotary_name(dtype: str, vec: int) -> str:
+    return f"rotary_kernel<{CTYPES[dtype]}, {vec}>"
 
 
 def write_kv_name(dtype: str, vec: int) -> str:
@@ -63,7 +66,7 @@ def name_expressions(family: str) -> tuple[str, ...]:
         elif family == "activation":
             names += [silu_and_mul_name(dt, v) for v in vecs]
         elif family == "rotary":
-            names.append(rotary_name(dt))
+            names += [rotary_name(dt, v) for v in (1, ROTARY_VEC)]
         elif family == "cache":
             names += [write_kv_name(dt, v) for v in vecs]
         elif family == "attention":

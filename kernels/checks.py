@@ -242,6 +242,7 @@ def correctness_problems(device: str = "cuda") -> list[Problem]:
                rms_norm_problem(5, 100, dt, True, device),                          # scalar path
                silu_and_mul_problem(3, 14336, dt, device), silu_and_mul_problem(17, 100, dt, device),
                rotary_problem(1, 32, 8, 128, dt, device), rotary_problem(50, 4, 2, 64, dt, device),
+               rotary_problem(7, 3, 1, 36, dt, device),                             # scalar path
                write_kv_problem(33, 8, 128, dt, device), write_kv_problem(20, 1, 36, dt, device),
                decode_problem([1, 17, 700, 33], 2, 4, 128, dt, device),             # split-K
                decode_problem([5, 200] * 40, 8, 4, 128, dt, device),                # one pass

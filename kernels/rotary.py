@@ -26,8 +26,14 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     positions = positions.to(torch.int64).contiguous()
     cos_sin_cache = cos_sin_cache.contiguous()
     hk = k.shape[1]
-    launch("rotary", build.rotary_name(dt), q.device,
-           grid=(T,), block=(threads_for((hq + hk) * d // 2, cap=512),),
+    vec = build.ROTARY_VEC
+    vbytes = vec * q.element_size()
+    if (d // 2) % vec or any(x % vbytes for x in (q.data_ptr(), k.data_ptr(), q.stride(0) * q.element_size(),
+                                                  k.stride(0) * k.element_size(), d * q.element_size())) \
+            or cos_sin_cache.data_ptr() % 16:
+        vec = 1
+    launch("rotary", build.rotary_name(dt, vec), q.device,
+           grid=(T,), block=(threads_for((hq + hk) * d // 2 // vec, cap=512),),
            args=(ptr(q), i64(q.stride(0)), ptr(k), i64(k.stride(0)), ptr(positions),
                  ptr(cos_sin_cache), i32(hq), i32(hk), i32(d)))
     return None

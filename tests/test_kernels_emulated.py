@@ -23,6 +23,7 @@ PROBLEMS = [
     checks.silu_and_mul_problem(2, 36, f32, "cpu"),
     checks.rotary_problem(3, 4, 2, 64, f32, "cpu"),
     checks.rotary_problem(2, 2, 1, 128, bf16, "cpu"),
+    checks.rotary_problem(3, 2, 2, 36, f16, "cpu"),                     # scalar path (D/2 = 18)
     checks.write_kv_problem(9, 2, 64, f16, "cpu"),
     checks.write_kv_problem(5, 1, 36, f32, "cpu"),
     checks.decode_problem([1, 17, 300, 33], 2, 4, 128, f32, "cpu"),     # split-K (see fixture)
