@@ -16,6 +16,9 @@ from modeldeploy.runtime.server.readiness import LoadState
 
 log = logging.getLogger("modeldeploy.server")
 _SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+# Below this a temperature is greedy in all but name; dividing logits by it overflows float32
+# (the engine's sampler then fails), so it is served as temperature 0, as vLLM does.
+GREEDY_EPS = 1e-5
 
 
 class ServerContext:
@@ -109,7 +112,8 @@ class ServerContext:
     def sampling(self, req: Any, max_tokens: int) -> Any:
         from modeldeploy.runtime import SamplingParams
 
-        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+        temperature = 0.0 if req.temperature < GREEDY_EPS else req.temperature
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=req.top_p,
                                 top_k=req.top_k, seed=req.seed, stop=req.stop_list(),
                                 ignore_eos=req.ignore_eos)
         try:
