@@ -18,6 +18,7 @@ in one stage (which poisons that process's context) cannot hide the others' resu
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -265,6 +266,8 @@ def stage_decode(out: Path, _arg) -> dict:
         (d / "config.json").write_text(json.dumps(LLAMA3_8B, indent=1))
         try:
             result["ours"] = _ours_decode(d, gen)
+            gc.collect()                                             # free the engine before HF loads
+            torch.cuda.empty_cache()
             for r in result["ours"]:
                 r["roofline"] = r["bytes_per_step"] / r["step_s"] / result["copy_bytes_per_s"]
         except Exception as e:

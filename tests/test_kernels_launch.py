@@ -64,7 +64,7 @@ def check_launch(call, dtype: torch.dtype):
     assert [type(a) for a in args] == expected, (name, [type(a) for a in args], expected)
 
 
-@pytest.mark.parametrize("p", checks.correctness_problems("cpu"), ids=lambda p: f"{p.kernel}-{p.label}")
+@pytest.mark.parametrize("p", checks.correctness_problems("cpu"), ids=lambda p: f"{p.kernel}-{str(p.dtype)[6:]}-{p.label}")
 def test_problem_launches_match_signatures(p, launches):
     inputs = p.setup(5)
     twin_in = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
