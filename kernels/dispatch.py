@@ -8,6 +8,7 @@ import cupy, and a GPU build swaps implementations without touching the engine.
 from __future__ import annotations
 
 import torch
+
 from modeldeploy.kernels import reference
 
 # Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.

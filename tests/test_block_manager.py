@@ -72,7 +72,7 @@ def test_scheduler_budget_chunks_and_order():
     a.num_computed, b.num_computed = 7, 3
     a.token_ids.append(1)
     batch = sch.schedule()
-    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens)] == [("a", 1), ("b", 4)]
+    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)] == [("a", 1), ("b", 4)]
 
 
 def test_scheduler_respects_max_num_seqs_and_preempts_newest():

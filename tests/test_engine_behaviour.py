@@ -173,3 +173,9 @@ async def test_async_engine_stream_and_abort_frees_blocks(llama_dir):
         async for _ in eng.generate("long", [5] * 300, p):
             pass
     await eng.shutdown()
+
+
+def test_tiny_temperature_is_greedy_not_overflow(llm):
+    greedy = llm.generate(["abc"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
+    tiny = llm.generate(["abc"], SamplingParams(temperature=1e-30, max_tokens=8, ignore_eos=True, seed=1))[0]
+    assert tiny.token_ids == greedy.token_ids

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0      # 0 = greedy
+    temperature: float = 1.0      # 0 (or < 1e-5) = greedy
     top_p: float = 1.0
     top_k: int = -1               # -1 or 0 = all tokens
     seed: int | None = None       # per-request generator: same seed, same tokens
@@ -18,7 +18,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below 1e-5 the scaled logits overflow float32; argmax is what such a temperature means.
+        return self.temperature < 1e-5
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""

@@ -1,0 +1,132 @@
+"""The rollout state machine, table by table, with no cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from modeldeploy.operator.api import AnalysisResult, MetricVerdict
+from modeldeploy.operator.rollout import (
+    Policy,
+    RolloutState,
+    Signals,
+    Step,
+    Story,
+    advance,
+    canary_weight,
+    cohort_replicas,
+    serving_bundles,
+)
+
+P = Policy(replicas=4, steps=(Step(10, 60), Step(50, 60)), load_timeout_seconds=300,
+           progress_deadline_seconds=1800, keep_previous_replicas=1, keep_previous_seconds=600)
+STABLE = RolloutState(phase="Stable", stable="old", phase_since=0.0)
+
+
+def result(verdict: str, step: int) -> AnalysisResult:
+    return AnalysisResult(step=step, verdict=verdict, metrics=[MetricVerdict(
+        metric="ttft_p95_seconds", stable=0.1, canary=0.5 if verdict == "Fail" else 0.1, threshold=0.12,
+        samples=80, verdict=verdict)])
+
+
+def test_first_bundle_becomes_stable():
+    t = advance(RolloutState(), P, Signals(desired="b1"), 0.0)
+    assert t.state.stable == "b1" and t.state.phase == "Stable" and t.event[1] == "Initial"
+    assert advance(t.state, P, Signals(desired="b1"), 1.0).event is None
+
+
+def test_good_bundle_walks_every_phase_to_promotion():
+    s = advance(STABLE, P, Signals(desired="new"), 10.0).state
+    assert (s.phase, s.canary, s.started_at) == ("Deploying", "new", 10.0)
+    assert cohort_replicas(s, P, 10.0) == {"old": 4, "new": 1} and canary_weight(s, P) == 0
+    assert serving_bundles(s) == ["old"]                          # no traffic before the gate
+    assert advance(s, P, Signals(desired="new", canary_ready=0), 20.0).event is None
+    s = advance(s, P, Signals(desired="new", canary_ready=1), 30.0).state
+    assert s.phase == "Verifying"
+    s = advance(s, P, Signals(desired="new", canary_ready=1, conformance=(True, "12/12 checks")), 40.0).state
+    assert (s.phase, s.step, canary_weight(s, P)) == ("Canary", 0, 10)
+    assert serving_bundles(s) == ["old", "new"]
+    early = Signals(desired="new", canary_ready=1, analysis=result("Pass", 0), analysis_at=70.0)
+    assert advance(s, P, early, 70.0).event is None               # still in the 60 s pause
+    s = advance(s, P, replace(early, analysis_at=101.0), 101.0).state
+    assert (s.phase, s.step) == ("Canary", 1)
+    assert cohort_replicas(s, P, 101.0) == {"old": 4, "new": 4}
+    stale = Signals(desired="new", canary_ready=4, analysis=result("Pass", 0), analysis_at=101.0)
+    assert advance(s, P, stale, 200.0).event is None              # step 0's verdict cannot pass step 1
+    s = advance(s, P, Signals(desired="new", canary_ready=4, analysis=result("Pass", 1), analysis_at=170.0), 170.0).state
+    assert s.phase == "Promoting"
+    s = advance(s, P, Signals(desired="new", canary_ready=4), 180.0).state
+    assert (s.phase, s.stable, s.canary, s.previous, s.history) == ("Stable", "new", None, "old", ("old",))
+    assert cohort_replicas(s, P, 181.0) == {"new": 4, "old": 1}   # prior bundle warm
+    assert cohort_replicas(s, P, 180.0 + 601) == {"new": 4}       # ...for keepPrevious.seconds
+    assert advance(s, P, Signals(desired="new"), 800.0).state.previous is None
+
+
+def canary_at_step0() -> RolloutState:
+    return replace(STABLE, phase="Canary", canary="bad", step=0, started_at=100.0, phase_since=100.0)
+
+
+def test_failed_analysis_rolls_back_and_is_not_retried():
+    story = Story()
+    sig = Signals(desired="bad", canary_ready=1, analysis=result("Fail", 0), analysis_at=130.0)
+    s = story.settle(canary_at_step0(), P, sig, 130.0)           # fails even before the pause ends
+    assert [e[1] for e in story.events] == ["AnalysisFailed", "RolledBack", "BundleFailed"]
+    assert "ttft_p95_seconds canary=0.5 stable=0.1 threshold=0.12" in story.events[0][2]
+    assert (s.phase, s.stable, s.canary, s.failed) == ("Stable", "old", None, ("bad",))
+    assert cohort_replicas(s, P, 131.0) == {"old": 4} and serving_bundles(s) == ["old"]
+    assert advance(s, P, Signals(desired="bad"), 500.0).event is None   # same spec: held, no retry
+    s = advance(s, P, Signals(desired="fixed"), 600.0).state              # the spec changed: go
+    assert (s.phase, s.canary) == ("Deploying", "fixed")
+
+
+def test_load_timeout_crash_and_conformance_failures_roll_back():
+    dep = replace(STABLE, phase="Deploying", canary="c", started_at=0.0, phase_since=0.0)
+    t = advance(dep, P, Signals(desired="c"), 301.0)
+    assert (t.state.phase, t.event[1]) == ("RollingBack", "LoadTimeout")
+    t = advance(dep, P, Signals(desired="c", canary_failure="digest mismatch for /models/m"), 5.0)
+    assert t.event[1] == "CanaryFailed" and "digest mismatch" in t.event[2]
+    ver = replace(dep, phase="Verifying")
+    t = advance(ver, P, Signals(desired="c", canary_ready=1, conformance=(False, "failed: unsupported_param")), 9.0)
+    assert t.event[1] == "ConformanceFailed" and "unsupported_param" in t.event[2]
+    assert canary_weight(t.state, P) == 0
+
+
+def test_inconclusive_holds_until_the_deadline():
+    s = canary_at_step0()
+    sig = Signals(desired="bad", canary_ready=1, analysis=result("Inconclusive", 0), analysis_at=500.0)
+    assert advance(s, P, sig, 500.0).event is None
+    t = advance(s, P, sig, 100.0 + 1801)
+    assert t.event[1] == "ProgressDeadlineExceeded"
+
+
+def test_manual_controls():
+    s = canary_at_step0()
+    t = advance(s, P, Signals(desired="bad", command="promote"), 110.0)
+    assert (t.state.phase, t.event[1]) == ("Promoting", "ManualPromote")
+    t = advance(s, P, Signals(desired="bad", command="abort"), 110.0)
+    assert (t.state.phase, t.event[1]) == ("RollingBack", "Aborted")
+    promoted = replace(STABLE, stable="v3", history=("v1", "v2"), previous="v2", previous_until=1e9)
+    t = advance(promoted, P, Signals(desired="v3", command="rollback-to:v2"), 50.0)
+    assert (t.state.stable, t.state.phase, t.event[1]) == ("v2", "Stable", "RolledBackTo")
+    assert t.state.failed == ("v3",) and t.state.history == ("v1", "v3")
+    held = advance(t.state, P, Signals(desired="v3"), 51.0)                  # v3 not re-deployed
+    assert held.event[1] == "BundleFailed" and held.state.phase == "Stable" and held.state.canary is None
+    assert advance(held.state, P, Signals(desired="v3"), 52.0).event is None
+    t = advance(promoted, P, Signals(desired="v3", command="rollback-to:nope"), 50.0)
+    assert t.event[1] == "UnknownRollbackTarget" and t.state.stable == "v3"
+
+
+def test_spec_change_mid_rollout():
+    s = canary_at_step0()
+    t = advance(s, P, Signals(desired="newer"), 120.0)
+    assert (t.state.phase, t.state.canary, t.event[1]) == ("Deploying", "newer", "Superseded")
+    t = advance(s, P, Signals(desired="old"), 120.0)
+    assert (t.state.phase, t.state.canary) == ("Stable", None)
+
+
+def test_replica_ratio_and_gateway_sizes():
+    s = canary_at_step0()
+    assert cohort_replicas(s, Policy(replicas=1), 0.0) == {"old": 1, "bad": 1}
+    assert cohort_replicas(s, Policy(replicas=10, steps=(Step(10, 0),)), 0.0) == {"old": 10, "bad": 2}
+    gw = Policy(replicas=10, steps=(Step(10, 0), Step(50, 0)), gateway=True)
+    assert cohort_replicas(s, gw, 0.0) == {"old": 10, "bad": 1}
+    assert canary_weight(replace(s, phase="Promoting"), gw) == 100
