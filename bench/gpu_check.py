@@ -91,6 +91,7 @@ def stage_env(out: Path, _arg) -> dict:
 
 def stage_kernels(out: Path, name: str) -> dict:
     import torch
+
     from modeldeploy.kernels import checks
 
     results = []
@@ -126,9 +127,10 @@ def _count_launches() -> dict[str, int]:
 
 def stage_greedy(out: Path, _arg) -> dict:
     import torch
+    from transformers import AutoModelForCausalLM
+
     from modeldeploy.runtime import LLM, SamplingParams
     from modeldeploy.runtime.tiny_model import make_tiny_model
-    from transformers import AutoModelForCausalLM
 
     counts = _count_launches()
     max_new = 24
@@ -186,6 +188,7 @@ def _bytes_per_step(cfg: dict, batch: int, context: int, itemsize: int = 2) -> i
 def _ours_decode(model_dir: Path, gen, device: str = DEVICE) -> list[dict]:
     """Tokens/s over steps in which every sequence decodes (prefill steps excluded)."""
     import torch
+
     from modeldeploy.runtime import LLM, SamplingParams
 
     def sync():
@@ -254,6 +257,7 @@ def _hf_decode(gen, device: str = DEVICE) -> list[dict]:
 
 def stage_decode(out: Path, _arg) -> dict:
     import torch
+
     from modeldeploy.runtime.tiny_model import make_tiny_model
 
     gen = torch.Generator().manual_seed(0)
@@ -283,6 +287,7 @@ def stage_decode(out: Path, _arg) -> dict:
 
 def stage_kernel_bench(out: Path, _arg) -> dict:
     import torch
+
     from modeldeploy.kernels import checks
 
     bw = copy_bandwidth()

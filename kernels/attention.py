@@ -16,6 +16,7 @@ import math
 from functools import cache
 
 import torch
+
 from modeldeploy.kernels import build, reference
 from modeldeploy.kernels.launch import dtype_name, f32, i32, i64, launch, ptr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from modeldeploy.kernels import build, reference
 from modeldeploy.kernels.launch import dtype_name, i32, i64, launch, ptr, threads_for, vec_for
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from modeldeploy.kernels import reference
 
 # ||kernel - twin|| / ||twin|| bounds. fp32: reordered sums only; fp16/bf16: the kernels

@@ -8,6 +8,7 @@ back to its twin for layouts or dtypes its kernel does not cover (e.g. head_dim 
 from __future__ import annotations
 
 import cupy  # noqa: F401  (ImportError here = no CUDA kernels)
+
 from modeldeploy.kernels import activation, attention, cache, dispatch, norm, rotary
 
 KERNELS = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+
 from modeldeploy.kernels import build
 
 PRELUDE = r"""
@@ -154,13 +156,14 @@ def _library(family: str) -> ctypes.CDLL:
     d = Path(tempfile.gettempdir()) / "modeldeploy-emu"
     d.mkdir(exist_ok=True)
     lib = d / f"{family}-{key}.so"
-    if not lib.exists():
-        cpp = d / f"{family}-{key}.cpp"
+    if not lib.exists():                      # per-process temp names: parallel test runs are safe
+        cpp = d / f"{family}-{key}.{os.getpid()}.cpp"
         cpp.write_text(src)
-        tmp = lib.with_suffix(".tmp.so")
+        tmp = d / f"{family}-{key}.{os.getpid()}.so"
         subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(tmp)],
                        check=True, capture_output=True, text=True)
-        tmp.rename(lib)
+        tmp.replace(lib)
+        cpp.unlink()
     return ctypes.CDLL(str(lib))
 
 

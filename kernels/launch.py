@@ -12,6 +12,7 @@ from functools import cache
 import cupy
 import numpy as np
 import torch
+
 from modeldeploy.kernels import build
 
 _modules: list[cupy.RawModule] = []

@@ -7,6 +7,7 @@ unfused torch version makes ~5 passes over the row.
 from __future__ import annotations
 
 import torch
+
 from modeldeploy.kernels import build, reference
 from modeldeploy.kernels.launch import dtype_name, f32, i32, i64, launch, ptr, rows, threads_for, vec_for
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from modeldeploy.kernels import activation, attention, cache, checks, emulate, norm, rotary
 
 pytestmark = pytest.mark.skipif(not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU")
@@ -74,9 +75,10 @@ def test_engine_with_emulated_kernels_matches_transformers(emulated, monkeypatch
     """The whole engine on CPU with every hot op routed to the (emulated) CUDA kernels:
     greedy tokens must equal transformers'. Checks the engine's real layouts (q/k/v views
     of qkv, slot mappings, block tables, mixed decode + prefill batches) against the kernels."""
+    from transformers import AutoModelForCausalLM
+
     from modeldeploy.kernels import cuda_ops, dispatch
     from modeldeploy.runtime import LLM, SamplingParams
-    from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(dispatch, "_impl", lambda name, t: cuda_ops.KERNELS[name])
     model_dir = tiny_model("llama", hidden_size=256, num_heads=4, num_kv_heads=2)

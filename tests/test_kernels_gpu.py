@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from modeldeploy.kernels import checks
 
 

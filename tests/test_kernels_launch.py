@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pytest
 import torch
+
 from modeldeploy.kernels import activation, attention, build, cache, checks, norm, rotary
 
 pytest.importorskip("cupy", reason="cupy is a dev dependency")

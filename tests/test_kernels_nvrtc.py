@@ -10,6 +10,7 @@ compile, otherwise a syntax error could land unseen.
 from __future__ import annotations
 
 import pytest
+
 from modeldeploy.kernels import build
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="cupy is a dev dependency")

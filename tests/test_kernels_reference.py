@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+
 from modeldeploy.kernels import dispatch, reference
 
 
