@@ -81,14 +81,14 @@ def build_config(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from modeldeploy.runtime.server.app import create_app
-
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = build_config(args)
     except ValueError as e:
         print(f"modeldeploy serve: error: {e}", file=sys.stderr)
         return 2
+    from modeldeploy.runtime.server.app import create_app
+
     app = create_app(cfg)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log, timeout_graceful_shutdown=5, lifespan="on")

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+
 from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
@@ -144,6 +145,6 @@ async def _responses_stream(job: Job, first: Any, rid: str, created: int, model:
     yield ev("response.output_text.done", **where, text=last.text, logprobs=[])
     yield ev("response.content_part.done", **where, part=F.text_part(last.text))
     yield ev("response.output_item.done", output_index=0, item=F.message_item(msg_id, last.text, "completed"))
-    final = F.response(rid, msg_id, created, model, req, last)
-    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    yield ev(kind, response=final)
+    # Always `response.completed` (the SDK's stream helper waits for it); a max_output_tokens cut
+    # shows as status "incomplete" with incomplete_details inside, as in the non-streaming body.
+    yield ev("response.completed", response=F.response(rid, msg_id, created, model, req, last))
