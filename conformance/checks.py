@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+
 from modeldeploy.conformance.http import error_field, iter_sse
 from modeldeploy.conformance.result import CheckResult, Target
 

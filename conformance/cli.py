@@ -7,6 +7,7 @@ import os
 import sys
 
 import httpx
+
 from modeldeploy.conformance.suite import CHECKS, ConformanceConfig, run_conformance
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from modeldeploy.conformance import checks
 from modeldeploy.conformance.http import Server
 from modeldeploy.conformance.load import bounded_load

@@ -12,6 +12,7 @@ import threading
 
 import httpx
 import pytest
+
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.checks import read_stream
 from modeldeploy.conformance.http import Server, iter_sse

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+
 from modeldeploy.runtime.server.admission import Admission
 from modeldeploy.runtime.server.errors import APIError
 from modeldeploy.runtime.server.protocol import (

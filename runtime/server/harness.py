@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+
 from modeldeploy.runtime.server.app import create_app
 from modeldeploy.runtime.server.config import ServerConfig
 

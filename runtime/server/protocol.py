@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from modeldeploy.runtime.server.errors import APIError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from modeldeploy.runtime.server.errors import APIError
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 Number = Annotated[float, Field(allow_inf_nan=False)]  # strict float still takes ints (temperature=1)
