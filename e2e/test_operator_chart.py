@@ -13,7 +13,7 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
     lint = cluster.helm("lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in lint.stdout
     release = f"mdop-{namespace[-6:]}"
-    rendered = cluster.helm("template", release, str(CHART), "-n", namespace).stdout
+    rendered = cluster.helm("template", release, str(CHART), "-n", namespace, "--kube-version", "1.36.3").stdout
     # the rendered manifests are accepted by the real API server (schema, admission)
     cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered)
     cluster.helm("install", release, str(CHART), "-n", namespace, "--wait=false")

@@ -57,7 +57,7 @@ def test_helm_lint_clean() -> None:
 @needs_helm
 def test_helm_template_renders_least_privilege_role() -> None:
     r = subprocess.run(
-        [helm(), "template", "md", str(CHART), "-n", "modeldeploy-system", "--include-crds"],
+        [helm(), "template", "md", str(CHART), "--kube-version", "1.36.3", "-n", "modeldeploy-system", "--include-crds"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -82,7 +82,7 @@ def test_helm_template_renders_least_privilege_role() -> None:
 @needs_helm
 def test_helm_rejects_unknown_value() -> None:
     r = subprocess.run(
-        [helm(), "template", "md", str(CHART), "--set", "replicas=3"],
+        [helm(), "template", "md", str(CHART), "--kube-version", "1.36.3", "--set", "replicas=3"],
         capture_output=True,
         text=True,
         timeout=120,
