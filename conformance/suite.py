@@ -71,11 +71,15 @@ class Report:
 def discover(server: Server, model: str | None) -> tuple[Target, list[str]]:
     """Learn the model name, the bundle, the running limit and whether modeldeploy metrics exist."""
     caveats: list[str] = []
-    models = server.get_json("/v1/models") or {}
-    ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    r = server.get("/v1/models")  # a transport error here means the server is unreachable
+    try:
+        models = r.json() if r.status_code == 200 else {}
+    except ValueError:
+        models = {}
+    ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else []
     if model is None:
         if not ids:
-            raise ValueError(f"{server.base}/v1/models lists no model; pass --model")
+            raise ValueError(f"{server.base}/v1/models answered {r.status_code} and lists no model; pass --model")
         model = ids[0]
     elif ids and model not in ids:
         caveats.append(f"--model {model!r} is not in /v1/models {ids}")
