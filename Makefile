@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-model clean crds example-model
+.PHONY: setup test unit lint demo demo-model clean crds cluster cluster-down cluster-build example-model
 
 setup: .venv/.installed
 
@@ -14,8 +14,8 @@ setup: .venv/.installed
 	$(PIP) install -q -e '.[runtime,dev]'
 	touch $@
 
-test: setup
-	$(PY) -m pytest -q -ra tests
+test: setup cluster-build
+	$(PY) -m pytest -q -ra tests e2e
 
 unit: setup
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
@@ -42,3 +42,14 @@ EXAMPLE_MODEL_DIR ?= /var/lib/modeldeploy/models/tiny-llama
 example-model: setup
 	$(PY) -m modeldeploy tiny-model $(EXAMPLE_MODEL_DIR) --arch llama --seed 0
 	$(PY) -m modeldeploy digest $(EXAMPLE_MODEL_DIR)
+
+# Local Kubernetes (e2e/cluster): pinned etcd/kube-*/kwok/helm compiled from Go modules into
+# ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".
+cluster-build:
+	bash e2e/cluster/build.sh
+
+cluster: setup cluster-build
+	$(PY) -m modeldeploy cluster up
+
+cluster-down: setup
+	$(PY) -m modeldeploy cluster down

@@ -36,8 +36,10 @@ build_in_module() {
 k8s_module() {
   local dir=$1 minor_patch="${K8S_VERSION#v1.}"
   mkdir -p "$dir"
-  local mod
-  mod=$(curl -fsS --max-time 60 "$GOPROXY/k8s.io/kubernetes/@v/$K8S_VERSION.mod")
+  local mod modfile
+  # the go.mod of k8s.io/kubernetes, fetched through the module proxy by go itself (no curl needed)
+  modfile=$(cd "$dir" && "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  mod=$(cat "$modfile")
   {
     echo "module modeldeploy.local/k8sbuild"
     echo
@@ -62,7 +64,6 @@ import (
 	_ "k8s.io/kubectl/pkg/cmd"
 )
 GO
-  (cd "$dir" && "${NICE[@]}" "$GO" mod download k8s.io/kubernetes >/dev/null 2>&1 || true)
 }
 
 build_kubernetes() {
