@@ -99,10 +99,13 @@ def stage_kernels(out: Path, name: str) -> dict:
         for seed in (i, 100 + i):            # two fresh draws per shape
             try:
                 results.append(checks.run(p, seed))
-            except Exception as e:           # record and go on (a CUDA fault ends the process anyway)
+            except Exception as e:           # record, and go on unless the CUDA context is dead
                 results.append({"kernel": name, "label": p.label, "dtype": str(p.dtype)[6:], "ok": False,
                                 "error": f"{type(e).__name__}: {e}"[:500]})
-                torch.cuda.synchronize()
+                try:
+                    torch.cuda.synchronize()
+                except Exception:
+                    return {"kernel": name, "results": results, "ok": False, "error": "CUDA context lost"}
     out = {"kernel": name, "results": results, "ok": bool(results) and all(r["ok"] for r in results)}
     if not results:
         out["error"] = f"no check problems for {name!r} in kernels/checks.py"
