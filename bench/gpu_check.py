@@ -92,13 +92,15 @@ def stage_env(out: Path, _arg) -> dict:
 def stage_kernels(out: Path, name: str) -> dict:
     import torch
 
-    from modeldeploy.kernels import checks
+    from modeldeploy.kernels import attention, checks
 
     results = []
+    unrolls = (4, 8) if name.startswith("paged_attention") else (4,)   # 8: build.ATTN_UNROLL8 shapes
     for i, p in enumerate(x for x in checks.correctness_problems() if x.kernel == name):
-        for seed in (i, 100 + i):            # two fresh draws per shape
+        for seed, unroll in [(s, u) for s in (i, 100 + i) for u in unrolls]:   # two fresh draws per shape
+            attention.UNROLL = unroll
             try:
-                results.append(checks.run(p, seed))
+                results.append(checks.run(p, seed) | {"unroll": unroll})
             except Exception as e:           # record, and go on unless the CUDA context is dead
                 results.append({"kernel": name, "label": p.label, "dtype": str(p.dtype)[6:], "ok": False,
                                 "error": f"{type(e).__name__}: {e}"[:500]})
@@ -291,12 +293,19 @@ def stage_decode(out: Path, _arg) -> dict:
 def stage_kernel_bench(out: Path, _arg) -> dict:
     import torch
 
-    from modeldeploy.kernels import checks
+    from modeldeploy.kernels import attention, checks
 
     bw = copy_bandwidth()
     rows = []
+    variants = []                                   # (problem, attention.UNROLL)
     for p in checks.bench_problems():
-        row = {"kernel": p.kernel, "label": p.label, "dtype": str(p.dtype)[6:]}
+        variants.append((p, 4))
+        if p.kernel.startswith("paged_attention"):
+            variants.append((p, 8))                 # the UNROLL=8 instantiation, for comparison
+    for p, unroll in variants:
+        attention.UNROLL = unroll
+        label = p.label + (f" u{unroll}" if p.kernel.startswith("paged_attention") else "")
+        row = {"kernel": p.kernel, "label": label, "dtype": str(p.dtype)[6:]}
         try:
             d = p.setup(0)
             row["bytes"] = p.nbytes(d)
@@ -310,6 +319,7 @@ def stage_kernel_bench(out: Path, _arg) -> dict:
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         rows.append(row)
+    attention.UNROLL = 4
     return {"copy_bytes_per_s": bw, "rows": rows}
 
 

@@ -22,6 +22,9 @@ from modeldeploy.kernels.launch import dtype_name, f32, i32, i64, launch, ptr
 
 THREADS = 128          # WARPS * 32 in attention.cu
 MIN_PARTITION = 128    # keys; below this a partition's fixed cost dominates
+# Keys per warp per step. 8 is compiled only for build.ATTN_UNROLL8 (fp16/bf16, d128, group
+# 4/8); the GPU check times both, and this module attribute picks (default: build's).
+UNROLL = build.ATTN_UNROLL
 
 
 @cache
@@ -76,7 +79,8 @@ def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_out = torch.empty(Q, H, P, D, dtype=torch.float32, device=q.device)
         part_max = torch.empty(Q, H, P, dtype=torch.float32, device=q.device)
         part_sum = torch.empty(Q, H, P, dtype=torch.float32, device=q.device)
-    launch("attention", build.attention_name(dt, D, H // hkv), q.device,
+    unroll = UNROLL if (dt, D, H // hkv) in build.ATTN_UNROLL8 else build.ATTN_UNROLL
+    launch("attention", build.attention_name(dt, D, H // hkv, unroll), q.device,
            grid=(Q, hkv, P), block=(THREADS,),
            args=(ptr(out), ptr(part_out), ptr(part_max), ptr(part_sum), ptr(q), i64(q.stride(0)),
                  ptr(k_cache), ptr(v_cache), ptr(tables), i32(tables.stride(0)), ptr(lens),

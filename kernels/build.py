@@ -21,6 +21,9 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 ATTN_HEAD_DIMS = (64, 128)
 ATTN_GROUPS = (1, 2, 4, 8, 16)  # query heads per kv head
+ATTN_UNROLL = 4                 # keys per warp per step (attention.cu's UNROLL)
+# Extra instantiations with UNROLL=8 on the 8B-class hot path, for the GPU check to compare.
+ATTN_UNROLL8 = tuple((dt, 128, g) for dt in ("float16", "bfloat16") for g in (4, 8))
 
 
 def vec_width(dtype: str) -> int:
@@ -47,8 +50,8 @@ def write_kv_name(dtype: str, vec: int) -> str:
     return f"write_kv_kernel<{CTYPES[dtype]}, {vec}>"
 
 
-def attention_name(dtype: str, head_dim: int, group: int) -> str:
-    return f"paged_attention_kernel<{CTYPES[dtype]}, {head_dim}, {group}>"
+def attention_name(dtype: str, head_dim: int, group: int, unroll: int = ATTN_UNROLL) -> str:
+    return f"paged_attention_kernel<{CTYPES[dtype]}, {head_dim}, {group}, {unroll}>"
 
 
 def attention_reduce_name(dtype: str) -> str:
@@ -71,6 +74,7 @@ def name_expressions(family: str) -> tuple[str, ...]:
             names += [write_kv_name(dt, v) for v in vecs]
         elif family == "attention":
             names += [attention_name(dt, d, g) for d in ATTN_HEAD_DIMS for g in ATTN_GROUPS]
+            names += [attention_name(dt, d, g, 8) for (t, d, g) in ATTN_UNROLL8 if t == dt]
             names.append(attention_reduce_name(dt))
         else:
             raise KeyError(family)

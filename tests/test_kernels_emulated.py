@@ -93,3 +93,18 @@ def test_engine_with_emulated_kernels_matches_transformers(emulated, monkeypatch
         with torch.no_grad():
             g = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8)
         assert o.token_ids == g[0, len(p):].tolist()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: checks.decode_problem([1, 17, 300, 33], 2, 4, 128, bf16, "cpu"),
+    lambda: checks.prefill_problem([37, 21], [7, 21], 1, 8, 128, f16, "cpu"),
+], ids=["decode", "prefill"])
+def test_unroll8_variant_matches_twin(make, emulated, monkeypatch):
+    """The UNROLL=8 instantiations the GPU check times against the default."""
+    monkeypatch.setattr(attention, "UNROLL", 8)
+    p = make()
+    d = p.setup(3)
+    twin_in = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+    got, want = p.cuda(d), p.twin(twin_in)
+    assert any(n.endswith(", 8>") for n in emulated), emulated
+    assert checks.rel_err(got[0], want[0]) <= checks.TOL[p.dtype]

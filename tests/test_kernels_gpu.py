@@ -35,6 +35,19 @@ def test_kernel_matches_twin(index):
     assert result["ok"], result
 
 
+ATTN = [i for i, p in enumerate(PROBLEMS) if p.kernel.startswith("paged_attention")]
+
+
+@pytest.mark.parametrize("index", ATTN or [0], ids=[IDS[i] for i in ATTN] or None)
+def test_attention_unroll8_matches_twin(index, monkeypatch):
+    """UNROLL=8 instantiations (used where build.ATTN_UNROLL8 lists the shape)."""
+    from modeldeploy.kernels import attention
+
+    monkeypatch.setattr(attention, "UNROLL", 8)
+    result = checks.run(PROBLEMS[index], seed=2000 + index)
+    assert result["ok"], result
+
+
 def test_dispatch_routes_cuda_tensors_to_cupy():
     from modeldeploy.kernels import activation, dispatch
 

@@ -15,9 +15,8 @@
 #include "common.cuh"
 
 constexpr int WARPS = 4;
-constexpr int UNROLL = 4;
 
-template <typename T, int D, int GROUP>
+template <typename T, int D, int GROUP, int UNROLL>   // UNROLL: keys per warp per step (4 or 8)
 __global__ void __launch_bounds__(WARPS * 32)
 paged_attention_kernel(T* __restrict__ out,                 // [Q, H, D]       (P == 1)
                        float* __restrict__ part_out,        // [Q, H, P, D]    (P > 1)
