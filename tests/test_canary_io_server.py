@@ -1,0 +1,205 @@
+"""Canary I/O against real `modeldeploy serve` processes on 127.0.0.1 (tiny llama made at test time).
+
+Two processes with the same bundle id stand for a two-pod cohort: scrape_cohort must sum
+their real counters, Baselines must give per-pod deltas (also across a pod restart on the
+same address), and ConformanceRunner must pass on a healthy server and fail, naming the
+checks, on one whose contract the client cannot meet (API key required) or that is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from modeldeploy.conformance.prom import Metrics
+from modeldeploy.operator.canary_io import Baselines, ConformanceRunner, scrape_cohort
+
+BUNDLE = "bundle-canary-io-1"
+KEY = ("uid-canary-io", BUNDLE)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """One `modeldeploy serve` process; restart() keeps the address, like a restarted pod."""
+
+    def __init__(self, tmp: Path, model: Path, *flags: str) -> None:
+        self.tmp, self.model, self.port = tmp, model, _free_port()
+        self.target, self.url = f"127.0.0.1:{self.port}", f"http://127.0.0.1:{self.port}"
+        self.flags: tuple[str, ...] = ()
+        self.spawn(*flags)
+
+    def spawn(self, *flags: str) -> None:
+        self.flags = flags
+        log = open(self.tmp / f"serve-{self.port}-{time.monotonic_ns()}.log", "w")
+        cmd = [sys.executable, "-m", "modeldeploy", "serve", "--model", str(self.model), "--port", str(self.port),
+               "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny", "--bundle-id", BUNDLE,
+               "--max-num-seqs", "4", "--log-level", "warning", *flags]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}; logs in {self.tmp}"
+            try:
+                if httpx.get(self.url + "/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.url} not ready within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def restart(self, *flags: str) -> None:
+        self.stop()
+        self.spawn(*flags)
+        self.wait_ready()
+
+    def complete(self, n: int, headers: dict | None = None) -> list[int]:
+        codes = []
+        with httpx.Client(base_url=self.url, timeout=120, headers=headers or {}) as c:
+            for i in range(n):
+                r = c.post("/v1/completions", json={"model": "tiny", "prompt": f"hello {i}", "max_tokens": 4,
+                                                    "temperature": 0})
+                codes.append(r.status_code)
+        return codes
+
+
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory, llama_dir):
+    tmp = tmp_path_factory.mktemp("canary-io")
+    a, b = Serve(tmp, llama_dir), Serve(tmp, llama_dir)
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _direct(url: str, name: str, **labels: str) -> float:
+    """The same figure read straight from the server's exposition, for comparison."""
+    return Metrics(httpx.get(url + "/metrics", timeout=5).text).get(name, bundle=BUNDLE, **labels) or 0.0
+
+
+def test_scrape_sums_real_counts_and_baselines_give_the_window(pods) -> None:
+    a, b = pods
+    base = Baselines()
+    first = scrape_cohort([a.target, b.target], BUNDLE)
+    assert set(first.pods) == {a.target, b.target} and not first.errors and first.problems() == ""
+    assert base.delta(KEY[0], BUNDLE, ("step", 0), first).finished == 0     # window opens here
+
+    assert a.complete(3) == [200] * 3 and b.complete(2) == [200] * 2
+    bad = httpx.post(a.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "bogus_field": 1}, timeout=30)
+    assert bad.status_code == 400
+
+    dead = f"127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    now = scrape_cohort([a.target, b.target, dead], BUNDLE, timeout=1.0)
+    assert time.monotonic() - t0 < 5
+    assert "unreachable" in now.errors[dead] and dead in now.problems() and set(now.pods) == {a.target, b.target}
+    # cumulative totals are exactly what the two servers export
+    for outcome in ("completed", "rejected"):
+        want = sum(_direct(s.url, "modeldeploy_requests_total", outcome=outcome) for s in pods)
+        assert now.sample.outcomes[outcome] == want
+    ttft_count = sum(_direct(s.url, "modeldeploy_time_to_first_token_seconds_count") for s in pods)
+    assert now.sample.ttft.count == ttft_count
+    # the window holds only what was sent since it opened, per pod
+    d = base.delta(KEY[0], BUNDLE, ("step", 0), now)
+    assert d.outcomes["completed"] == 5 and d.outcomes["rejected"] == 1
+    assert d.ttft.count == 5 and d.itl.count >= 5          # 4 tokens each: >= 1 gap per request
+    assert d.error_rate() == pytest.approx(1 / 6)
+    assert now.pods[a.target].since(first.pods[a.target]).outcomes["completed"] == 3
+    # a new mark (next step) starts a new window
+    assert base.delta(KEY[0], BUNDLE, ("step", 1), now).finished == 0
+
+
+def test_other_bundle_series_are_not_summed(pods) -> None:
+    a, _ = pods
+    s = scrape_cohort([a.target], "some-other-bundle")
+    assert not s.pods and "no modeldeploy_* series labelled bundle=some-other-bundle" in s.errors[a.target]
+
+
+def test_pod_bound_reports_the_rest(pods) -> None:
+    a, b = pods
+    s = scrape_cohort([a.target, b.target], BUNDLE, max_pods=1)
+    assert list(s.pods) == [a.target] and s.skipped == (b.target,) and "1 pod(s) over" in s.problems()
+
+
+def test_restarted_pod_counts_from_zero_in_the_window(pods) -> None:
+    a, b = pods
+    base = Baselines()
+    base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE))
+    assert b.complete(2) == [200, 200]
+    assert base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE)).outcomes["completed"] == 2
+    b.restart("--api-key", "s3cret")                    # same address, counters back to zero
+    assert b.complete(1, headers={"Authorization": "Bearer s3cret"}) == [200]
+    d = base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE))
+    assert d.outcomes["completed"] == 1                 # b's 1 since restart; a served nothing
+    base.forget(KEY[0])
+    assert len(base) == 0
+
+
+def test_conformance_runner_passes_on_a_real_server_without_blocking(pods) -> None:
+    a, _ = pods
+    runner = ConformanceRunner(deadline_s=280, request_timeout_s=60)
+    t0 = time.monotonic()
+    assert runner.start(KEY, a.url) is True
+    assert time.monotonic() - t0 < 0.5 and runner.result(KEY) is None and runner.running(KEY)
+    assert runner.start(KEY, a.url) is False            # one run per (md uid, bundle)
+    passed, summary = runner.wait(KEY, 290)
+    assert passed, summary
+    assert summary.startswith("conformance passed: 8 checks")
+
+
+def test_conformance_runner_names_failed_checks(pods) -> None:
+    _, b = pods
+    if "--api-key" not in b.flags:                      # when run alone
+        b.restart("--api-key", "s3cret")
+    runner = ConformanceRunner(deadline_s=120, request_timeout_s=30)
+    runner.start(KEY, b.url, model="tiny")              # no key: every /v1 call is a 401
+    passed, summary = runner.wait(KEY, 130)
+    assert not passed
+    assert summary.startswith("conformance failed checks: ") and "normal_response" in summary
+    assert "streaming" in summary and "readiness" not in summary.split("(")[0]
+    assert "401" in summary
+
+
+def test_conformance_runner_nothing_listening() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    runner = ConformanceRunner(deadline_s=30, request_timeout_s=2)
+    runner.start(KEY, url)
+    passed, summary = runner.wait(KEY, 40)
+    assert not passed and url in summary and "could not run" in summary
+
+
+def test_conformance_runner_deadline_on_a_hung_pod() -> None:
+    """A socket that accepts connections and never answers: the gate reads failed at its deadline."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        runner = ConformanceRunner(deadline_s=1.0, request_timeout_s=5)
+        runner.start(KEY, url)
+        assert runner.result(KEY) is None
+        time.sleep(1.3)
+        passed, summary = runner.result(KEY)
+        assert not passed and "did not finish within 1s" in summary
+        runner.forget(KEY)                              # thread still waiting on the socket: key stays busy
+        assert runner.running(KEY) and runner.start(KEY, url) is False
