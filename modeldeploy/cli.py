@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("modeldeploy.fetch", "download a model over http(s) and verify its digest (init container)"),
     "serve": ("modeldeploy.runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
     "conformance": ("modeldeploy.conformance.cli", "run the serving-contract suite against a server URL"),
+    "rollout": ("modeldeploy.operator.rollout_cli", "rollout controls: status|promote|abort|rollback NAME [-n NS] [--to BUNDLE]"),
     "cluster": ("modeldeploy.e2e.cluster.cli", "local Kubernetes for tests/demo: up|down|status|kubeconfig|build"),
 }
 

@@ -1,0 +1,122 @@
+"""`modeldeploy rollout`: patch bodies, rollback target choice, status rendering, CLI errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from modeldeploy.cli import COMMANDS
+from modeldeploy.cli import main as cli_main
+from modeldeploy.operator import rollout_cli as rc
+from modeldeploy.operator.api import (
+    AnalysisResult,
+    CohortStatus,
+    Condition,
+    HistoryEntry,
+    MetricVerdict,
+    ModelDeploymentStatus,
+)
+
+HISTORY = [HistoryEntry(bundle="aaaaaaaaaaaaaaaa", revision="r1", promoted_at="2026-01-01T00:00:00Z",
+                        replaced_at="2026-01-02T00:00:00Z"),
+           HistoryEntry(bundle="bbbbbbbbbbbbbbbb", revision="r2", promoted_at="2026-01-02T00:00:00Z",
+                        replaced_at="2026-01-03T00:00:00Z")]
+
+
+def status(**kw) -> dict:
+    """A status dict with the real wire shape (camelCase, as the API server returns it)."""
+    return ModelDeploymentStatus(**kw).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def md(st: dict, annotations: dict | None = None, generation: int = 3) -> dict:
+    return {"metadata": {"name": "chat", "namespace": "llm", "generation": generation,
+                         "annotations": annotations or {}},
+            "spec": {"rollout": {"steps": [{"weight": 10}, {"weight": 50}]}}, "status": st}
+
+
+def test_patch_bodies_touch_only_metadata_annotations() -> None:
+    assert rc.annotation_patch("promote", "T") == {"metadata": {"annotations": {"modeldeploy.dev/promote": "T"}}}
+    assert rc.annotation_patch("abort", "T") == {"metadata": {"annotations": {"modeldeploy.dev/abort": "T"}}}
+    assert rc.annotation_patch("rollback", "T", "abc") == {
+        "metadata": {"annotations": {"modeldeploy.dev/rollback-to": "abc"}}}
+    with pytest.raises(rc.RolloutError, match="--to BUNDLE"):
+        rc.annotation_patch("rollback", "T")
+    with pytest.raises(rc.RolloutError, match="unknown action 'status'"):
+        rc.annotation_patch("status", "T")
+
+
+def test_now_stamp_is_rfc3339_utc() -> None:
+    import re
+
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rc.now_stamp())
+
+
+def test_command_from_annotations_precedence() -> None:
+    assert rc.command_from_annotations(None) is None
+    assert rc.command_from_annotations({"other": "x"}) is None
+    assert rc.command_from_annotations({rc.PROMOTE: "t"}) == "promote"
+    assert rc.command_from_annotations({rc.PROMOTE: "t", rc.ROLLBACK_TO: "abc"}) == "rollback-to:abc"
+    assert rc.command_from_annotations({rc.PROMOTE: "t", rc.ABORT: "t"}) == "abort"
+
+
+def test_rollback_target_newest_by_default_and_explicit() -> None:
+    st = status(history=HISTORY)
+    bundle, note = rc.rollback_target(st, None)
+    assert bundle == "bbbbbbbbbbbbbbbb" and "newest history entry bbbbbbbbbbbbbbbb" in note and "r2" in note
+    assert rc.rollback_target(st, "aaaaaaaaaaaaaaaa")[0] == "aaaaaaaaaaaaaaaa"
+
+
+def test_rollback_target_errors_list_the_history() -> None:
+    with pytest.raises(rc.RolloutError, match="status.history is empty"):
+        rc.rollback_target(status(), None)
+    with pytest.raises(rc.RolloutError) as e:
+        rc.rollback_target(status(history=HISTORY), "cccc")
+    assert "--to cccc: not in status.history" in str(e.value)
+    assert "aaaaaaaaaaaaaaaa (r1)" in str(e.value) and "bbbbbbbbbbbbbbbb (r2)" in str(e.value)
+
+
+def test_render_canary_status_shows_every_figure() -> None:
+    analysis = AnalysisResult(time="2026-01-03T10:00:00Z", step=0, verdict="Fail", metrics=[
+        MetricVerdict(metric="ttft_p95_seconds", stable=0.21, canary=0.52, threshold=0.252, samples=120,
+                      verdict="Fail"),
+        MetricVerdict(metric="error_rate", stable=0.0, canary=0.0, threshold=0.01, samples=120, verdict="Pass"),
+    ])
+    st = status(phase="Canary", observed_generation=3, canary_weight=10, current_step=0,
+                stable=CohortStatus(bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=4, ready_replicas=4,
+                                    load_progress=1.0),
+                canary=CohortStatus(bundle="dddddddddddddddd", revision="r3", replicas=1, ready_replicas=0,
+                                    load_progress=0.4),
+                conditions=[Condition(type="Progressing", status="True", reason="AnalysisRunning",
+                                      message="step 1/2", last_transition_time="2026-01-03T09:59:00Z")],
+                history=HISTORY, last_analysis=analysis, failed_bundles=["eeeeeeeeeeeeeeee"])
+    text = rc.render_text(md(st, {rc.PROMOTE: "2026-01-03T10:01:00Z"}), width=160)
+    for want in ("ModelDeployment llm/chat", "Canary", "bbbbbbbbbbbbbbbb rev r2  ready 4/4",
+                 "dddddddddddddddd rev r3  ready 0/1, load 40%", "10%", "1/2 (weight 10%)",
+                 "modeldeploy.dev/promote=2026-01-03T10:01:00Z", "AnalysisRunning", "last analysis step 1",
+                 "Fail", "ttft_p95_seconds", "0.21", "0.52", "0.252", "120", "aaaaaaaaaaaaaaaa",
+                 "2026-01-02T00:00:00Z", "failed bundles", "eeeeeeeeeeeeeeee"):
+        assert want in text, want
+    ttft_row = next(line for line in text.splitlines() if "ttft_p95_seconds" in line)
+    assert ttft_row.split()[-1] == "Fail" and "0.52" in ttft_row
+    assert "status not yet updated" not in text
+
+
+def test_render_stale_generation_and_empty_status() -> None:
+    text = rc.render_text(md(status(phase="Stable", observed_generation=2), generation=3))
+    assert "3 observed 2 (status not yet updated for this generation)" in text
+    assert "no status yet" in rc.render_text(md({}))
+
+
+def test_cli_is_registered_and_flags_are_checked(capsys) -> None:
+    assert COMMANDS["rollout"][0] == "modeldeploy.operator.rollout_cli"
+    with pytest.raises(SystemExit) as e:
+        cli_main(["rollout", "resume", "chat"])
+    assert e.value.code == 2 and "invalid choice: 'resume'" in capsys.readouterr().err
+    assert cli_main(["rollout", "promote", "chat", "--to", "abc"]) == 1
+    assert "--to applies to rollback only, not promote" in capsys.readouterr().err
+
+
+def test_cli_missing_kubeconfig_is_a_clear_error(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert cli_main(["rollout", "status", "chat", "--kubeconfig", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("modeldeploy rollout: error: no Kubernetes configuration") and "nope" in err
