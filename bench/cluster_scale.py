@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, config
+
 from modeldeploy.e2e.cluster.local import LocalCluster, Settings
 from modeldeploy.e2e.cluster.nodes import kwok_node, node_ready
 

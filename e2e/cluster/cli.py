@@ -21,8 +21,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         if name == "up":
             sp.add_argument("--gpu-nodes", type=int, default=2, help="simulated (kwok) GPU nodes")
             sp.add_argument("--ready-delay-ms", type=int, default=1000, help="kwok pod Running/Ready delay")
-            sp.add_argument("--bridge", default="mdbr0", help="host-local bridge of the process node")
-            sp.add_argument("--pod-cidr", default="10.244.0.0/24", help="private pod CIDR on that bridge")
+            sp.add_argument("--bridge", default=None, help="host-local bridge of the process node "
+                            "(default $MODELDEPLOY_CLUSTER_BRIDGE or mdbr0)")
+            sp.add_argument("--pod-cidr", default=None, help="private pod CIDR on that bridge "
+                            "(default $MODELDEPLOY_CLUSTER_POD_CIDR or 10.244.0.0/24)")
     from modeldeploy.e2e.procnode import testserver
 
     testserver.configure(sub.add_parser("testserver", help="test workload for the process node"))
@@ -45,7 +47,7 @@ def main(a: argparse.Namespace) -> int:
         from modeldeploy.e2e.procnode import testserver
 
         return testserver.main(a)
-    c = LocalCluster(_settings(a))
+    c = LocalCluster(_settings(a)) if a.action in ("up", "build") else LocalCluster.existing(a.name)
     if a.action == "build":
         c.build()
         print(f"binaries in {c.bins.root}")

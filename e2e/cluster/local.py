@@ -10,7 +10,9 @@ background process with its own pid file, and `down` stops it before deleting th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -89,8 +91,8 @@ class Settings:
     gpu_nodes: int = 2
     ready_delay_ms: int = 1000
     process_node: str = "proc-0"
-    bridge: str = "mdbr0"
-    pod_cidr: str = "10.244.0.0/24"
+    bridge: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr0"))
+    pod_cidr: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.0.0/24"))
 
 
 class LocalCluster:
@@ -102,6 +104,19 @@ class LocalCluster:
         self.kubeconfig = self.run_dir / "kubeconfig"
         self.procnode_dir = self.run_dir / "procnode"
         self.procnode_pidfile = self.run_dir / "procnode.pid"
+
+    @classmethod
+    def existing(cls, name: str | None = None) -> LocalCluster:
+        """The cluster as `up` recorded it (bridge, CIDR, ...), so `down`/`status` act on the right
+        network; defaults when it was never brought up."""
+        c = cls(Settings(name=name) if name else Settings())
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            c.s = Settings(**json.loads(c.settings_file.read_text()))
+        return c
+
+    @property
+    def settings_file(self) -> Path:
+        return self.run_dir / "settings.json"
 
     # --- helpers ---------------------------------------------------------------------------
     @property
@@ -203,6 +218,7 @@ class LocalCluster:
                 if r.returncode != 0:
                     raise RuntimeError(f"kwokctl create cluster failed:\n{r.stdout}\n{r.stderr}\nlogs: {self.logs_dir}")
             self._write_kubeconfig()
+            self.settings_file.write_text(json.dumps(dataclasses.asdict(self.s)))
             from modeldeploy.e2e.cluster.nodes import apply_nodes
 
             apply_nodes(str(self.kubeconfig), self.s)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kubernetes import config
+
 from modeldeploy.e2e.procnode.net import Network
 from modeldeploy.e2e.procnode.node import ProcessNode
 

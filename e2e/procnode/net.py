@@ -64,6 +64,7 @@ class Network:
                 if "/" in tok and tok[0].isdigit():
                     return ns, tok.split("/")[0]
             self.remove_pod(uid)
+        self.ensure_bridge()  # cheap, and repairs a bridge someone deleted under us
         used = self.used_ips()
         free = next((str(a) for a in self.pool if str(a) not in used), None)
         if free is None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from modeldeploy.e2e.cluster.nodes import gpu_node
 from modeldeploy.e2e.procnode.net import Network
 from modeldeploy.e2e.procnode.worker import PodWorker

@@ -21,6 +21,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from modeldeploy.e2e.procnode.net import Network
 from modeldeploy.e2e.procnode.probes import ProbeState, now, probe_once
 from modeldeploy.e2e.procnode.spec import UnsupportedPod, build_launch
@@ -88,8 +89,12 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except Exception:  # keep the node alive; the pod's log says why
+        except Exception as e:  # keep the node alive; say why in the pod's status and the node log
             log.exception("pod worker %s failed", self.name)
+            self.unsupported = f"process node error: {e}"
+            for c in self.containers:
+                c.waiting = ("ProcessNodeError", self.unsupported)
+            self._publish()
         finally:
             self._kill_all(self.stop_grace or 0)
             self.net.remove_pod(self.uid)
@@ -274,7 +279,7 @@ class PodWorker(threading.Thread):
         return {"phase": phase, "conditions": conds, "containerStatuses": cs, "hostIP": self.node_ip,
                 "hostIPs": [{"ip": self.node_ip}], "podIP": self.pod_ip or None, "podIPs": ips,
                 "startTime": self.start_time, "message": msg,
-                "reason": "ProcessNodeUnsupported" if msg else None}
+                "reason": self.containers[0].waiting[0] if msg else None}
 
     def _publish(self) -> None:
         st = self.status()
