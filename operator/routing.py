@@ -25,6 +25,8 @@ KIND = "HTTPRoute"
 CANARY_VALUE = "canary"
 # Gateway API HTTPHeaderName: an RFC 7230 token, at most 256 characters
 _HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]{1,256}$")
+# Gateway API Hostname: RFC 1123, optionally one leading wildcard label, no IPs
+_HOSTNAME_RE = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def stable_service(name: str) -> str:
@@ -89,6 +91,10 @@ def http_route(md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_c
         "parentRefs": _parent_refs(gw),
         "rules": route_rules(name, gw.cohort_header, weight, has_canary),
     }
+    bad = [h for h in gw.hostnames if len(h) > 253 or not _HOSTNAME_RE.match(h)]
+    if bad:
+        raise ValueError(f"spec.rollout.trafficRouting.gatewayAPI.hostnames: {bad} are not RFC 1123 hostnames "
+                         "(lowercase labels, optional leading '*.', no port)")
     if gw.hostnames:
         route_spec["hostnames"] = list(gw.hostnames)
     return {

@@ -92,3 +92,14 @@ def test_custom_header_and_no_hostnames() -> None:
 def test_invalid_inputs_name_the_problem(weight, has_canary, header, message) -> None:
     with pytest.raises(ValueError, match=message):
         routing.route_rules("chat", header, weight, has_canary)
+
+
+@pytest.mark.parametrize("host", ["LLM.example.com", "llm.example.com:443", "*.*.example.com", "-x.example.com"])
+def test_invalid_hostnames_are_refused_naming_the_field(host) -> None:
+    with pytest.raises(ValueError, match="gatewayAPI.hostnames"):
+        build(10, True, hostnames=[host])
+
+
+def test_wildcard_hostname_is_accepted() -> None:
+    _, r = build(10, True, hostnames=["*.example.com", "llm.example.com"])
+    assert r["spec"]["hostnames"] == ["*.example.com", "llm.example.com"]
