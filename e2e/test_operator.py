@@ -36,6 +36,8 @@ G, V, P = api.GROUP, api.VERSION, api.PLURAL
 def crd_installed(cluster: E2ECluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / crd.CRD_PATH))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{P}.{G}", "--timeout=60s")
+    # refresh kubectl's discovery cache so the short name `md` resolves
+    cluster.wait(lambda: "md" in cluster.kubectl("api-resources", f"--api-group={G}").stdout.split(), 30, "md in discovery")
 
 
 def _free_port() -> int:

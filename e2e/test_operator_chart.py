@@ -14,7 +14,9 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
     assert "0 chart(s) failed" in lint.stdout
     release = f"mdop-{namespace[-6:]}"
     rendered = cluster.helm("template", release, str(CHART), "-n", namespace, "--kube-version", "1.36.3").stdout
-    # the rendered manifests are accepted by the real API server (schema, admission)
+    # the chart's CRDs first (as helm does), then the rendered manifests must pass the real API server
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
     cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered)
     cluster.helm("install", release, str(CHART), "-n", namespace, "--wait=false")
     try:
