@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
 from modeldeploy.operator import api, crd
 
 from .conftest import E2ECluster
@@ -179,9 +180,8 @@ def test_api_server_applies_defaults_and_examples_validate(
 
 
 def _pv_with_tiny_model(cluster: E2ECluster, ns: str, tmp: Path) -> str:
-    from modeldeploy.runtime.tiny_model import make_tiny_model
-
     from modeldeploy.digest import dir_digest
+    from modeldeploy.runtime.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp / "models" / "tiny-llama")
     pv = f"{ns}-models"
