@@ -13,12 +13,15 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from modeldeploy.conformance.prom import Metrics
+from modeldeploy.operator.analysis import analyze
+from modeldeploy.operator.api import Analysis
 from modeldeploy.operator.canary_io import Baselines, ConformanceRunner, scrape_cohort
 
 BUNDLE = "bundle-canary-io-1"
@@ -34,8 +37,8 @@ def _free_port() -> int:
 class Serve:
     """One `modeldeploy serve` process; restart() keeps the address, like a restarted pod."""
 
-    def __init__(self, tmp: Path, model: Path, *flags: str) -> None:
-        self.tmp, self.model, self.port = tmp, model, _free_port()
+    def __init__(self, tmp: Path, model: Path, *flags: str, bundle: str = BUNDLE) -> None:
+        self.tmp, self.model, self.port, self.bundle = tmp, model, _free_port(), bundle
         self.target, self.url = f"127.0.0.1:{self.port}", f"http://127.0.0.1:{self.port}"
         self.flags: tuple[str, ...] = ()
         self.spawn(*flags)
@@ -44,8 +47,8 @@ class Serve:
         self.flags = flags
         log = open(self.tmp / f"serve-{self.port}-{time.monotonic_ns()}.log", "w")
         cmd = [sys.executable, "-m", "modeldeploy", "serve", "--model", str(self.model), "--port", str(self.port),
-               "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny", "--bundle-id", BUNDLE,
-               "--max-num-seqs", "4", "--log-level", "warning", *flags]
+               "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny", "--bundle-id", self.bundle,
+               "--log-level", "warning", *(flags or ("--max-num-seqs", "4"))]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
@@ -70,14 +73,14 @@ class Serve:
         self.spawn(*flags)
         self.wait_ready()
 
-    def complete(self, n: int, headers: dict | None = None) -> list[int]:
-        codes = []
-        with httpx.Client(base_url=self.url, timeout=120, headers=headers or {}) as c:
-            for i in range(n):
-                r = c.post("/v1/completions", json={"model": "tiny", "prompt": f"hello {i}", "max_tokens": 4,
-                                                    "temperature": 0})
-                codes.append(r.status_code)
-        return codes
+    def complete(self, n: int, headers: dict | None = None, workers: int = 1, max_tokens: int = 4) -> list[int]:
+        """n completions from `workers` concurrent clients (bounded: n requests, 120 s each)."""
+        def one(i: int) -> int:
+            with httpx.Client(base_url=self.url, timeout=120, headers=headers or {}) as c:
+                return c.post("/v1/completions", json={"model": "tiny", "prompt": f"hello {i}",
+                                                       "max_tokens": max_tokens, "temperature": 0}).status_code
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, range(n)))
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +151,7 @@ def test_restarted_pod_counts_from_zero_in_the_window(pods) -> None:
     base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE))
     assert b.complete(2) == [200, 200]
     assert base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE)).outcomes["completed"] == 2
-    b.restart("--api-key", "s3cret")                    # same address, counters back to zero
+    b.restart("--max-num-seqs", "4", "--api-key", "s3cret")   # same address, counters back to zero
     assert b.complete(1, headers={"Authorization": "Bearer s3cret"}) == [200]
     d = base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE))
     assert d.outcomes["completed"] == 1                 # b's 1 since restart; a served nothing
@@ -171,7 +174,7 @@ def test_conformance_runner_passes_on_a_real_server_without_blocking(pods) -> No
 def test_conformance_runner_names_failed_checks(pods) -> None:
     _, b = pods
     if "--api-key" not in b.flags:                      # when run alone
-        b.restart("--api-key", "s3cret")
+        b.restart("--max-num-seqs", "4", "--api-key", "s3cret")
     runner = ConformanceRunner(deadline_s=120, request_timeout_s=30)
     runner.start(KEY, b.url, model="tiny")              # no key: every /v1 call is a 401
     passed, summary = runner.wait(KEY, 130)
@@ -203,3 +206,32 @@ def test_conformance_runner_deadline_on_a_hung_pod() -> None:
         assert not passed and "did not finish within 1s" in summary
         runner.forget(KEY)                              # thread still waiting on the socket: key stays busy
         assert runner.running(KEY) and runner.start(KEY, url) is False
+
+
+def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path, llama_dir) -> None:
+    """stable (8 running slots) vs canary (1 slot) under the same 8-way load: queueing shows up in TTFT."""
+    stable = Serve(tmp_path, llama_dir, "--max-num-seqs", "8", bundle="bundle-stable-8")
+    canary = Serve(tmp_path, llama_dir, "--max-num-seqs", "1", bundle="bundle-canary-1")
+    try:
+        stable.wait_ready()
+        canary.wait_ready()
+        base, uid = Baselines(), "uid-analysis"
+
+        def window() -> tuple:
+            return tuple(base.delta(uid, s.bundle, ("step", 0), scrape_cohort([s.target], s.bundle))
+                         for s in (stable, canary))
+
+        window()                                            # opens both windows
+        for s in (stable, canary):
+            assert s.complete(24, workers=8, max_tokens=8) == [200] * 24
+        st, ca = window()
+        assert st.finished == ca.finished == 24
+        result = analyze(st, ca, Analysis(min_samples=20))
+        by = {m.metric: m for m in result.metrics}
+        assert result.verdict == "Fail", result
+        assert by["ttft_p95_seconds"].verdict == "Fail" and by["ttft_p95_seconds"].samples == 24
+        assert by["ttft_p95_seconds"].canary > 1.2 * by["ttft_p95_seconds"].stable
+        assert by["error_rate"].verdict == "Pass" and by["error_rate"].canary == 0.0
+    finally:
+        stable.stop()
+        canary.stop()
