@@ -196,3 +196,47 @@ def test_unsupported_command_is_reported_not_run(cluster: E2ECluster, namespace:
 
     cs = cluster.wait(reported, 30, "ProcessNodeUnsupported status")
     assert "/bin/sh" in cs.state.waiting.message
+
+
+def test_init_containers_run_first_and_a_failing_one_fails_the_pod(cluster: E2ECluster, namespace: str,
+                                                                    require_process_node: str) -> None:
+    job = ["cluster", "testserver", "--port", "8081", "--exit-after", "0.5"]
+    init = {"name": "init", "image": "registry.invalid/x@sha256:" + "3" * 64, "command": ["modeldeploy"],
+            "args": job, "securityContext": restricted_security_context()}
+    cluster.core.create_namespaced_pod(namespace, proc_pod(
+        "ok", ["cluster", "testserver", "--port", "8080"], initContainers=[init]))
+    bad = {**init, "args": [*job, "--exit-code", "1"]}
+    cluster.core.create_namespaced_pod(namespace, proc_pod(
+        "bad", ["cluster", "testserver", "--port", "8080"], initContainers=[bad], restartPolicy="Never"))
+
+    def running(name: str) -> Any:
+        p = cluster.core.read_namespaced_pod(name, namespace)
+        return p if p.status.phase == "Running" and p.status.container_statuses[0].state.running else None
+
+    p = cluster.wait(lambda: running("ok"), 60, "pod ok Running after its init container")
+    init_state = p.status.init_container_statuses[0].state.terminated
+    assert init_state.exit_code == 0 and init_state.reason == "Completed"
+    assert p.status.container_statuses[0].state.running.started_at >= init_state.finished_at
+    assert {c.type: c.status for c in p.status.conditions}["Initialized"] == "True"
+
+    p = cluster.wait(lambda: (lambda x: x if x.status.phase == "Failed" else None)(
+        cluster.core.read_namespaced_pod("bad", namespace)), 60, "pod bad Failed")
+    assert p.status.init_container_statuses[0].state.terminated.exit_code == 1
+    assert p.status.container_statuses[0].state.running is None  # the main container never ran
+    assert {c.type: c.status for c in p.status.conditions}["Initialized"] == "False"
+
+
+def test_liveness_failure_restarts_the_container(cluster: E2ECluster, namespace: str,
+                                                 require_process_node: str) -> None:
+    live = {"httpGet": {"path": "/no-such-path", "port": 8080}, "periodSeconds": 1, "failureThreshold": 2}
+    cluster.core.create_namespaced_pod(namespace, proc_pod(
+        "sick", ["cluster", "testserver", "--port", "8080"], container={"livenessProbe": live},
+        terminationGracePeriodSeconds=5))
+
+    def restarted() -> Any:
+        cs = cluster.core.read_namespaced_pod("sick", namespace).status.container_statuses or []
+        return cs[0] if cs and cs[0].restart_count >= 1 else None
+
+    cs = cluster.wait(restarted, 60, "a liveness restart")
+    assert "Liveness probe failed" in cs.last_state.terminated.message
+    assert "status 404" in cs.last_state.terminated.message

@@ -261,8 +261,11 @@ class LocalCluster:
                     os.kill(pid, signal.SIGKILL)
                     _wait_gone(pid, 5)
             from modeldeploy.e2e.procnode.net import Network
+            from modeldeploy.e2e.procnode.pids import kill_leftovers
 
-            Network(self.s.bridge, self.s.pod_cidr).destroy_all()  # a crashed node leaves namespaces
+            if left := kill_leftovers(self.procnode_dir):  # a crashed node leaves pod processes
+                log(f"[cluster] killed leftover pod processes {left}")
+            Network(self.s.bridge, self.s.pod_cidr).destroy_all()  # ... and namespaces
             if self.cluster_dir.exists() and self.bins.kwokctl.exists():
                 log(f"[cluster] deleting {self.s.name}")
                 pids = self.component_pids()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
+import threading
 from pathlib import Path
 
 NETNS_PREFIX = "mdpod-"
@@ -30,6 +31,8 @@ class Network:
         self.pool = hosts[1:]
         # namespaces are tagged with the bridge so two clusters on one machine never touch each other's
         self.prefix = f"{NETNS_PREFIX}{bridge}-"
+        self._alloc = threading.Lock()  # pod workers start concurrently; one address each
+
 
     def ensure_bridge(self) -> None:
         if _ip("link", "show", self.bridge, check=False).returncode != 0:
@@ -57,6 +60,10 @@ class Network:
 
     def add_pod(self, uid: str) -> tuple[str, str]:
         """Create (or find) the pod's namespace; returns (netns name, pod IP)."""
+        with self._alloc:
+            return self._add_pod(uid)
+
+    def _add_pod(self, uid: str) -> tuple[str, str]:
         ns = self.netns_name(uid)
         if ns in self.existing():
             out = _ip("-n", ns, "-o", "-4", "addr", "show", "dev", "eth0").stdout

@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from modeldeploy.e2e.cluster.nodes import gpu_node
 from modeldeploy.e2e.procnode.net import Network
+from modeldeploy.e2e.procnode.pids import kill_leftovers
 from modeldeploy.e2e.procnode.worker import PodWorker
 
 log = logging.getLogger("procnode")
@@ -148,6 +149,7 @@ class ProcessNode:
 
     # --- main ------------------------------------------------------------------------------
     def run(self) -> None:
+        kill_leftovers(self.state)  # a node that was SIGKILLed leaves its pods' processes behind
         self.net.ensure_bridge()
         self.register()
         hb = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
@@ -173,3 +175,4 @@ class ProcessNode:
             w.stopped.wait(45)
         self.net.destroy_all()
         log.info("process node stopped")
+

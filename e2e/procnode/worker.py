@@ -23,6 +23,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from modeldeploy.e2e.procnode.net import Network
+from modeldeploy.e2e.procnode.pids import proc_start_time
+from modeldeploy.e2e.procnode.podstatus import pod_status
 from modeldeploy.e2e.procnode.probes import ProbeState, now, probe_once
 from modeldeploy.e2e.procnode.spec import UnsupportedPod, build_launch
 
@@ -73,6 +75,8 @@ class PodWorker(threading.Thread):
         self.netns = ""
         self.start_time = ts()
         self.containers = [Container(c) for c in pod.spec.containers]
+        self.inits = [Container(c) for c in pod.spec.init_containers or []]
+        self.init_failed = False
         self.transitions: dict[str, tuple[str, str]] = {}
         self.last_status: str = ""
         self.unsupported = ""
@@ -108,15 +112,45 @@ class PodWorker(threading.Thread):
         while self.stop_grace is None:
             t = now()
             if not terminal:
-                for c in self.containers:
-                    self._step(c, t)
-                terminal = all(c.done for c in self.containers)
+                if self.inits_done():
+                    for c in self.containers:
+                        self._step(c, t)
+                else:
+                    self._step_init(t)
+                terminal = self.init_failed or all(c.done for c in self.containers)
                 if terminal:
                     self.net.remove_pod(self.uid)  # like kubelet tearing down the sandbox
             self._publish()
             self.stopped.wait(0.25)
         self._kill_all(self.stop_grace)
         self._publish()
+
+    def inits_done(self) -> bool:
+        return all(c.done and (c.terminated or {}).get("exitCode") == 0 for c in self.inits)
+
+    def _step_init(self, t: float) -> None:
+        """Init containers run one at a time, in order, each to exit 0 (kubelet semantics)."""
+        c = next(c for c in self.inits if not c.done)
+        if c.proc is None:
+            if not self.unsupported and t >= c.next_start:
+                self._start(c)
+            return
+        rc = c.proc.poll()
+        if rc is None:
+            return
+        c.terminated = {"exitCode": rc if rc >= 0 else 128 - rc, "reason": "Completed" if rc == 0 else "Error",
+                        "startedAt": c.started_at, "finishedAt": ts()}
+        c.proc = None
+        if rc == 0:
+            c.done = True
+        elif (self.pod.spec.restart_policy or "Always") == "Never":
+            c.done = True
+            self.init_failed = True
+        else:
+            c.last_state = {"terminated": c.terminated}
+            c.restarts += 1
+            c.next_start = now() + min(20.0, 2.0 ** (c.restarts - 1))
+            c.waiting = ("CrashLoopBackOff", f"back-off restarting init container {c.spec.name} (exit {rc})")
 
     def _step(self, c: Container, t: float) -> None:
         if c.done:
@@ -148,7 +182,8 @@ class PodWorker(threading.Thread):
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         logf.close()
-        (self.dir / f"{c.spec.name}.pid").write_text(str(c.proc.pid))
+        with contextlib.suppress(OSError):  # for kill_leftovers() after a crash of the node
+            (self.dir / f"{c.spec.name}.pid").write_text(f"{c.proc.pid} {proc_start_time(c.proc.pid)}")
         c.started_at = ts()
         c.ready = False
         c.startup_ok = c.spec.startup_probe is None
@@ -221,8 +256,23 @@ class PodWorker(threading.Thread):
                 os.killpg(p.pid, signal.SIGKILL)
             return p.wait(timeout=10)
 
+    def _pre_stop(self, c: Container, grace: float) -> None:
+        """lifecycle.preStop: `sleep` and `httpGet` hooks; their time counts against the grace period."""
+        hook = c.spec.lifecycle.pre_stop if c.spec.lifecycle else None
+        if hook is None or c.proc is None:
+            return
+        if hook.sleep is not None:
+            self.stopped.wait(min(float(hook.sleep.seconds), grace))
+        elif hook.http_get is not None:
+            probe_once(type("Hook", (), {"http_get": hook.http_get, "tcp_socket": None,
+                                         "timeout_seconds": max(1, int(grace))})(), c.spec, self.pod_ip)
+
     def _kill_all(self, grace: float) -> None:
+        t0 = now()
         for c in self.containers:
+            self._pre_stop(c, grace)
+        grace = max(0.0, grace - (now() - t0))
+        for c in [*self.inits, *self.containers]:
             if c.proc is not None:
                 rc = self._kill(c, grace)
                 c.terminated = {"exitCode": rc if rc >= 0 else 128 - rc, "reason": "Completed" if rc == 0 else "Error",
@@ -234,52 +284,8 @@ class PodWorker(threading.Thread):
                     f.write(f"--- {ts()} stopped (grace {grace:.0f}s) exit {rc}\n".encode())
 
     # --- status ----------------------------------------------------------------------------
-    def _cond(self, typ: str, ok: bool, reason: str = "") -> dict[str, Any]:
-        status = "True" if ok else "False"
-        prev = self.transitions.get(typ)
-        if prev is None or prev[0] != status:
-            self.transitions[typ] = (status, ts())
-        out = {"type": typ, "status": status, "lastTransitionTime": self.transitions[typ][1], "lastProbeTime": None}
-        if reason and not ok:
-            out["reason"] = reason
-        return out
-
     def status(self) -> dict[str, Any]:
-        cs = []
-        for c in self.containers:
-            s: dict[str, Any] = {
-                "name": c.spec.name, "image": c.spec.image or "", "imageID": "", "ready": c.ready,
-                "started": c.proc is not None and c.startup_ok, "restartCount": c.restarts, "state": c.state(),
-                "lastState": c.last_state or {},
-            }
-            if c.proc is not None:
-                s["containerID"] = f"process://{c.proc.pid}"
-            cs.append(s)
-        all_ready = all(c.ready for c in self.containers)
-        if all(c.done for c in self.containers):
-            ok = all((c.terminated or {}).get("exitCode") == 0 for c in self.containers)
-            phase = "Succeeded" if ok else "Failed"
-        elif any(c.proc is not None or c.restarts > 0 for c in self.containers):
-            phase = "Running"
-        else:
-            phase = "Pending"
-        sched = [{"type": "PodScheduled", "status": x.status, "lastProbeTime": None,
-                  "lastTransitionTime": x.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
-                  if x.last_transition_time else None}
-                 for x in (self.pod.status.conditions or []) if x.type == "PodScheduled"]
-        conds = [
-            self._cond("PodReadyToStartContainers", bool(self.pod_ip)),
-            self._cond("Initialized", True),
-            self._cond("ContainersReady", all_ready, "ContainersNotReady"),
-            self._cond("Ready", all_ready, "ContainersNotReady"),
-            *sched,
-        ]
-        ips = [{"ip": self.pod_ip}] if self.pod_ip else []
-        msg = self.unsupported or None
-        return {"phase": phase, "conditions": conds, "containerStatuses": cs, "hostIP": self.node_ip,
-                "hostIPs": [{"ip": self.node_ip}], "podIP": self.pod_ip or None, "podIPs": ips,
-                "startTime": self.start_time, "message": msg,
-                "reason": self.containers[0].waiting[0] if msg else None}
+        return pod_status(self)
 
     def _publish(self) -> None:
         st = self.status()
