@@ -1,0 +1,131 @@
+"""Dockerfile.runtime, built and run for real: conformance against the container.
+
+No registry is reachable, so the base image is made locally: debootstrap a minimal Debian
+bookworm (python3 3.11, venv), `docker import` it once (kept as modeldeploy-base:bookworm),
+build Dockerfile.runtime on it (pip pulls the wheels from PyPI), start the container as its
+non-root user on a tiny model mounted read-only, run `modeldeploy conformance` against it,
+then `docker stop` (SIGTERM -> drain) must exit 0. Needs the Docker engine and debootstrap
+(.ci/run installs docker.io and debootstrap; the fixture starts dockerd when none runs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from modeldeploy.conformance import ConformanceConfig, run_conformance
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+BASE = "modeldeploy-base:bookworm"
+IMAGE = "modeldeploy-runtime:ci"
+CONTEXT = ["pyproject.toml", "README.md", "Dockerfile.runtime", "modeldeploy", "operator", "runtime", "kernels",
+           "conformance", "e2e"]
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args[:3])} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if shutil.which("docker") is None or shutil.which("dockerd") is None and not Path("/usr/sbin/dockerd").exists():
+        pytest.skip("no Docker engine installed (.ci/run installs docker.io)")
+    started = None
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
+        dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
+        log = open(Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log", "ab")
+        started = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
+            assert started.poll() is None and time.monotonic() < deadline, "dockerd did not start (see its log)"
+            time.sleep(1)
+    yield
+    if started is not None:
+        started.terminate()
+        started.wait(60)
+
+
+@pytest.fixture(scope="module")
+def base_image(engine):
+    if docker("image", "inspect", BASE, check=False).returncode == 0:
+        return BASE
+    debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+    assert Path(debootstrap).exists(), "debootstrap is not installed (.ci/run installs it)"
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        subprocess.run([debootstrap, "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+                        "bookworm", str(rootfs), "http://deb.debian.org/debian"], check=True, timeout=1200,
+                       capture_output=True)
+        if HOST_CA.exists():  # the host's CA bundle, so pip in the build trusts what the host trusts
+            shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        docker("import", "-", BASE, stdin=tar.stdout, timeout=600)
+        assert tar.wait() == 0
+    return BASE
+
+
+@pytest.fixture(scope="module")
+def image(base_image):
+    with tempfile.TemporaryDirectory() as ctx:
+        for name in CONTEXT:
+            src = ROOT / name
+            if src.is_dir():
+                shutil.copytree(src, Path(ctx) / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy(src, Path(ctx) / name)
+        args = ["build", "-f", "Dockerfile.runtime", "-t", IMAGE, "--build-arg", f"BASE_IMAGE={base_image}"]
+        if HOST_CA.exists():
+            args += ["--build-arg", f"PIP_CERT={HOST_CA}"]
+        docker(*args, ctx, timeout=2400)
+    return IMAGE
+
+
+def test_container_passes_conformance_and_drains(image, llama_dir):
+    cfg = docker("image", "inspect", "--format", "{{json .Config.Entrypoint}} {{.Config.User}}", image).stdout
+    assert '["modeldeploy","serve"]' in cfg and "10001" in cfg
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model"
+        shutil.copytree(llama_dir, model)
+        os.chmod(tmp, 0o755)
+        for p in [model, *model.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)  # readable by the image's non-root user
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        name = f"modeldeploy-ci-{os.getpid()}"
+        docker("run", "-d", "--name", name, "--network", "host", "-v", f"{model}:/models/model:ro", image,
+               "--host", "127.0.0.1", "--port", str(port), "--model", "/models/model", "--device", "cpu",
+               "--served-model-name", "tiny", "--max-num-seqs", "2", "--max-queue", "8", "--bundle-id", "ci")
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                state = docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+                assert state == "true" and time.monotonic() < deadline, docker("logs", name, check=False).stderr
+                time.sleep(0.5)
+            assert docker("exec", name, "id", "-u").stdout.strip() == "10001"
+            report = run_conformance(ConformanceConfig(url=url, requests=8, concurrency=4))
+            assert report.passed, report.table()
+            assert report.bundle["bundle_id"] == "ci" and report.bundle["device"] == "cpu"
+            docker("stop", "-t", "60", name, timeout=90)
+            assert docker("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0"
+        finally:
+            docker("rm", "-f", name, check=False)
