@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 
 from modeldeploy.conformance.suite import ConformanceConfig, Report, run_conformance
-from modeldeploy.operator.analysis import CohortSample
+from modeldeploy.operator.analysis import CohortSample, analyze
+from modeldeploy.operator.api import Analysis, AnalysisResult
 from modeldeploy.operator.children import PORT
 
 MAX_PODS = 32                    # pods scraped per cohort and interval (the rest reported as skipped)
@@ -169,6 +170,23 @@ class Baselines:
 _NONE = object()
 
 
+def cohort_analysis(baselines: Baselines, md_uid: str, mark: Any, stable: tuple[str, Sequence[str]],
+                    canary: tuple[str, Sequence[str]], cfg: Analysis, step: int | None = None,
+                    time: str | None = None, port: int = PORT, timeout: float = 1.0) -> tuple[AnalysisResult, str]:
+    """One analysis interval: scrape both cohorts ((bundle, pod IPs) each), take the window deltas, analyze.
+
+    Returns the result and a line naming unreadable pods ('' if none). The first call of a
+    window (new `mark`) has no samples yet: its verdict is Inconclusive, which holds the step.
+    """
+    deltas, problems = [], []
+    for bundle, ips in (stable, canary):
+        sc = scrape_cohort(ips, bundle, port, timeout)
+        deltas.append(baselines.delta(md_uid, bundle, mark, sc))
+        if sc.problems():
+            problems.append(sc.problems())
+    return analyze(deltas[0], deltas[1], cfg, step=step, time=time), "; ".join(problems)
+
+
 def summarize(report: Report, limit: int = 1000) -> tuple[bool, str]:
     """(passed, summary) for status and Events: the failed required checks by name, with the first reason."""
     failed = [c for c in report.checks if not c.ok]
@@ -248,6 +266,11 @@ class ConformanceRunner:
             run = self._runs.get(key)
             if run is not None and not run.thread.is_alive():
                 del self._runs[key]
+
+    def forget_md(self, md_uid: str) -> None:
+        """Drop every finished result of a deleted ModelDeployment."""
+        for key in [k for k in list(self._runs) if k[0] == md_uid]:
+            self.forget(key)
 
     def wait(self, key: Key, timeout: float) -> tuple[bool, str] | None:
         """Block up to `timeout` for a result: for tests and the CLI, never for the reconcile loop."""

@@ -20,9 +20,8 @@ import httpx
 import pytest
 
 from modeldeploy.conformance.prom import Metrics
-from modeldeploy.operator.analysis import analyze
 from modeldeploy.operator.api import Analysis
-from modeldeploy.operator.canary_io import Baselines, ConformanceRunner, scrape_cohort
+from modeldeploy.operator.canary_io import Baselines, ConformanceRunner, cohort_analysis, scrape_cohort
 
 BUNDLE = "bundle-canary-io-1"
 KEY = ("uid-canary-io", BUNDLE)
@@ -190,6 +189,9 @@ def test_conformance_runner_nothing_listening() -> None:
     runner.start(KEY, url)
     passed, summary = runner.wait(KEY, 40)
     assert not passed and url in summary and "could not run" in summary
+    runner.forget_md(KEY[0])                            # finished: dropped, so a new canary can run again
+    assert runner.result(KEY) is None and runner.start(KEY, url) is True
+    runner.wait(KEY, 40)
 
 
 def test_conformance_runner_deadline_on_a_hung_pod() -> None:
@@ -215,20 +217,21 @@ def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path,
     try:
         stable.wait_ready()
         canary.wait_ready()
-        base, uid = Baselines(), "uid-analysis"
+        base, cfg = Baselines(), Analysis(min_samples=20)
+        dead = f"127.0.0.1:{_free_port()}"
 
-        def window() -> tuple:
-            return tuple(base.delta(uid, s.bundle, ("step", 0), scrape_cohort([s.target], s.bundle))
-                         for s in (stable, canary))
+        def interval():
+            return cohort_analysis(base, "uid-analysis", ("step", 0), (stable.bundle, [stable.target]),
+                                   (canary.bundle, [canary.target, dead]), cfg, step=0, time="t")
 
-        window()                                            # opens both windows
+        opening, _ = interval()                             # opens both windows: nothing counted yet
+        assert opening.verdict == "Inconclusive" and all(m.samples == 0 for m in opening.metrics)
         for s in (stable, canary):
             assert s.complete(24, workers=8, max_tokens=8) == [200] * 24
-        st, ca = window()
-        assert st.finished == ca.finished == 24
-        result = analyze(st, ca, Analysis(min_samples=20))
+        result, problems = interval()
+        assert dead in problems and "unreachable" in problems
         by = {m.metric: m for m in result.metrics}
-        assert result.verdict == "Fail", result
+        assert result.verdict == "Fail" and result.step == 0, result
         assert by["ttft_p95_seconds"].verdict == "Fail" and by["ttft_p95_seconds"].samples == 24
         assert by["ttft_p95_seconds"].canary > 1.2 * by["ttft_p95_seconds"].stable
         assert by["error_rate"].verdict == "Pass" and by["error_rate"].canary == 0.0
