@@ -91,3 +91,16 @@ def test_cohort_scrape_sum_and_problems() -> None:
     assert s.sample.outcomes["completed"] == 5 and s.sample.ttft.count == 5
     assert s.problems() == "bundle b: p9: unreachable (ConnectError); 1 pod(s) over the 32-pod scrape bound not read"
     assert CohortScrape("b", {"p1": sample(1)}).problems() == ""
+
+
+def test_rollout_modules_leave_out_torch_and_the_runtime() -> None:
+    """The operator image has no torch: these modules are imported by it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, modeldeploy.operator.canary_io, modeldeploy.operator.routing, "
+            "modeldeploy.operator.rollout_cli\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
+            "or m.startswith('modeldeploy.runtime')]\nprint(bad)\nsys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
