@@ -3,7 +3,7 @@
 Thin on purpose: the figures go to the pure `analysis.analyze()` and the decisions to the
 pure `rollout.advance()`. Everything here is bounded (pods per scrape, bytes per page,
 seconds per request, one conformance run per (md uid, bundle)) and never blocks the
-reconcile thread for more than one bounded scrape. Reached from the operator, so: httpx and
+reconcile thread beyond one interval's bounded scrapes. Reached from the operator, so: httpx and
 the conformance client only, never the runtime.
 """
 
