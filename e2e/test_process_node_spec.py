@@ -45,3 +45,12 @@ def test_non_modeldeploy_command_is_refused(tmp_path: Path) -> None:
     c = client.V1Container(name="sh", command=["/bin/sh", "-c", "true"])
     with pytest.raises(UnsupportedPod, match="/bin/sh"):
         build_launch(pod(c, []), c, None, "10.244.0.7", tmp_path)  # type: ignore[arg-type]
+
+
+def test_no_command_uses_the_runtime_image_entrypoint(tmp_path: Path) -> None:
+    c = client.V1Container(name="serve", image="x", args=["--model", "/m", "--port", "9000"])
+    assert build_launch(pod(c, []), c, None, "10.244.0.7", tmp_path).argv == [  # type: ignore[arg-type]
+        str(MODELDEPLOY), "serve", "--model", "/m", "--port", "9000"]
+    bare = client.V1Container(name="serve", image="x")
+    argv = build_launch(pod(bare, []), bare, None, "10.244.0.7", tmp_path).argv  # type: ignore[arg-type]
+    assert argv[1:] == ["serve", "--host", "0.0.0.0", "--port", "8000", "--model", "/models/model"]

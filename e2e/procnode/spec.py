@@ -1,8 +1,8 @@
 """Turn a pod's container into a local command line: argv, environment and paths.
 
-Only the `modeldeploy` CLI runs here (container `command` = ["modeldeploy", ...], or no command
-and the image entrypoint assumed to be `modeldeploy`, as in Dockerfile.runtime); it is run as the
-`modeldeploy` script next to this interpreter. There is no mount namespace, so volumes are mapped
+Only the `modeldeploy` CLI runs here: container `command` = ["modeldeploy", ...], or no command
+and the image's ENTRYPOINT/CMD taken from Dockerfile.runtime (`modeldeploy serve` + default
+args); it is run as the `modeldeploy` script next to this interpreter. There is no mount namespace, so volumes are mapped
 by path rewriting: an argument, env value or workingDir equal to a volumeMount's mountPath, or
 below it, is rewritten to the volume's local directory:
   hostPath              -> its path on this machine
@@ -24,6 +24,9 @@ from typing import Any
 from kubernetes import client
 
 MODELDEPLOY = Path(sys.executable).with_name("modeldeploy")
+# ENTRYPOINT and CMD of Dockerfile.runtime, used when a pod leaves `command` (and `args`) unset
+IMAGE_ENTRYPOINT = ["serve"]
+IMAGE_CMD = ["--host", "0.0.0.0", "--port", "8000", "--model", "/models/model"]
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -123,7 +126,9 @@ def build_launch(pod: Any, c: Any, core: client.CoreV1Api, pod_ip: str, state: P
     if cmd:
         if Path(cmd[0]).name != "modeldeploy":
             raise UnsupportedPod(f"container {c.name}: command {cmd[0]!r} is not the modeldeploy CLI")
-        cmd = cmd[1:]
+        cmd, args = cmd[1:], list(c.args or [])
+    else:
+        cmd, args = IMAGE_ENTRYPOINT, list(c.args) if c.args else IMAGE_CMD
     vols = {v.name: v for v in pod.spec.volumes or []}
     mounts: list[tuple[str, Path]] = []
     for m in c.volume_mounts or []:
@@ -138,7 +143,7 @@ def build_launch(pod: Any, c: Any, core: client.CoreV1Api, pod_ip: str, state: P
     mounts.sort(key=lambda t: len(t[0]), reverse=True)  # the most specific mount wins
     env = _env(pod, c, core, pod_ip)
     env = {k: _rewrite(v, mounts) for k, v in env.items()}
-    args = [_rewrite(expand(a, env), mounts) for a in [*cmd, *(c.args or [])]]
+    args = [_rewrite(expand(a, env), mounts) for a in [*cmd, *args]]
     cwd = _rewrite(c.working_dir, mounts) if c.working_dir else None
     if cwd is not None and not Path(cwd).is_dir():
         cwd = None
