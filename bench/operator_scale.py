@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+
 from modeldeploy.e2e.cluster.nodes import kwok_node
 from modeldeploy.operator import api
 
@@ -72,6 +73,9 @@ def main() -> int:
         list(ex.map(lambda n: _ignore_409(lambda: core.create_node(kwok_node(n))), names))
     print(f"{a.nodes} nodes created in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     _ignore_409(lambda: core.create_namespace({"metadata": {"name": NS}}))
+    # 3 ClusterIP Services per MD: widen a small local Service range (kwokctl's is a /24)
+    net = client.NetworkingV1Api()
+    _ignore_409(lambda: net.create_service_cidr({"metadata": {"name": "bench-operator"}, "spec": {"cidrs": ["10.96.0.0/16"]}}))
     env = {**os.environ, "KUBECONFIG": a.kubeconfig}
     op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", "0",
                            "--health-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=open("/tmp/bench-operator.log", "wb"))  # fmt: skip
@@ -83,7 +87,7 @@ def main() -> int:
             list(ex.map(lambda i: custom.create_namespaced_custom_object(G, V, NS, P, md(i)), range(a.mds)))
         stable = 0
         while time.monotonic() - start < a.timeout:
-            items = custom.list_namespaced_custom_object(G, V, NS, P)["items"]
+            items = custom.list_namespaced_custom_object(G, V, NS, P, _request_timeout=30)["items"]
             stable = sum(1 for m in items if (m.get("status") or {}).get("phase") == "Stable")
             if stable == a.mds:
                 break
@@ -103,6 +107,8 @@ def main() -> int:
         op.terminate()
         op.wait(timeout=30)
         _ignore_404(lambda: core.delete_namespace(NS))
+        _wait_gone(core, NS)
+        _ignore_404(lambda: net.delete_service_cidr("bench-operator"))
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(lambda n: _ignore_404(lambda: core.delete_node(n)), names))
 
@@ -117,11 +123,23 @@ def latency(apps: client.AppsV1Api, custom: client.CustomObjectsApi, n: int) -> 
         custom.patch_namespaced_custom_object(G, V, NS, P, name, {"spec": {"replicas": want}})
         w = watch.Watch()
         sel = f"app.kubernetes.io/instance={name}"
-        for ev in w.stream(apps.list_namespaced_deployment, NS, label_selector=sel, timeout_seconds=30):
+        for ev in w.stream(apps.list_namespaced_deployment, NS, label_selector=sel, timeout_seconds=30, _request_timeout=35):
             if ev["object"].spec.replicas == want:
                 out.append(time.monotonic() - sent)
                 w.stop()
     return out
+
+
+def _wait_gone(core: client.CoreV1Api, ns: str, timeout: float = 180) -> None:
+    """Services must be gone before their ServiceCIDR can be deleted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(ns, _request_timeout=10)
+        except ApiException as e:
+            if e.status == 404:
+                return
+        time.sleep(1)
 
 
 def _ignore_409(fn) -> None:

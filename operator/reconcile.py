@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
 from modeldeploy.operator import metrics
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
@@ -27,7 +28,9 @@ from modeldeploy.operator.topology import NodeInfo
 
 NODE_TTL_S = 15.0
 MAX_PROBES = 8
-COUNT = {"reconciles": 0}  # for the liveness probe body
+COUNT = {"reconciles": 0}
+UNREACHABLE_S = 60.0
+_unreachable: dict[str, float] = {}  # pod uid -> when its /health/ready was last unreachable  # for the liveness probe body
 PROBE_TIMEOUT_S = 0.5
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 _nodes: dict[str, Any] = {"at": 0.0, "nodes": None}
@@ -87,6 +90,8 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
     ]
     out: dict[str, list[float]] = {}
     probed = 0
+    if len(_unreachable) > 10_000:
+        _unreachable.clear()
     with httpx.Client(timeout=PROBE_TIMEOUT_S) as http:
         for p in pods:
             st = p.get("status") or {}
@@ -95,12 +100,16 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
             )
             if ready or st.get("phase") != "Running" or not st.get("podIP") or probed >= MAX_PROBES:
                 continue
-            probed += 1
-            try:
-                body = http.get(f"http://{st['podIP']}:{PORT}/health/ready").json()
-                progress = float(body.get("progress", 0.0))
-            except (httpx.HTTPError, ValueError, AttributeError):
-                progress = 0.0
+            uid, progress = p["metadata"].get("uid", ""), 0.0
+            if time.monotonic() - _unreachable.get(uid, -UNREACHABLE_S) >= UNREACHABLE_S:
+                probed += 1
+                try:
+                    body = http.get(f"http://{st['podIP']}:{PORT}/health/ready").json()
+                    progress = float(body.get("progress", 0.0))
+                except httpx.TransportError:
+                    _unreachable[uid] = time.monotonic()  # not routable from here: don't wait on it every time
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    pass
             out.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), []).append(progress)
     return out
 
@@ -130,31 +139,20 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
     ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
     apps, core = client.AppsV1Api(), client.CoreV1Api()
     raw = {"_preload_content": False}  # the response body is not needed: skip model decoding
+    failures: list[str] = []
     for a in actions:
         try:
             if isinstance(a, Create):
                 kind = a.obj["kind"]
-                create = (
-                    apps.create_namespaced_deployment
-                    if kind == "Deployment"
-                    else core.create_namespaced_service
-                )
+                create = apps.create_namespaced_deployment if kind == "Deployment" else core.create_namespaced_service
                 create(ns, a.obj, **raw)
                 metrics.DECISIONS.labels("create", kind).inc()
             elif isinstance(a, Patch):
-                patch = (
-                    apps.patch_namespaced_deployment
-                    if a.kind == "Deployment"
-                    else core.patch_namespaced_service
-                )
+                patch = apps.patch_namespaced_deployment if a.kind == "Deployment" else core.patch_namespaced_service
                 patch(a.name, ns, a.body, _content_type="application/merge-patch+json", **raw)
                 metrics.DECISIONS.labels("patch", a.kind).inc()
             elif isinstance(a, Delete):
-                delete = (
-                    apps.delete_namespaced_deployment
-                    if a.kind == "Deployment"
-                    else core.delete_namespaced_service
-                )
+                delete = apps.delete_namespaced_deployment if a.kind == "Deployment" else core.delete_namespaced_service
                 delete(a.name, ns, body={"propagationPolicy": "Background"}, **raw)
                 metrics.DECISIONS.labels("delete", a.kind).inc()
             elif isinstance(a, PatchStatus):
@@ -166,12 +164,32 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
             elif isinstance(a, Event):
                 post_event(md, a, now)
         except ApiException as e:
-            if e.status in (
-                404,
-                409,
-            ):  # raced with GC, another writer or a restarted operator: next event converges
+            if e.status in (404, 409):  # raced with GC, another writer or a restarted operator: next event converges
                 continue
-            raise
+            failures.append(f"{_describe(a)}: {_api_message(e)}")
+    if failures:
+        # every other action (status included) was still applied; the failure is an Event and an error
+        post_event(md, Event("Warning", "ApplyFailed", "; ".join(failures)), now)
+        raise ApplyError("; ".join(failures))
+
+
+class ApplyError(RuntimeError):
+    """Some actions of a plan were refused by the API server."""
+
+
+def _describe(a: Action) -> str:
+    if isinstance(a, Create):
+        return f"create {a.obj['kind']} {a.obj['metadata']['name']}"
+    if isinstance(a, Patch | Delete):
+        return f"{type(a).__name__.lower()} {a.kind} {a.name}"
+    return type(a).__name__
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{e.status} {e.reason}"
 
 
 def post_event(md: dict[str, Any], ev: Event, now: str) -> None:
