@@ -28,17 +28,25 @@ PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
-    """Build the app; the engine (default: AsyncEngine(cfg.engine)) loads when the app starts."""
+    """Build the app; the engine (default: AsyncEngine(cfg.engine)) is built and loaded in the background
+    once the app starts, so health endpoints answer while it loads."""
     cfg.validate()
-    if engine is None:
+    ctx = ServerContext(cfg, None)
+
+    def make_engine() -> Any:
+        if engine is not None:
+            return engine
+        # torch is imported here, off the event loop, after the port has opened
         from modeldeploy.runtime import AsyncEngine
 
-        engine = AsyncEngine(cfg.engine)
-    ctx = ServerContext(cfg, engine)
+        return AsyncEngine(cfg.engine)
+
+    def on_engine(e: Any) -> None:
+        ctx.engine = e
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        task = asyncio.create_task(readiness.load(engine, ctx.state, cfg.load_delay_s))
+        task = asyncio.create_task(readiness.load(make_engine, on_engine, ctx.state, cfg.load_delay_s))
         try:
             yield
         finally:
@@ -46,7 +54,7 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
             with contextlib.suppress(BaseException):
                 await task
             if ctx.state.load_seconds:
-                await engine.shutdown()
+                await ctx.engine.shutdown()
 
     app = FastAPI(title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,13 @@ class LoadState:
         return out
 
 
-async def load(engine: Any, state: LoadState, delay_s: float = 0.0) -> None:
-    """Start the engine, keeping `state` current; never raises (the state carries the error)."""
+async def load(make_engine: Callable[[], Any], on_engine: Callable[[Any], None], state: LoadState,
+               delay_s: float = 0.0) -> None:
+    """Build and start the engine, keeping `state` current; never raises (the state carries the error).
+
+    The engine is built in a worker thread too (importing torch takes seconds), so the port
+    answers health checks from the first moment.
+    """
 
     def progress(phase: str, frac: float) -> None:  # called from the engine's loader thread
         state.phase, state.progress = phase, min(1.0, max(0.0, float(frac)))
@@ -49,6 +55,9 @@ async def load(engine: Any, state: LoadState, delay_s: float = 0.0) -> None:
         if delay_s > 0:
             state.phase = "delay"
             await asyncio.sleep(delay_s)
+        state.phase = "initializing"
+        engine = await asyncio.to_thread(make_engine)
+        on_engine(engine)
         await engine.start(progress=progress)
     except asyncio.CancelledError:
         raise
