@@ -140,3 +140,33 @@ def test_bad_flags_exit_2_naming_the_flag(flag, value, llama_dir):
     p = subprocess.run([sys.executable, "-m", "modeldeploy", "serve", "--model", str(llama_dir), flag, value],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and flag in p.stderr, p.stderr
+
+
+def test_drain_timeout_aborts_what_is_left_and_exits_0(tmp_path, llama_dir):
+    proc, url = _spawn(tmp_path, llama_dir, "--drain-timeout", "0.2")
+    try:
+        deadline = time.monotonic() + 180
+        while (r := _get(url + "/health/ready")) is None or r.status_code != 200:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "long", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        got_first, events = threading.Event(), []
+
+        def stream() -> None:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as resp:
+                for ev in iter_sse(resp.iter_lines()):
+                    events.append(ev.data)
+                    got_first.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert got_first.wait(60)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        t.join(30)
+        assert time.monotonic() - t0 < 30
+        finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events if e != "[DONE]"]
+        assert finishes[-1] == "abort" and events[-1] == "[DONE]"
+    finally:
+        _stop(proc)

@@ -62,7 +62,8 @@ class ServerContext:
         clean = await self.admission.drain(self.cfg.drain_timeout_s)
         if not clean:
             log.warning("drain timeout (%.1fs): aborting %d requests", self.cfg.drain_timeout_s, len(self.jobs))
-            for rid in list(self.jobs):
+            for rid, job in list(self.jobs.items()):
+                job.server_aborted = True
                 self.engine.abort(rid)
             await asyncio.sleep(0.2)
         return clean

@@ -29,6 +29,7 @@ class Job:
         self.agen: AsyncIterator | None = None
         self.final: Any = None
         self.rejected = False
+        self.server_aborted = False  # drain timeout: not the client's doing
 
     async def start(self) -> Any:
         """Wait for a running slot, submit to the engine, return its first output."""
@@ -84,6 +85,8 @@ class Job:
             outcome = "rejected"
         elif self.final is not None and self.final.finish_reason != "abort":
             outcome = "completed"
+        elif self.server_aborted:
+            outcome = "error"
         elif client_gone:
             outcome = "cancelled"
         else:

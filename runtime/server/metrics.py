@@ -5,6 +5,10 @@ canary analysis can never silently join two bundles. Per-request histograms are 
 from the engine's `RequestOutput.metrics` timestamps (time.monotonic), measured from the
 moment the server received the request, so queue time includes admission waiting.
 Engine totals (tokens, preemptions, KV usage) are read from `engine.stats()` at scrape.
+
+Outcomes: completed (finished normally), cancelled (the client went away), rejected (refused
+before generation: 400/404 bad request, 429 queue full, 503 loading/draining), error (engine
+failure, or aborted by the drain timeout).
 """
 
 from __future__ import annotations
