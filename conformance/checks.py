@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from modeldeploy.conformance.http import error_field, iter_sse
+from modeldeploy.conformance.prom import scrape
 from modeldeploy.conformance.result import CheckResult, Target
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Kubernetes schedules pods onto"
@@ -31,6 +32,18 @@ def readiness(t: Target) -> CheckResult:
             res.skip(f"server has no {path}")
             continue
         res.expect(r.status_code == 200, f"{path} answered {r.status_code}, expected 200 on a loaded server")
+    return res
+
+
+def bundle_identity(t: Target, expected: str) -> CheckResult:
+    """The server serves the bundle the caller deployed: /v1/bundle and every metric label agree."""
+    res = CheckResult("bundle_identity")
+    got = (t.bundle or {}).get("bundle_id")
+    m = scrape(t.server)
+    labels = sorted(m.label_values("modeldeploy_build_info", "bundle")) if m else []
+    res.observations.update(expected=expected, bundle_endpoint=got, metric_bundle_labels=labels)
+    res.expect(got == expected, f"/v1/bundle reports bundle {got!r}, expected {expected!r}")
+    res.expect(labels == [expected], f"metrics carry bundle labels {labels}, expected only {expected!r}")
     return res
 
 

@@ -19,6 +19,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=8, help="bounded load: number of requests")
     p.add_argument("--concurrency", type=int, default=4, help="bounded load: client workers")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds")
+    p.add_argument("--expect-bundle", default=None, help="fail unless the server serves this bundle id")
     p.add_argument("--skip", action="append", default=[], choices=CHECKS, help="skip a check (repeatable)")
 
 
@@ -28,7 +29,8 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     cfg = ConformanceConfig(url=args.url, api_key=args.api_key, model=args.model, requests=args.requests,
-                            concurrency=args.concurrency, timeout_s=args.timeout, skip=args.skip)
+                            concurrency=args.concurrency, timeout_s=args.timeout, skip=args.skip,
+                            expect_bundle=args.expect_bundle)
     try:
         report = run_conformance(cfg, log=lambda s: print(s, file=sys.stderr))
     except ValueError as e:

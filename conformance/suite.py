@@ -23,7 +23,7 @@ from modeldeploy.conformance.load import bounded_load
 from modeldeploy.conformance.prom import scrape
 from modeldeploy.conformance.result import CheckResult, Target
 
-CHECKS = ("readiness", "normal_response", "streaming", "usage_accounting", "stop_sequences", "error_handling",
+CHECKS = ("bundle_identity", "readiness", "normal_response", "streaming", "usage_accounting", "stop_sequences", "error_handling",
           "cancellation", "bounded_load")
 
 
@@ -36,6 +36,7 @@ class ConformanceConfig:
     concurrency: int = 4                 # ... from C client workers
     timeout_s: float = 60.0              # per HTTP request
     skip: list[str] = field(default_factory=list)
+    expect_bundle: str | None = None     # require /v1/bundle and metric labels to name this bundle id
 
 
 @dataclass
@@ -112,6 +113,7 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
         target, caveats = discover(server, cfg.model)
         config["model"] = target.model
         plan: dict[str, Callable[[], CheckResult]] = {
+            "bundle_identity": lambda: checks.bundle_identity(target, cfg.expect_bundle),
             "readiness": lambda: checks.readiness(target),
             "normal_response": lambda: checks.normal_response(target),
             "streaming": lambda: checks.streaming(target),
@@ -123,7 +125,7 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
         }
         results = []
         for name in CHECKS:
-            if name in cfg.skip:
+            if name in cfg.skip or (name == "bundle_identity" and cfg.expect_bundle is None):
                 continue
             log(f"running {name}")
             s = time.monotonic()

@@ -165,15 +165,24 @@ def test_responses_api_stream_event_order(server):
 
 
 def test_full_conformance_suite_passes(server, tmp_path):
-    report = run_conformance(ConformanceConfig(url=server.url, requests=8, concurrency=4))
+    report = run_conformance(ConformanceConfig(url=server.url, requests=8, concurrency=4, expect_bundle=BUNDLE))
     out = tmp_path / "evidence.json"
     report.write(out)
     assert report.passed, report.table()
     rec = json.loads(out.read_text())
     assert rec["bundle"]["bundle_id"] == BUNDLE and {c["name"] for c in rec["checks"]} >= {
-        "streaming", "cancellation", "bounded_load", "error_handling"}
+        "bundle_identity", "streaming", "cancellation", "bounded_load", "error_handling"}
     load = next(c for c in rec["checks"] if c["name"] == "bounded_load")["observations"]
     assert load["running_max"] <= 2 and load["waiting_max"] >= 1
+
+
+def test_wrong_bundle_fails_the_identity_check(server):
+    from modeldeploy.conformance.suite import CHECKS
+
+    others = [c for c in CHECKS if c != "bundle_identity"]
+    report = run_conformance(ConformanceConfig(url=server.url, expect_bundle="some-other-bundle", skip=others))
+    assert not report.passed and [c.name for c in report.checks] == ["bundle_identity"]
+    assert report.checks[0].observations["metric_bundle_labels"] == [BUNDLE]
 
 
 def test_queue_full_is_429_with_retry_after(llama_dir):
