@@ -90,7 +90,8 @@ def image(base_image):
         if HOST_CA.exists():
             args += ["--build-arg", f"PIP_CERT={HOST_CA}"]
         docker(*args, ctx, timeout=2400)
-    return IMAGE
+    yield IMAGE
+    docker("rmi", "-f", IMAGE, check=False)  # ~7 GB (CUDA wheels): never leave one per CI run behind
 
 
 def test_container_passes_conformance_and_drains(image, llama_dir):
