@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from modeldeploy.operator import api
 
 G, V, P = api.GROUP, api.VERSION, api.PLURAL
 NS = "bench-operator"
+METRICS_PORT = 18090
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64
 DIGEST = "sha256:" + "b" * 64
 
@@ -77,7 +79,7 @@ def main() -> int:
     net = client.NetworkingV1Api()
     _ignore_409(lambda: net.create_service_cidr({"metadata": {"name": "bench-operator"}, "spec": {"cidrs": ["10.96.0.0/16"]}}))
     env = {**os.environ, "KUBECONFIG": a.kubeconfig}
-    op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", "0",
+    op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", str(METRICS_PORT), "--bind", "127.0.0.1",
                            "--health-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=open("/tmp/bench-operator.log", "wb"))  # fmt: skip
     try:
         time.sleep(3)
@@ -102,6 +104,10 @@ def main() -> int:
               f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
               f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
         print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s)")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
+        m = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("modeldeploy_operator_") and " " in ln}
+        n, total = m.get("modeldeploy_operator_reconciles_total", 0), m.get("modeldeploy_operator_reconcile_seconds_sum", 0)
+        print(f"(reconciles: {n:.0f}, mean reconcile {total / max(n, 1):.3f} s)")
         return 0 if stable == a.mds else 1
     finally:
         op.terminate()

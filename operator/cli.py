@@ -28,8 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import kopf
-    import modeldeploy.operator.handlers  # noqa: F401  (registers the handlers)
     from prometheus_client import start_http_server
+
+    import modeldeploy.operator.handlers  # noqa: F401  (registers the handlers)
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

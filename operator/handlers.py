@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 import kopf
+
 from modeldeploy.operator import metrics, reconcile
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 from modeldeploy.operator.bundle import MANAGED_BY
@@ -35,7 +37,7 @@ def _run(namespace: str | None, name: str | None) -> None:
     if not namespace or not name:
         return
     try:
-        reconcile.reconcile(namespace, name)
+        reconcile.request(namespace, name)
     except Exception as e:
         metrics.ERRORS.labels(type(e).__name__).inc()
         raise kopf.TemporaryError(f"reconcile {namespace}/{name}: {e}", delay=5) from e
@@ -55,6 +57,7 @@ _known: set[tuple[str, str]] = set()  # ModelDeployments seen by the watch, for 
 def modeldeployment_changed(type: str | None, namespace: str, name: str, **_) -> None:
     if type == "DELETED":
         _known.discard((namespace, name))
+        reconcile.last_done.pop((namespace, name), None)
         return
     _known.add((namespace, name))
     _run(namespace, name)
@@ -62,7 +65,9 @@ def modeldeployment_changed(type: str | None, namespace: str, name: str, **_) ->
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD)
 @kopf.on.event("", "v1", "services", labels=CHILD)
-def child_changed(body: kopf.Body, namespace: str, **_) -> None:
+def child_changed(type: str | None, body: kopf.Body, namespace: str, **_) -> None:
+    if type in (None, "ADDED"):  # listing or our own create: the ModelDeployment's reconcile covers it
+        return
     _run(namespace, _owner(body))
 
 
@@ -75,8 +80,10 @@ async def _resync_forever() -> None:
     while True:
         await asyncio.sleep(RESYNC_S)
         for namespace, name in sorted(_known):
+            if time.monotonic() - reconcile.last_done.get((namespace, name), 0.0) < RESYNC_S:
+                continue  # reconciled recently through an event
             try:
-                await asyncio.to_thread(reconcile.reconcile, namespace, name)
+                await asyncio.to_thread(reconcile.request, namespace, name)
             except Exception as e:  # one object's failure must not stop the others' resync
                 metrics.ERRORS.labels(type(e).__name__).inc()
                 log.warning("resync %s/%s: %s", namespace, name, e)

@@ -18,12 +18,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from modeldeploy.operator import children
 from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
 from modeldeploy.operator.status import cohort, condition, replica_failure
 from modeldeploy.operator.topology import NodeInfo, fit
-from pydantic import ValidationError
 
 DESIRED_HASH = "modeldeploy.dev/desired-hash"
 

@@ -37,11 +37,36 @@ _nodes: dict[str, Any] = {"at": 0.0, "nodes": None}
 _nodes_lock = threading.Lock()
 
 
+_api: dict[str, Any] = {}
+
+
 def load_config() -> None:
+    """Load credentials once and share one ApiClient, so connections are kept alive and reused."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 32  # one per worker thread and then some
+    _api["client"] = client.ApiClient(cfg)
+
+
+def _shared() -> client.ApiClient:
+    if "client" not in _api:
+        load_config()
+    return _api["client"]
+
+
+def _core() -> client.CoreV1Api:
+    return client.CoreV1Api(_shared())
+
+
+def _apps() -> client.AppsV1Api:
+    return client.AppsV1Api(_shared())
+
+
+def _custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(_shared())
 
 
 def _json(resp: Any) -> dict[str, Any]:
@@ -52,7 +77,7 @@ def nodes() -> list[NodeInfo]:
     """All nodes, listed at most every NODE_TTL_S (no node watch: kwok heartbeats would flood it)."""
     with _nodes_lock:
         if _nodes["nodes"] is None or time.monotonic() - _nodes["at"] > NODE_TTL_S:
-            items = _json(client.CoreV1Api().list_node(_preload_content=False))["items"]
+            items = _json(_core().list_node(_preload_content=False))["items"]
             _nodes["nodes"] = [NodeInfo.from_node(n) for n in items]
             _nodes["at"] = time.monotonic()
         return _nodes["nodes"]
@@ -61,7 +86,7 @@ def nodes() -> list[NodeInfo]:
 def observe(md: dict[str, Any]) -> Observed:
     ns, name, uid = md["metadata"]["namespace"], md["metadata"]["name"], md["metadata"]["uid"]
     sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
-    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    apps, core = _apps(), _core()
     deps = _json(apps.list_namespaced_deployment(ns, label_selector=sel, _preload_content=False))["items"]
     svcs = _json(core.list_namespaced_service(ns, label_selector=sel, _preload_content=False))["items"]
 
@@ -85,7 +110,7 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
 
     Bounded: at most MAX_PROBES pods, PROBE_TIMEOUT_S each; an unreachable pod counts as 0.
     """
-    pods = _json(client.CoreV1Api().list_namespaced_pod(ns, label_selector=sel, _preload_content=False))[
+    pods = _json(_core().list_namespaced_pod(ns, label_selector=sel, _preload_content=False))[
         "items"
     ]
     out: dict[str, list[float]] = {}
@@ -114,12 +139,41 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
     return out
 
 
+_guard = threading.Lock()
+_rerun: dict[tuple[str, str], bool] = {}  # objects being reconciled -> another pass requested meanwhile
+last_done: dict[tuple[str, str], float] = {}  # monotonic time of each object's last completed reconcile
+
+
+def request(namespace: str, name: str) -> None:
+    """Reconcile now or, when a reconcile of this object is already running, once more after it.
+
+    Bursts of watch events (a child created, its status updated, ...) collapse into at most
+    one extra pass instead of one full reconcile each.
+    """
+    key = (namespace, name)
+    with _guard:
+        if key in _rerun:
+            _rerun[key] = True
+            return
+        _rerun[key] = False
+    try:
+        while True:
+            reconcile(namespace, name)
+            with _guard:
+                if not _rerun[key]:
+                    return
+                _rerun[key] = False
+    finally:
+        with _guard:
+            _rerun.pop(key, None)
+
+
 def reconcile(namespace: str, name: str) -> list[Action]:
     """Plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
     with _locks[(namespace, name)], metrics.RECONCILE_SECONDS.time():
         try:
             md = _json(
-                client.CustomObjectsApi().get_namespaced_custom_object(
+                _custom().get_namespaced_custom_object(
                     GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
                 )
             )
@@ -132,12 +186,13 @@ def reconcile(namespace: str, name: str) -> list[Action]:
         apply(md, actions, now)
         metrics.RECONCILES.inc()
         COUNT["reconciles"] += 1
+        last_done[(namespace, name)] = time.monotonic()
         return actions
 
 
 def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
     ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
-    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    apps, core = _apps(), _core()
     raw = {"_preload_content": False}  # the response body is not needed: skip model decoding
     failures: list[str] = []
     for a in actions:
@@ -158,7 +213,7 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
             elif isinstance(a, PatchStatus):
                 # JSON patch `add /status` replaces the whole status, so fields plan() dropped go too
                 body = [{"op": "add", "path": "/status", "value": a.status}]
-                client.CustomObjectsApi().patch_namespaced_custom_object_status(
+                _custom().patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/json-patch+json", **raw
                 )
             elif isinstance(a, Event):
@@ -204,5 +259,5 @@ def post_event(md: dict[str, Any], ev: Event, now: str) -> None:
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
     }  # fmt: skip
-    client.CoreV1Api().create_namespaced_event(meta["namespace"], body, _preload_content=False)
+    _core().create_namespaced_event(meta["namespace"], body, _preload_content=False)
     metrics.EVENTS.labels(ev.reason).inc()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from modeldeploy.operator.chart import Values
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "modeldeploy-operator"

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
-from modeldeploy.operator import api, crd
 from operator_fixtures import DIGEST, IMAGE, md
 from pydantic import ValidationError
+
+from modeldeploy.operator import api, crd
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from operator_fixtures import DIGEST, IMAGE, md
+
 from modeldeploy.operator import children
 from modeldeploy.operator.api import ModelDeploymentSpec
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, deployment_name
-from operator_fixtures import DIGEST, IMAGE, md
 
 
 def build(**spec):

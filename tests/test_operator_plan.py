@@ -6,9 +6,10 @@ import copy
 from typing import Any
 
 import pytest
+from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
+
 from modeldeploy.operator.plan import Create, Delete, Event, Observed, Patch, PatchStatus, plan
 from modeldeploy.operator.topology import NodeInfo
-from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
 NOW = "2026-01-01T00:00:00Z"
 
