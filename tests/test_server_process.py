@@ -81,7 +81,7 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
         first = [threading.Event() for _ in range(4)]
 
         def stream(i: int) -> None:
-            body = {"model": "tiny", "prompt": f"stream {i}", "max_tokens": 300, "ignore_eos": True, "stream": True,
+            body = {"model": "tiny", "prompt": f"stream {i}", "max_tokens": 600, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as resp:
                 events = []
@@ -95,7 +95,7 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
             t.start()
         assert all(e.wait(60) for e in first)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        time.sleep(0.2)
         draining = _get(url + "/health/ready")
         refused = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=10)
         for t in threads:
@@ -106,7 +106,7 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
         for res in results:
             assert res["status"] == 200 and res["events"][-1] == "[DONE]"
             chunks = [json.loads(e) for e in res["events"][:-1]]
-            assert chunks[-1]["usage"]["completion_tokens"] == 300
+            assert chunks[-1]["usage"]["completion_tokens"] == 600
             assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     finally:
         _stop(proc)
