@@ -54,12 +54,16 @@ _known: set[tuple[str, str]] = set()  # ModelDeployments seen by the watch, for 
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def modeldeployment_changed(type: str | None, namespace: str, name: str, **_) -> None:
+def modeldeployment_changed(type: str | None, body: kopf.Body, namespace: str, name: str, **_) -> None:
+    key = (namespace, name)
     if type == "DELETED":
-        _known.discard((namespace, name))
-        reconcile.last_done.pop((namespace, name), None)
+        _known.discard(key)
+        reconcile.last_done.pop(key, None)
+        reconcile.own_writes.pop(key, None)
         return
-    _known.add((namespace, name))
+    _known.add(key)
+    if body.metadata.get("resourceVersion") == reconcile.own_writes.get(key):
+        return  # the echo of our own status write: nothing new to act on
     _run(namespace, name)
 
 

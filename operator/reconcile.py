@@ -74,13 +74,22 @@ def _json(resp: Any) -> dict[str, Any]:
 
 
 def nodes() -> list[NodeInfo]:
-    """All nodes, listed at most every NODE_TTL_S (no node watch: kwok heartbeats would flood it)."""
-    with _nodes_lock:
+    """All nodes, relisted every NODE_TTL_S (no node watch: kwok heartbeats would flood it).
+
+    Stale-while-revalidate: one thread relists, the others keep using the previous list
+    instead of queueing behind a slow LIST of a thousand nodes.
+    """
+    fresh = _nodes["nodes"] is not None and time.monotonic() - _nodes["at"] <= NODE_TTL_S
+    if fresh or not _nodes_lock.acquire(blocking=_nodes["nodes"] is None):
+        return _nodes["nodes"]
+    try:
         if _nodes["nodes"] is None or time.monotonic() - _nodes["at"] > NODE_TTL_S:
             items = _json(_core().list_node(_preload_content=False))["items"]
             _nodes["nodes"] = [NodeInfo.from_node(n) for n in items]
             _nodes["at"] = time.monotonic()
         return _nodes["nodes"]
+    finally:
+        _nodes_lock.release()
 
 
 def observe(md: dict[str, Any]) -> Observed:
@@ -141,7 +150,8 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
 
 _guard = threading.Lock()
 _rerun: dict[tuple[str, str], bool] = {}  # objects being reconciled -> another pass requested meanwhile
-last_done: dict[tuple[str, str], float] = {}  # monotonic time of each object's last completed reconcile
+last_done: dict[tuple[str, str], float] = {}
+own_writes: dict[tuple[str, str], str] = {}  # resourceVersion of our last status write, per object  # monotonic time of each object's last completed reconcile
 
 
 def request(namespace: str, name: str) -> None:
@@ -213,9 +223,10 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
             elif isinstance(a, PatchStatus):
                 # JSON patch `add /status` replaces the whole status, so fields plan() dropped go too
                 body = [{"op": "add", "path": "/status", "value": a.status}]
-                _custom().patch_namespaced_custom_object_status(
+                resp = _custom().patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/json-patch+json", **raw
                 )
+                own_writes[(ns, name)] = _json(resp)["metadata"]["resourceVersion"]
             elif isinstance(a, Event):
                 post_event(md, a, now)
         except ApiException as e:
