@@ -44,5 +44,8 @@ class Sampler:
                 drop = probs.cumsum(-1) - probs > p.top_p        # keep the smallest set reaching top_p
                 x[idx[drop]] = float("-inf")
             probs = torch.softmax(x, dim=-1)
+            if not torch.isfinite(probs).all():          # overflowing logits: argmax is the limit
+                out.append(greedy[row])
+                continue
             out.append(int(torch.multinomial(probs, 1, generator=self._generator(seq)).item()))
         return out
