@@ -72,7 +72,31 @@ def modeldeployment_changed(type: str | None, body: kopf.Body, namespace: str, n
 def child_changed(type: str | None, body: kopf.Body, namespace: str, **_) -> None:
     if type in (None, "ADDED"):  # listing or our own create: the ModelDeployment's reconcile covers it
         return
+    uid, sig = body.metadata.get("uid"), _signature(body)
+    if type != "DELETED" and _child_seen.get(uid) == sig:
+        return  # only status fields plan() does not read changed (observedGeneration, availableReplicas, ...)
+    _child_seen[uid] = sig
+    if type == "DELETED":
+        _child_seen.pop(uid, None)
     _run(namespace, _owner(body))
+
+
+_child_seen: dict[str, tuple] = {}  # child uid -> what plan() reads of it, as last seen
+
+
+def _signature(body: kopf.Body) -> tuple:
+    """What plan() reads of a child: spec (via generation), labels, annotations, readiness, failures."""
+    status = body.get("status") or {}
+    failure = [c.get("message") for c in status.get("conditions") or [] if c.get("type") == "ReplicaFailure" and c.get("status") == "True"]
+    spec = body.get("spec") or {}
+    return (
+        body.metadata.get("generation"),
+        repr(spec) if body.get("kind") == "Service" else None,  # Services have no generation
+        repr(sorted(body.metadata.get("labels", {}).items())),
+        repr(sorted(body.metadata.get("annotations", {}).items())),
+        status.get("readyReplicas"),
+        tuple(failure),
+    )
 
 
 async def _resync_forever() -> None:
