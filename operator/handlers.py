@@ -29,7 +29,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="modeldeploy.dev")
     settings.posting.level = logging.WARNING  # our own Events carry the decisions
     settings.watching.server_timeout = 300
-    settings.execution.max_workers = int(os.environ.get("MODELDEPLOY_WORKERS", "8"))
+    settings.execution.max_workers = int(os.environ.get("MODELDEPLOY_WORKERS", "16"))
     reconcile.load_config()
 
 

@@ -47,7 +47,7 @@ def load_config() -> None:
     except config.ConfigException:
         config.load_kube_config()
     cfg = client.Configuration.get_default_copy()
-    cfg.connection_pool_maxsize = 32  # one per worker thread and then some
+    cfg.connection_pool_maxsize = 32  # above the 16 worker threads plus the resync task
     _api["client"] = client.ApiClient(cfg)
 
 
