@@ -10,6 +10,7 @@ KV cache per layer: k_cache / v_cache [N, S, Hkv, D].
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -68,15 +69,14 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             mask: torch.Tensor | None) -> torch.Tensor:
-    """q [Q, H, D], k/v [L, Hkv, D], mask [Q, L] -> [Q, H, D]; softmax in float32, GQA by grouping."""
-    Q, H, D = q.shape
-    Hkv = k.shape[1]
-    qg = q.reshape(Q, Hkv, H // Hkv, D).float()
-    scores = torch.einsum("qkgd,lkd->kgql", qg, k.float()) * scale     # [Hkv, G, Q, L]
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("kgql,lkd->qkgd", probs, v.float()).reshape(Q, H, D).to(q.dtype)
+    """q [Q, H, D], k/v [L, Hkv, D], mask [Q, L] (True = attend) -> [Q, H, D].
+
+    torch's fused SDPA in float32 (one pass over K/V; GQA without repeating K/V).
+    """
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
+        attn_mask=None if mask is None else mask[None, None], scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1).to(q.dtype)
 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -87,18 +87,14 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if B == 0:
         return torch.empty_like(q)
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
-    max_len = int(context_lens.max())
-    nblk = (max_len + S - 1) // S
+    nblk = (int(context_lens.max()) + S - 1) // S
     tables = block_tables[:, :nblk]
-    k = k_cache[tables].reshape(B, nblk * S, Hkv, D)                 # [B, L, Hkv, D]
-    v = v_cache[tables].reshape(B, nblk * S, Hkv, D)
-    qg = q.reshape(B, Hkv, H // Hkv, D).float()                       # GQA: query groups share a kv head
-    scores = torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * scale  # [B, Hkv, G, L]
-    valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bkgl,blkd->bkgd", probs, v.float())
-    return out.reshape(B, H, D).to(q.dtype)
+    k = k_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
+    v = v_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)
+    valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]   # [B, L]
+    out = F.scaled_dot_product_attention(q.float()[:, :, None], k.float(), v.float(),
+                                         attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
+    return out[:, :, 0].to(q.dtype)                                      # [B, H, D]
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
