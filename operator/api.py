@@ -11,7 +11,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
+
+from modeldeploy.operator._model import _Model
+from modeldeploy.operator.api_status import (  # noqa: F401  (re-exported: the API is one namespace)
+    AnalysisResult,
+    CohortStatus,
+    Condition,
+    HistoryEntry,
+    MetricVerdict,
+    ModelDeploymentStatus,
+)
 
 GROUP = "serving.modeldeploy.dev"
 VERSION = "v1alpha1"
@@ -61,16 +71,6 @@ Uri = Annotated[
 ]
 # A Kubernetes quantity ("4Gi", "500m", 2): int-or-string in the CRD.
 Quantity = int | str
-
-
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error, not ignored."""
-
-    model_config = ConfigDict(
-        alias_generator=lambda s: re.sub(r"_([a-z])", lambda m: m.group(1).upper(), s),
-        populate_by_name=True,
-        extra="forbid",
-    )
 
 
 class EngineRef(_Model):
@@ -363,86 +363,6 @@ class ModelDeploymentSpec(_Model):
     )
     readiness: Readiness = Field(default_factory=Readiness, description="Load and readiness timing.")
     rollout: Rollout = Field(default_factory=Rollout, description="How a bundle change is rolled out.")
-
-
-# ---- status (written only by the operator) ----
-
-
-class Condition(_Model):
-    type: str = Field(max_length=64, description="Ready, Progressing or Degraded (the rollout may add more).")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(max_length=128, description="CamelCase machine-readable reason.")
-    message: str = Field(default="", max_length=4096, description="Human-readable detail.")
-    observed_generation: int | None = Field(default=None, description="Generation this condition reflects.")
-    last_transition_time: str | None = Field(
-        default=None, description="RFC 3339 time the status last changed."
-    )
-
-
-class CohortStatus(_Model):
-    bundle: str = Field(max_length=64, description="Bundle id served by this cohort.")
-    revision: str | None = Field(default=None, max_length=256, description="Model revision of the bundle.")
-    deployment: str | None = Field(default=None, max_length=253, description="Deployment running the cohort.")
-    replicas: int = Field(default=0, description="Desired replicas.")
-    ready_replicas: int = Field(default=0, description="Replicas passing /health/ready.")
-    load_progress: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description="Ready replicas plus the /health/ready progress of loading ones, over desired (0..1).",
-    )
-
-
-class HistoryEntry(_Model):
-    bundle: str = Field(max_length=64, description="Bundle id.")
-    revision: str | None = Field(default=None, max_length=256, description="Model revision.")
-    promoted_at: str | None = Field(default=None, description="When it became stable.")
-    replaced_at: str | None = Field(default=None, description="When it stopped being stable.")
-
-
-class MetricVerdict(_Model):
-    metric: str = Field(max_length=64, description="Metric name.")
-    stable: float | None = Field(default=None, description="Stable cohort value.")
-    canary: float | None = Field(default=None, description="Canary cohort value.")
-    threshold: float | None = Field(default=None, description="Threshold applied.")
-    samples: int = Field(default=0, description="Requests observed per cohort (minimum of both).")
-    verdict: Literal["Pass", "Fail", "Inconclusive"] = Field(description="Pass, Fail or Inconclusive.")
-
-
-class AnalysisResult(_Model):
-    time: str | None = Field(default=None, description="When the analysis ran.")
-    step: int | None = Field(default=None, description="Rollout step analysed.")
-    verdict: Literal["Pass", "Fail", "Inconclusive"] = Field(description="Overall verdict.")
-    metrics: list[MetricVerdict] = Field(default_factory=list, description="Per-metric figures.")
-
-
-class ModelDeploymentStatus(_Model):
-    model_config = ConfigDict(extra="ignore")
-    observed_generation: int | None = Field(
-        default=None, description="metadata.generation the status reflects."
-    )
-    phase: str | None = Field(
-        default=None,
-        max_length=64,
-        description="Stable, Deploying, Verifying, Canary, Promoting, RollingBack, Degraded.",
-    )
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
-    stable: CohortStatus | None = Field(default=None, description="The bundle serving production traffic.")
-    canary: CohortStatus | None = Field(default=None, description="The bundle being rolled out, if any.")
-    canary_weight: int = Field(default=0, ge=0, le=100, description="Percent of traffic on the canary.")
-    current_step: int | None = Field(default=None, description="Index into spec.rollout.steps.")
-    replicas: int = Field(default=0, description="Serving pods desired (scale subresource).")
-    ready_replicas: int = Field(default=0, description="Serving pods ready, all cohorts.")
-    selector: str | None = Field(
-        default=None, description="Label selector of the serving pods (scale subresource)."
-    )
-    history: list[HistoryEntry] = Field(
-        default_factory=list, max_length=50, description="Prior stable bundles."
-    )
-    last_analysis: AnalysisResult | None = Field(default=None, description="Latest canary analysis.")
-    failed_bundles: list[str] = Field(
-        default_factory=list, max_length=50, description="Bundle ids not retried until spec changes."
-    )
 
 
 class ModelDeployment(_Model):
