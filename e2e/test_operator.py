@@ -372,3 +372,24 @@ def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
     # deletion: the garbage collector removes every child through ownerReferences
     cluster.custom.delete_namespaced_custom_object(G, V, namespace, P, "web")
     cluster.wait(lambda: owned(cluster, namespace, "web") == ([], []), 90, "children garbage-collected")
+
+
+def test_wrong_model_digest_is_degraded_load_failed(cluster: E2ECluster, namespace: str, operator: Operator,
+                                                    tmp_path: Path) -> None:
+    if cluster.process_node is None:
+        pytest.skip("external $KUBECONFIG cluster: no process node")
+    _pv_with_tiny_model(cluster, namespace, tmp_path)
+    try:
+        wrong = "sha256:" + "0" * 64
+        spec = manifest("broken")["spec"]
+        spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": wrong}
+        spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": wrong}
+        spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
+        create(cluster, namespace, manifest("broken", **spec))
+        md = cluster.wait(lambda: (lambda m: m if condition(m, "Degraded").get("reason") == "LoadFailed" else None)(
+            get_md(cluster, namespace, "broken")), 180, "Degraded/LoadFailed")
+        deg = condition(md, "Degraded")
+        assert deg["status"] == "True" and "DigestMismatch" in deg["message"] and wrong in deg["message"]
+        assert md["status"]["phase"] == "Degraded" and condition(md, "Ready")["status"] == "False"
+    finally:
+        cluster.core.delete_persistent_volume(f"{namespace}-models")

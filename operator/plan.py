@@ -71,6 +71,8 @@ class Observed:
     nodes: list[NodeInfo] | None = None  # None: not known yet, skip the fit check
     # bundle id -> load progress (0..1) reported by /health/ready of its pods that are not Ready yet
     loading: dict[str, list[float]] = field(default_factory=dict)
+    # bundle id -> load error a pod of it reported (runtime /health/ready status "failed")
+    load_errors: dict[str, str] = field(default_factory=dict)
 
 
 def subset(want: Any, have: Any) -> bool:
@@ -212,8 +214,11 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     weight = round(100 * canary_c.ready_replicas / ready_total) if canary_c and ready_total else 0
 
     failure = replica_failure(by_bundle.get(bid))
+    load_error = next(((b, observed.load_errors[b]) for b in (bid, stable_id) if b in observed.load_errors), None)
     if unfit is not None:
         degraded = ("Unschedulable", f"no node can ever fit a replica: {unfit}")
+    elif load_error is not None:
+        degraded = ("LoadFailed", f"bundle {load_error[0]} failed to load: {load_error[1]}")
     elif failure is not None:
         degraded = ("ReplicaFailure", failure)
     else:

@@ -105,8 +105,8 @@ def observe(md: dict[str, Any]) -> Observed:
         )
 
     deps = [d for d in deps if owned(d)]
-    loading = _loading(ns, sel) if any(_not_ready(d) for d in deps) else {}
-    return Observed(deps, [s for s in svcs if owned(s)], nodes(), loading)
+    loading, errors = _loading(ns, sel) if any(_not_ready(d) for d in deps) else ({}, {})
+    return Observed(deps, [s for s in svcs if owned(s)], nodes(), loading, errors)
 
 
 def _not_ready(dep: dict[str, Any]) -> bool:
@@ -114,8 +114,11 @@ def _not_ready(dep: dict[str, Any]) -> bool:
     return int(st.get("readyReplicas") or 0) < int((dep.get("spec") or {}).get("replicas") or 0)
 
 
-def _loading(ns: str, sel: str) -> dict[str, list[float]]:
-    """Load progress of Running-but-not-Ready serving pods, from their /health/ready body.
+def _loading(ns: str, sel: str) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Load progress and load errors of Running-but-not-Ready serving pods, from /health/ready.
+
+    The runtime answers 503 with {"status": "failed", "error": ...} when loading failed
+    (e.g. a digest mismatch); that error is what status should show, not "0/1 ready".
 
     Bounded: at most MAX_PROBES pods, PROBE_TIMEOUT_S each; an unreachable pod counts as 0.
     """
@@ -123,6 +126,7 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
         "items"
     ]
     out: dict[str, list[float]] = {}
+    errors: dict[str, str] = {}
     probed = 0
     if len(_unreachable) > 10_000:
         _unreachable.clear()
@@ -140,12 +144,14 @@ def _loading(ns: str, sel: str) -> dict[str, list[float]]:
                 try:
                     body = http.get(f"http://{st['podIP']}:{PORT}/health/ready").json()
                     progress = float(body.get("progress", 0.0))
+                    if body.get("status") == "failed" and body.get("error"):
+                        errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), str(body["error"])[:800])
                 except httpx.TransportError:
                     _unreachable[uid] = time.monotonic()  # not routable from here: don't wait on it every time
                 except (httpx.HTTPError, ValueError, AttributeError):
                     pass
             out.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), []).append(progress)
-    return out
+    return out, errors
 
 
 _guard = threading.Lock()

@@ -262,3 +262,15 @@ def test_transient_node_taints_do_not_make_a_replica_impossible() -> None:
                       (("nvidia.com/gpu", "present", "NoSchedule"), ("node.kubernetes.io/not-ready", "", "NoSchedule")))]
     acts = plan(md(), Observed(nodes=nodes), NOW)
     assert any(isinstance(a, Create) and a.obj["kind"] == "Deployment" for a in acts)
+
+
+def test_runtime_load_failure_is_degraded_with_its_error() -> None:
+    obj, obs = converge(md(), Observed(nodes=gpu_nodes()), ready=0)
+    bid = obj["status"]["stable"]["bundle"]
+    obs.load_errors = {bid: "DigestMismatch: digest mismatch for /models/model: expected sha256:bb.., got sha256:73.."}
+    acts = plan(obj, obs, NOW)
+    st = status_of(acts)
+    deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert deg["status"] == "True" and deg["reason"] == "LoadFailed" and "DigestMismatch" in deg["message"]
+    assert st["phase"] == "Degraded"
+    assert [a.reason for a in acts if isinstance(a, Event) and a.type == "Warning"] == ["LoadFailed"]
