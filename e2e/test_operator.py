@@ -345,10 +345,17 @@ def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
     )
     assert dep.metadata.owner_references[0].kind == "ModelDeployment"
 
-    # a bundle change: new Deployment, promoted when Ready, the old one deleted
+    # a bundle change goes through the rollout: these kwok pods serve nothing, so no gate and no
+    # analysis can pass; the canary is promoted by hand (modeldeploy.dev/promote), then the prior
+    # bundle stays warm for keepPrevious.seconds (0 here: deleted at once)
     spec = copy.deepcopy(md["spec"])
     spec["bundle"]["config"]["maxNumSeqs"] = 2
+    spec["rollout"] = {"conformanceGate": False, "steps": [{"weight": 50, "pauseSeconds": 0}],
+                       "keepPrevious": {"replicas": 0, "seconds": 0}}
     cluster.custom.patch_namespaced_custom_object(G, V, namespace, P, "web", {"spec": spec})
+    cluster.wait(lambda: get_md(cluster, namespace, "web")["status"].get("phase") == "Canary", 120, "canary step")
+    cluster.custom.patch_namespaced_custom_object(
+        G, V, namespace, P, "web", {"metadata": {"annotations": {"modeldeploy.dev/promote": "e2e"}}})
     new = cluster.wait(
         lambda: (
             lambda m: (

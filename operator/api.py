@@ -21,6 +21,7 @@ from modeldeploy.operator.api_status import (  # noqa: F401  (re-exported: the A
     HistoryEntry,
     MetricVerdict,
     ModelDeploymentStatus,
+    RolloutStatus,
 )
 
 GROUP = "serving.modeldeploy.dev"

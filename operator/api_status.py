@@ -57,6 +57,17 @@ class AnalysisResult(_Model):
     metrics: list[MetricVerdict] = Field(default_factory=list, description="Per-metric figures.")
 
 
+class RolloutStatus(_Model):
+    """What the rollout state machine needs beyond the fields above, so a restarted operator resumes."""
+
+    started_at: str | None = Field(default=None, description="RFC 3339 time the current rollout began.")
+    phase_since: str | None = Field(default=None, description="RFC 3339 time the current phase or step began.")
+    reason: str = Field(default="", max_length=128, description="CamelCase reason of the last rollout decision.")
+    message: str = Field(default="", max_length=4096, description="The last rollout decision, with its figures.")
+    previous: str | None = Field(default=None, max_length=64, description="Prior bundle kept warm after a promotion.")
+    previous_until: str | None = Field(default=None, description="RFC 3339 time the prior bundle stops being warm.")
+
+
 class ModelDeploymentStatus(_Model):
     model_config = ConfigDict(extra="ignore")
     observed_generation: int | None = Field(
@@ -84,3 +95,4 @@ class ModelDeploymentStatus(_Model):
     failed_bundles: list[str] = Field(
         default_factory=list, max_length=50, description="Bundle ids not retried until spec changes."
     )
+    rollout: RolloutStatus | None = Field(default=None, description="Rollout state machine bookkeeping.")

@@ -199,10 +199,11 @@ def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas
 
 
 def service(md: dict[str, Any], suffix: str, bid: str | None) -> dict[str, Any]:
-    """`<name>` (bid None: every serving pod) or `<name>-<suffix>` for one cohort's bundle."""
+    """`<name>` (bid None: every serving pod; a bid: that bundle's pods only, e.g. while a canary
+    waits for its conformance gate) or `<name>-<suffix>` for one cohort's bundle."""
     name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
     selector = selector_labels(name)
-    if suffix:
+    if suffix or bid is not None:
         # a cohort with no bundle selects nothing rather than everything
         selector = selector | {BUNDLE_LABEL: bid or "none"}
     labels = instance_labels(name) | ({"modeldeploy.dev/cohort": suffix} if suffix else {})

@@ -6,9 +6,10 @@ the status to write, and one Event per decision. Level-triggered and idempotent:
 call on the result of the first returns no actions, which is what makes operator restarts
 safe and drift (someone editing a child) revert on the next event.
 
-Bundle change without the rollout engine: the new bundle gets its own Deployment at full
-size next to the stable one; when all its replicas are Ready it is promoted and the old
-Deployment is deleted. The rollout issue refines the middle (steps, analysis, rollback).
+A bundle change goes through the rollout state machine (`rollout.advance`, one decision per
+reconcile): a canary Deployment next to the full stable one, the conformance gate, weighted
+steps judged by canary analysis, then promotion with the prior bundle kept warm, or a
+rollback. The machine's state lives in status, so a restarted operator resumes it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modeldeploy.operator import children
-from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDeploymentStatus
+from modeldeploy.operator import children, progression, routing
+from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
+from modeldeploy.operator.rollout import (
+    ACTIVE,
+    RolloutState,
+    Signals,
+    advance,
+    canary_weight,
+    cohort_replicas,
+    serving_bundles,
+)
 from modeldeploy.operator.status import cohort, condition, replica_failure
 from modeldeploy.operator.topology import NodeInfo, fit
 
@@ -61,7 +71,14 @@ class Event:
     message: str
 
 
-Action = Create | Patch | Delete | PatchStatus | Event
+@dataclass(frozen=True)
+class Annotate:
+    """Merge patch of the ModelDeployment's own annotations (None removes): consumes a manual command."""
+
+    annotations: dict[str, str | None]
+
+
+Action = Create | Patch | Delete | PatchStatus | Event | Annotate
 
 
 @dataclass
@@ -73,6 +90,13 @@ class Observed:
     loading: dict[str, list[float]] = field(default_factory=dict)
     # bundle id -> load error a pod of it reported (runtime /health/ready status "failed")
     load_errors: dict[str, str] = field(default_factory=dict)
+    # rollout inputs gathered by the I/O layer (canary_io): gate result, latest analysis, manual command
+    conformance: tuple[bool, str] | None = None
+    analysis: AnalysisResult | None = None
+    analysis_at: float | None = None
+    command: str | None = None
+    command_annotations: tuple[str, ...] = ()
+    routes: list[dict[str, Any]] | None = None  # HTTPRoutes owned; None: Gateway API not served
 
 
 def subset(want: Any, have: Any) -> bool:
@@ -145,38 +169,42 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
 
     bid = bundle_id(spec.bundle)
     by_bundle = {d["metadata"].get("labels", {}).get(BUNDLE_LABEL): d for d in observed.deployments}
-    stable_id = prior.stable.bundle if prior.stable else None
-    if stable_id is None or stable_id not in by_bundle or stable_id == bid:
-        stable_id, canary_id = bid, None
-    else:
-        canary_id = bid
+    pol = progression.policy(spec)
+    state = progression.load_state(prior)
+    if state.stable is not None and state.stable != bid and state.stable not in by_bundle:
+        state = RolloutState(failed=state.failed)  # the stable Deployment is gone: start over from spec
+    now_s = progression.epoch(now) or 0.0
+    canary_dep = by_bundle.get(state.canary) if state.canary else None
+    sig = Signals(
+        desired=bid, canary_ready=_ready(canary_dep),
+        canary_failure=observed.load_errors.get(state.canary) if state.canary else None,
+        conformance=observed.conformance, analysis=observed.analysis, analysis_at=observed.analysis_at,
+        command=observed.command,
+    )  # fmt: skip
+    step = advance(state, pol, sig, now_s)
+    state = step.state
+    if step.event is not None:
+        out.append(Event(*step.event))
+    if observed.command_annotations:
+        out.append(Annotate({a: None for a in observed.command_annotations}))  # a command acts once
 
     unfit = fit(spec.topology, observed.nodes) if observed.nodes is not None else None
-    history = list(prior.history)
+    sizes = cohort_replicas(state, pol, now_s)
     live: dict[str, dict[str, Any]] = {}
-    promoted = False
-    if canary_id is not None:
-        canary_dep = by_bundle.get(canary_id)
-        ready = int(((canary_dep or {}).get("status") or {}).get("readyReplicas") or 0)
-        if canary_dep is not None and ready >= spec.replicas:
-            history.append(HistoryEntry(bundle=stable_id, revision=prior.stable.revision, replaced_at=now))
-            out.append(
-                Event(
-                    "Normal",
-                    "Promoted",
-                    f"bundle {canary_id} is Ready ({ready}/{spec.replicas}); replaces {stable_id}",
-                )
-            )
-            stable_id, canary_id, promoted = canary_id, None, True
-        else:
-            live[stable_id] = by_bundle[stable_id]  # keep serving as it is while the new bundle loads
-
-    if unfit is None:
-        want = children.deployment(md, spec, bid, spec.replicas)
-        _reconcile_child(want, by_bundle.get(bid), out)
-        live[bid] = want
-    elif bid in by_bundle:
-        live[bid] = by_bundle[bid]  # an impossible placement is not applied: running pods keep serving
+    for b, n in sizes.items():
+        if b == bid:
+            if unfit is None:
+                want = children.deployment(md, spec, bid, n)
+                _reconcile_child(want, by_bundle.get(bid), out)
+                live[b] = want
+            elif bid in by_bundle:
+                live[b] = by_bundle[bid]  # an impossible placement is not applied: running pods keep serving
+        elif b in by_bundle:  # an older bundle: its pod template stays as it was, only its size moves
+            live[b] = by_bundle[b]
+            if int((by_bundle[b].get("spec") or {}).get("replicas") or 0) != n:
+                name_b = by_bundle[b]["metadata"]["name"]
+                out.append(Patch("Deployment", name_b, {"spec": {"replicas": n}}))
+                out.append(Event("Normal", "Scaled", f"scaled Deployment {name_b} (bundle {b}) to {n}"))
     for other, dep in by_bundle.items():
         if other not in live:
             out.append(Delete("Deployment", dep["metadata"]["name"]))
@@ -188,90 +216,69 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
                 )
             )
 
+    serving = serving_bundles(state)
+    canary_id = state.canary if state.phase in ACTIVE or state.phase == "RollingBack" else None
     svcs = {s["metadata"]["name"]: s for s in observed.services}
     for suffix, sid in (
-        ("", None),
-        ("stable", stable_id if stable_id in live else None),
+        ("", serving[0] if len(serving) == 1 else None),
+        ("stable", state.stable if state.stable in live else None),
         ("canary", canary_id),
     ):
         want = children.service(md, suffix, sid)
         _reconcile_child(want, svcs.get(want["metadata"]["name"]), out)
+    weight = canary_weight(state, pol)
+    route_problem = _routes(md, spec, weight, canary_id is not None, observed, out)
 
+    revisions = _revisions(by_bundle, prior, spec, bid)
     stable_c = cohort(
-        stable_id,
-        _revision(prior, stable_id, spec, bid),
-        by_bundle.get(stable_id),
-        _size(by_bundle.get(stable_id), spec, stable_id == bid),
-        observed.loading.get(stable_id, []),
-    )
+        state.stable, revisions.get(state.stable), by_bundle.get(state.stable), sizes.get(state.stable, 0),
+        observed.loading.get(state.stable, []),
+    )  # fmt: skip
     canary_c = None
     if canary_id:
-        dep = by_bundle.get(canary_id)
-        canary_c = cohort(
-            canary_id, spec.bundle.model.revision, dep, spec.replicas, observed.loading.get(canary_id, [])
-        )
-    ready_total = stable_c.ready_replicas + (canary_c.ready_replicas if canary_c else 0)
-    weight = round(100 * canary_c.ready_replicas / ready_total) if canary_c and ready_total else 0
+        canary_c = cohort(canary_id, revisions.get(canary_id), by_bundle.get(canary_id), sizes.get(canary_id, 0),
+                          observed.loading.get(canary_id, []))
+    ready_total = sum(_ready(by_bundle.get(b)) for b in sizes)
 
-    failure = replica_failure(by_bundle.get(bid))
-    load_error = next(((b, observed.load_errors[b]) for b in (bid, stable_id) if b in observed.load_errors), None)
+    failure = replica_failure(by_bundle.get(state.stable))
+    load_error = observed.load_errors.get(state.stable)
     if unfit is not None:
         degraded = ("Unschedulable", f"no node can ever fit a replica: {unfit}")
     elif load_error is not None:
-        degraded = ("LoadFailed", f"bundle {load_error[0]} failed to load: {load_error[1]}")
+        degraded = ("LoadFailed", f"bundle {state.stable} failed to load: {load_error}")
     elif failure is not None:
         degraded = ("ReplicaFailure", failure)
+    elif route_problem is not None:
+        degraded = ("GatewayAPIUnavailable", route_problem)
+    elif state.phase == "Stable" and bid != state.stable and state.reason in progression.FAILURE_REASONS:
+        degraded = (state.reason, state.message)
     else:
         degraded = None
-    all_ready = canary_c is None and stable_c.ready_replicas >= spec.replicas and stable_id == bid
-    if degraded and not all_ready:
-        phase = "Degraded"
-    elif canary_c is not None:
-        phase = "Deploying"
+    stable_ready = stable_c.ready_replicas >= spec.replicas
+    all_ready = canary_c is None and stable_ready and state.stable == bid
+    rollout_failed = degraded is not None and degraded[0] in progression.FAILURE_REASONS
+    if degraded and not rollout_failed and not all_ready and state.phase not in ACTIVE and state.phase != "RollingBack":
+        phase = "Degraded"  # a rollout that failed is Stable on the prior bundle, with Degraded=True
+    elif state.phase == "Stable" and not stable_ready and state.stable == bid:
+        phase = "Deploying"  # the bundle is loading with no canary involved (first deployment, scale-up)
     else:
-        phase = "Stable" if all_ready else "Deploying"
-    progressing = (
-        ("NewBundle", f"bundle {bid} loading: {canary_c.ready_replicas}/{spec.replicas} ready")
-        if canary_c
-        else (
-            ("Complete", "desired state reached")
-            if all_ready
-            else ("ReplicasNotReady", f"{stable_c.ready_replicas}/{spec.replicas} replicas ready")
-        )
-    )
-    if promoted:
-        progressing = ("Promoted", f"bundle {bid} promoted")
+        phase = state.phase
+    if state.phase in ACTIVE or state.phase == "RollingBack":
+        progressing = (state.reason or state.phase, state.message)
+    elif all_ready:
+        progressing = ("Complete", "desired state reached")
+    else:
+        progressing = ("ReplicasNotReady", f"{stable_c.ready_replicas}/{spec.replicas} replicas ready")
     conds = [
-        condition(
-            "Ready",
-            stable_c.ready_replicas >= spec.replicas,
-            "AllReplicasReady" if stable_c.ready_replicas >= spec.replicas else "ReplicasNotReady",
-            f"{stable_c.ready_replicas}/{spec.replicas} stable replicas ready",
-            generation,
-            prior.conditions,
-            now,
-        ),
-        condition(
-            "Progressing",
-            not all_ready and not degraded,
-            progressing[0],
-            progressing[1],
-            generation,
-            prior.conditions,
-            now,
-        ),
-        condition(
-            "Degraded",
-            degraded is not None,
-            degraded[0] if degraded else "AsExpected",
-            degraded[1] if degraded else "",
-            generation,
-            prior.conditions,
-            now,
-        ),
-    ]
+        condition("Ready", stable_ready, "AllReplicasReady" if stable_ready else "ReplicasNotReady",
+                  f"{stable_c.ready_replicas}/{spec.replicas} stable replicas ready", generation, prior.conditions, now),
+        condition("Progressing", (not all_ready and not degraded) or state.phase in ACTIVE, progressing[0],
+                  progressing[1], generation, prior.conditions, now),
+        condition("Degraded", degraded is not None, degraded[0] if degraded else "AsExpected",
+                  degraded[1] if degraded else "", generation, prior.conditions, now),
+    ]  # fmt: skip
     old_degraded = next((c for c in prior.conditions if c.type == "Degraded"), None)
-    if degraded and (
+    if degraded and degraded[0] not in progression.FAILURE_REASONS and (
         old_degraded is None or old_degraded.reason != degraded[0] or old_degraded.status != "True"
     ):
         out.append(Event("Warning", degraded[0], degraded[1]))
@@ -279,23 +286,50 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     status = prior.model_copy(
         update={
             "observed_generation": generation, "phase": phase, "conditions": conds, "stable": stable_c, "canary": canary_c,
-            "canary_weight": weight, "replicas": stable_c.replicas + (canary_c.replicas if canary_c else 0),
-            "ready_replicas": ready_total, "selector": sel, "history": history[-50:],
+            "canary_weight": weight, "replicas": sum(sizes.values()), "ready_replicas": ready_total, "selector": sel,
+            "history": progression.history_entries(state, prior.history, revisions, now),
+            "current_step": state.step if state.phase == "Canary" else None, "failed_bundles": list(state.failed),
+            "last_analysis": observed.analysis if state.phase in ACTIVE or state.reason == "AnalysisFailed"
+            else prior.last_analysis,
+            "rollout": progression.rollout_status(state),
         }
     )  # fmt: skip
     return _finish(md, prior, status, out)
 
 
-def _size(dep: dict[str, Any] | None, spec: ModelDeploymentSpec, current: bool) -> int:
-    if current or dep is None:
-        return spec.replicas
-    return int((dep.get("spec") or {}).get("replicas") or 0)
+def _ready(dep: dict[str, Any] | None) -> int:
+    return int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
-def _revision(prior: ModelDeploymentStatus, sid: str, spec: ModelDeploymentSpec, bid: str) -> str | None:
-    if sid == bid:
-        return spec.bundle.model.revision
-    return prior.stable.revision if prior.stable and prior.stable.bundle == sid else None
+def _routes(md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_canary: bool, observed: Observed,
+            out: list[Action]) -> str | None:
+    """Reconcile the HTTPRoute under spec.rollout.trafficRouting.gatewayAPI; a problem message or None."""
+    try:
+        want = routing.http_route(md, spec, weight, has_canary)
+    except ValueError as e:
+        return str(e)
+    have = {r["metadata"]["name"]: r for r in observed.routes or []}
+    if want is None:
+        for n in have:
+            out.append(Delete(routing.KIND, n))
+        return None
+    if observed.routes is None:
+        return "spec.rollout.trafficRouting.gatewayAPI is set but the cluster serves no gateway.networking.k8s.io/v1 HTTPRoute"
+    _reconcile_child(want, have.get(want["metadata"]["name"]), out)
+    return None
+
+
+def _revisions(by_bundle: dict[str, dict[str, Any]], prior: ModelDeploymentStatus, spec: ModelDeploymentSpec,
+               bid: str) -> dict[str, str | None]:
+    """Model revision per bundle id: the spec's for the desired bundle, else what was recorded."""
+    out: dict[str, str | None] = {h.bundle: h.revision for h in prior.history}
+    for c in (prior.stable, prior.canary):
+        if c is not None:
+            out[c.bundle] = c.revision
+    for b, d in by_bundle.items():
+        out.setdefault(b, (d["metadata"].get("labels") or {}).get("app.kubernetes.io/version"))
+    out[bid] = spec.bundle.model.revision
+    return out
 
 
 def _finish(

@@ -21,6 +21,8 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": rw},
         {"apiGroups": [""], "resources": ["services"], "verbs": rw},
+        # spec.rollout.trafficRouting.gatewayAPI: the operator owns one HTTPRoute per object
+        {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"], "verbs": rw},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -18,15 +18,31 @@ from typing import Any
 import httpx
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
-from modeldeploy.operator import metrics
-from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator import canary_io, metrics, rollout_cli, routing
+from modeldeploy.operator.api import GROUP, PLURAL, VERSION, AnalysisResult, ModelDeploymentSpec
 from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
 from modeldeploy.operator.children import PORT
-from modeldeploy.operator.plan import Action, Create, Delete, Event, Observed, Patch, PatchStatus, plan
+from modeldeploy.operator.plan import (
+    Action,
+    Annotate,
+    Create,
+    Delete,
+    Event,
+    Observed,
+    Patch,
+    PatchStatus,
+    plan,
+)
+from modeldeploy.operator.progression import epoch
 from modeldeploy.operator.topology import NodeInfo
 
 NODE_TTL_S = 15.0
+ROLLOUT_TICK_S = 2.0                 # while a rollout is active, reconcile again this soon (gate, pauses)
+RUNNER = canary_io.ConformanceRunner()
+BASELINES = canary_io.Baselines()
+ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
 MAX_PROBES = 8
 COUNT = {"reconciles": 0}
 UNREACHABLE_S = 60.0
@@ -106,7 +122,62 @@ def observe(md: dict[str, Any]) -> Observed:
 
     deps = [d for d in deps if owned(d)]
     loading, errors = _loading(ns, sel) if any(_not_ready(d) for d in deps) else ({}, {})
-    return Observed(deps, [s for s in svcs if owned(s)], nodes(), loading, errors)
+    obs = Observed(deps, [s for s in svcs if owned(s)], nodes(), loading, errors)
+    _observe_rollout(md, sel, obs)
+    return obs
+
+
+def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
+    """The rollout machine's inputs: manual command, conformance gate result, canary analysis, routes."""
+    meta, st = md["metadata"], md.get("status") or {}
+    ann = meta.get("annotations") or {}
+    obs.command = rollout_cli.command_from_annotations(ann)
+    obs.command_annotations = tuple(a for a in rollout_cli.ANNOTATIONS if ann.get(a))
+    last = st.get("lastAnalysis")
+    if last:
+        obs.analysis, obs.analysis_at = AnalysisResult.model_validate(last), epoch(last.get("time"))
+    try:
+        spec = ModelDeploymentSpec.model_validate(md.get("spec") or {})
+    except ValidationError:
+        return
+    obs.routes = _routes(meta["namespace"], sel) if spec.rollout.traffic_routing.gateway_api else []
+    phase, uid = st.get("phase"), meta["uid"]
+    canary = (st.get("canary") or {}).get("bundle")
+    stable = (st.get("stable") or {}).get("bundle")
+    if phase not in ("Verifying", "Canary") or not canary:
+        return
+    pods = _json(_core().list_namespaced_pod(meta["namespace"], label_selector=sel, _preload_content=False))["items"]
+
+    def ips(bundle: str | None) -> list[str]:
+        return canary_io.ready_pod_ips([p for p in pods if (p["metadata"].get("labels") or {}).get(BUNDLE_LABEL) == bundle])
+
+    if phase == "Verifying":
+        canary_ips = ips(canary)
+        if canary_ips and spec.rollout.conformance_gate:
+            obs.conformance = RUNNER.ensure((uid, canary), canary_io.pod_url(canary_ips[0]))
+        return
+    step = st.get("currentStep")
+    cfg = spec.rollout.analysis
+    now = time.time()
+    stale = obs.analysis is None or obs.analysis.step != step or obs.analysis_at is None
+    if stale or now - obs.analysis_at >= cfg.interval_seconds:
+        mark = (canary, step, (st.get("rollout") or {}).get("phaseSince"))
+        stamp = datetime.fromtimestamp(round(now), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        result, problems = canary_io.cohort_analysis(BASELINES, uid, mark, (stable, ips(stable)), (canary, ips(canary)),
+                                                     cfg, step=step, time=stamp)
+        obs.analysis, obs.analysis_at = result, epoch(stamp)
+        metrics.DECISIONS.labels("analysis", result.verdict).inc()
+
+
+def _routes(ns: str, sel: str) -> list[dict[str, Any]] | None:
+    """HTTPRoutes of this object; None when the cluster does not serve the Gateway API."""
+    try:
+        return _json(_custom().list_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], label_selector=sel,
+                                                              _preload_content=False))["items"]
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def _not_ready(dep: dict[str, Any]) -> bool:
@@ -200,10 +271,45 @@ def reconcile(namespace: str, name: str) -> list[Action]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         actions = plan(md, observe(md), now)
         apply(md, actions, now)
+        status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
+        if status.get("phase") in ("Deploying", "Verifying", "Canary", "Promoting", "RollingBack") and status.get("canary"):
+            _tick(namespace, name)  # gate results, pauses and analysis intervals raise no watch event
+        elif status.get("phase") == "Stable":
+            _forget_rollout(md["metadata"]["uid"])
         metrics.RECONCILES.inc()
         COUNT["reconciles"] += 1
         last_done[(namespace, name)] = time.monotonic()
         return actions
+
+
+_ticks: set[tuple[str, str]] = set()
+
+
+def _tick(namespace: str, name: str) -> None:
+    """One delayed re-reconcile per object at a time (a daemon timer; lost on restart, as status is not)."""
+    key = (namespace, name)
+    with _guard:
+        if key in _ticks:
+            return
+        _ticks.add(key)
+
+    def fire() -> None:
+        with _guard:
+            _ticks.discard(key)
+        try:
+            request(namespace, name)
+        except Exception as e:  # noqa: BLE001 - the next watch event or resync retries
+            metrics.ERRORS.labels(type(e).__name__).inc()
+
+    t = threading.Timer(ROLLOUT_TICK_S, fire)
+    t.daemon = True
+    t.start()
+
+
+def _forget_rollout(uid: str) -> None:
+    """A settled object keeps no gate results or metric baselines: a later rollout starts fresh."""
+    RUNNER.forget_md(uid)
+    BASELINES.forget(uid)
 
 
 def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
@@ -213,7 +319,21 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
     failures: list[str] = []
     for a in actions:
         try:
-            if isinstance(a, Create):
+            if isinstance(a, Create) and a.obj["kind"] == routing.KIND:
+                _custom().create_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], a.obj, **raw)
+                metrics.DECISIONS.labels("create", routing.KIND).inc()
+            elif isinstance(a, Patch | Delete) and a.kind == routing.KIND:
+                if isinstance(a, Patch):
+                    _custom().patch_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], a.name, a.body,
+                                                             _content_type="application/merge-patch+json", **raw)
+                else:
+                    _custom().delete_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], a.name, **raw)
+                metrics.DECISIONS.labels(type(a).__name__.lower(), routing.KIND).inc()
+            elif isinstance(a, Annotate):
+                _custom().patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
+                                                         {"metadata": {"annotations": a.annotations}},
+                                                         _content_type="application/merge-patch+json", **raw)
+            elif isinstance(a, Create):
                 kind = a.obj["kind"]
                 create = apps.create_namespaced_deployment if kind == "Deployment" else core.create_namespaced_service
                 create(ns, a.obj, **raw)

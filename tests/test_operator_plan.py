@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
-from modeldeploy.operator.plan import Create, Delete, Event, Observed, Patch, PatchStatus, plan
+from modeldeploy.operator.api import AnalysisResult, MetricVerdict
+from modeldeploy.operator.plan import Annotate, Create, Delete, Event, Observed, Patch, PatchStatus, plan
+from modeldeploy.operator.progression import epoch as _epoch
 from modeldeploy.operator.topology import NodeInfo
 
 NOW = "2026-01-01T00:00:00Z"
@@ -48,7 +50,9 @@ def converge(
         elif isinstance(a, Patch):
             target = deps if a.kind == "Deployment" else svcs
             target[a.name]["spec"].update(a.body["spec"])
-            target[a.name]["metadata"].setdefault("annotations", {}).update(a.body["metadata"]["annotations"])
+            target[a.name]["metadata"].setdefault("annotations", {}).update(
+                a.body.get("metadata", {}).get("annotations", {})
+            )
         elif isinstance(a, PatchStatus):
             obj = {**obj, "status": a.status}
     return obj, Observed(list(deps.values()), list(svcs.values()), observed.nodes)
@@ -100,36 +104,118 @@ def test_scale_patches_replicas_only() -> None:
     assert status_of(acts)["observedGeneration"] == 2
 
 
-def test_bundle_change_runs_new_deployment_then_promotes_and_deletes_old() -> None:
+def at(minute: int, second: int = 0) -> str:
+    return f"2026-01-01T00:{minute:02d}:{second:02d}Z"
+
+
+def advance_to(obj: dict[str, Any], obs: Observed, now: str, ready: dict[str, int] | None = None,
+               **rollout: Any) -> tuple[dict[str, Any], Observed, list]:
+    """One reconcile at `now`; Deployments report `ready[bundle]` ready replicas (default: all)."""
+    for d in obs.deployments:
+        b = d["metadata"]["labels"]["modeldeploy.dev/bundle"]
+        d["status"]["readyReplicas"] = (ready or {}).get(b, d["spec"]["replicas"])
+    view = Observed(obs.deployments, obs.services, obs.nodes, **rollout)
+    acts = plan(obj, view, now)
+    deps = {d["metadata"]["name"]: d for d in obs.deployments}
+    svcs = {s["metadata"]["name"]: s for s in obs.services}
+    for a in acts:
+        if isinstance(a, Create):
+            (deps if a.obj["kind"] == "Deployment" else svcs)[a.obj["metadata"]["name"]] = as_observed(a.obj)
+        elif isinstance(a, Delete):
+            (deps if a.kind == "Deployment" else svcs).pop(a.name)
+        elif isinstance(a, Patch):
+            (deps if a.kind == "Deployment" else svcs)[a.name]["spec"].update(a.body["spec"])
+        elif isinstance(a, PatchStatus):
+            obj = {**obj, "status": a.status}
+    return obj, Observed(list(deps.values()), list(svcs.values()), obs.nodes), acts
+
+
+def analysis(verdict: str, step: int, canary_ttft: float = 0.1) -> AnalysisResult:
+    return AnalysisResult(step=step, verdict=verdict, metrics=[MetricVerdict(
+        metric="ttft_p95_seconds", stable=0.1, canary=canary_ttft, threshold=0.12, samples=60, verdict=verdict)])
+
+
+def stable_then_change() -> tuple[dict[str, Any], Observed, str, str]:
     obj, obs = converge(md(), Observed(nodes=gpu_nodes()))
     obj, obs = converge(obj, obs)
-    old_bid = obj["status"]["stable"]["bundle"]
+    old = obj["status"]["stable"]["bundle"]
     obj = copy.deepcopy(obj)
     obj["spec"]["bundle"]["config"]["maxNumSeqs"] = 4
+    obj["spec"]["rollout"] = {"steps": [{"weight": 25, "pauseSeconds": 30}, {"weight": 50, "pauseSeconds": 30}]}
     obj["metadata"]["generation"] = 2
-    acts = plan(obj, obs, NOW)
-    new = [a.obj for a in acts if isinstance(a, Create)]
-    assert [d["kind"] for d in new] == ["Deployment"]
-    new_bid = new[0]["metadata"]["labels"]["modeldeploy.dev/bundle"]
-    assert new_bid != old_bid and not any(isinstance(a, Delete) for a in acts)
-    canary_svc = [a for a in acts if isinstance(a, Patch) and a.name == "chat-canary"]
-    assert canary_svc and canary_svc[0].body["spec"]["selector"]["modeldeploy.dev/bundle"] == new_bid
-    st = status_of(acts)
-    assert (
-        st["stable"]["bundle"] == old_bid and st["canary"]["bundle"] == new_bid and st["phase"] == "Deploying"
-    )
-    # new pods still loading: nothing deleted yet
-    obj2, obs2 = converge(obj, obs, ready=0)
-    obj2, obs2 = converge(obj2, obs2, ready=0)
-    assert obj2["status"]["canary"]["readyReplicas"] == 0 and len(obs2.deployments) == 2
-    # new pods Ready -> promoted, old Deployment deleted, history records the old bundle
-    for d in obs2.deployments:
-        d["status"]["readyReplicas"] = d["spec"]["replicas"]
-    acts = plan(obj2, obs2, NOW)
-    assert ("delete", "Deployment", f"chat-{old_bid[:10]}") in kinds(acts)
+    return obj, obs, old, ""
+
+
+def selector(obs: Observed, name: str) -> dict[str, str]:
+    return next(s for s in obs.services if s["metadata"]["name"] == name)["spec"]["selector"]
+
+
+def test_bundle_change_canary_gate_steps_promotion_and_warm_prior() -> None:
+    obj, obs, old, _ = stable_then_change()
+    obj, obs, acts = advance_to(obj, obs, at(0), ready={})
+    new = obj["status"]["canary"]["bundle"]
+    assert obj["status"]["phase"] == "Deploying" and new != old
+    assert {d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments} \
+        == {old: 2, new: 1}                                            # canary next to a full stable
+    assert selector(obs, "chat")["modeldeploy.dev/bundle"] == old    # no traffic before the gate
+    obj, obs, _ = advance_to(obj, obs, at(0, 20), ready={new: 0})
+    assert obj["status"]["phase"] == "Deploying"                     # still loading: hold
+    obj, obs, _ = advance_to(obj, obs, at(1))
+    assert obj["status"]["phase"] == "Verifying"
+    obj, obs, _ = advance_to(obj, obs, at(1, 10))                    # gate still running: hold
+    assert obj["status"]["phase"] == "Verifying"
+    obj, obs, acts = advance_to(obj, obs, at(1, 20), conformance=(True, "8/8 checks passed"))
+    st = obj["status"]
+    assert (st["phase"], st["currentStep"], st["canaryWeight"]) == ("Canary", 0, 25)
+    assert "modeldeploy.dev/bundle" not in selector(obs, "chat")     # both cohorts serve now
+    assert selector(obs, "chat-canary")["modeldeploy.dev/bundle"] == new
+    res = analysis("Pass", 0)
+    obj, obs, _ = advance_to(obj, obs, at(1, 40), analysis=res, analysis_at=_epoch(at(1, 40)))
+    assert obj["status"]["currentStep"] == 0                         # pause of 30 s not over
+    obj, obs, _ = advance_to(obj, obs, at(1, 55), analysis=res, analysis_at=_epoch(at(1, 50)))
+    assert obj["status"]["currentStep"] == 1 and obj["status"]["lastAnalysis"]["verdict"] == "Pass"
+    obj, obs, _ = advance_to(obj, obs, at(2, 30), analysis=analysis("Pass", 1), analysis_at=_epoch(at(2, 30)))
+    assert obj["status"]["phase"] == "Promoting"
+    obj, obs, acts = advance_to(obj, obs, at(2, 40))
+    st = obj["status"]
+    assert (st["phase"], st["stable"]["bundle"], st.get("canary")) == ("Stable", new, None)
+    assert st["history"][-1]["bundle"] == old and st["rollout"]["previous"] == old
+    assert {d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments} \
+        == {new: 2, old: 1}                                            # prior bundle kept warm
+    assert selector(obs, "chat")["modeldeploy.dev/bundle"] == new
     assert any(isinstance(a, Event) and a.reason == "Promoted" for a in acts)
-    st = status_of(acts)
-    assert st["stable"]["bundle"] == new_bid and "canary" not in st and st["history"][-1]["bundle"] == old_bid
+    obj, obs, _ = advance_to(obj, obs, "2026-01-01T02:00:00Z")     # keepPrevious.seconds (3600) over
+    assert [d["metadata"]["labels"]["modeldeploy.dev/bundle"] for d in obs.deployments] == [new]
+
+
+def test_failed_analysis_rolls_back_and_holds_the_bundle() -> None:
+    obj, obs, old, _ = stable_then_change()
+    obj, obs, _ = advance_to(obj, obs, at(0))
+    obj, obs, _ = advance_to(obj, obs, at(0, 10))
+    obj, obs, _ = advance_to(obj, obs, at(0, 20), conformance=(True, "ok"))
+    new = obj["status"]["canary"]["bundle"]
+    obj, obs, acts = advance_to(obj, obs, at(0, 30), analysis=analysis("Fail", 0, 0.9), analysis_at=_epoch(at(0, 30)))
+    assert obj["status"]["phase"] == "RollingBack" and obj["status"]["canaryWeight"] == 0
+    fail = [a for a in acts if isinstance(a, Event) and a.reason == "AnalysisFailed"]
+    assert fail and "ttft_p95_seconds canary=0.9 stable=0.1" in fail[0].message
+    obj, obs, acts = advance_to(obj, obs, at(0, 31))
+    st = obj["status"]
+    assert (st["phase"], st["stable"]["bundle"], st["failedBundles"]) == ("Stable", old, [new])
+    assert [d["metadata"]["labels"]["modeldeploy.dev/bundle"] for d in obs.deployments] == [old]
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Degraded"]["status"] == "True" and cond["Degraded"]["reason"] == "AnalysisFailed"
+    obj, obs, acts = advance_to(obj, obs, at(5))
+    obj, obs, acts = advance_to(obj, obs, at(6))
+    assert not [a for a in acts if isinstance(a, Create)]            # same spec: never retried
+
+
+def test_manual_abort_is_consumed_once() -> None:
+    obj, obs, old, _ = stable_then_change()
+    obj, obs, _ = advance_to(obj, obs, at(0), ready={})
+    obj, obs, acts = advance_to(obj, obs, at(0, 5), ready={}, command="abort",
+                                command_annotations=("modeldeploy.dev/abort",))
+    assert obj["status"]["phase"] == "RollingBack"
+    assert [a.annotations for a in acts if isinstance(a, Annotate)] == [{"modeldeploy.dev/abort": None}]
 
 
 def test_deletion_plans_nothing_gc_owns_children() -> None:

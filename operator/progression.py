@@ -1,0 +1,68 @@
+"""Glue between the ModelDeployment and the pure rollout machine: spec -> Policy, status <->
+RolloutState, with RFC 3339 times in status and epoch seconds inside the machine. Pure."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDeploymentStatus, RolloutStatus
+from modeldeploy.operator.rollout import Policy, RolloutState, Step
+
+# Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
+FAILURE_REASONS = ("AnalysisFailed", "LoadTimeout", "ConformanceFailed", "ConformanceTimeout", "CanaryFailed",
+                   "ProgressDeadlineExceeded", "PromotionTimeout", "Aborted", "RolledBackTo", "BundleFailed")
+
+
+def epoch(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(round(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def policy(spec: ModelDeploymentSpec) -> Policy:
+    r = spec.rollout
+    return Policy(
+        replicas=spec.replicas,
+        steps=tuple(Step(s.weight, s.pause_seconds) for s in r.steps),
+        conformance_gate=r.conformance_gate,
+        load_timeout_seconds=spec.readiness.load_timeout_seconds,
+        progress_deadline_seconds=r.progress_deadline_seconds,
+        keep_previous_replicas=r.keep_previous.replicas,
+        keep_previous_seconds=r.keep_previous.seconds,
+        gateway=r.traffic_routing.gateway_api is not None,
+    )
+
+
+def load_state(st: ModelDeploymentStatus) -> RolloutState:
+    """The machine's state from status; an object never reconciled starts empty."""
+    ro = st.rollout or RolloutStatus()
+    phase = st.phase if st.phase in ("Deploying", "Verifying", "Canary", "Promoting", "RollingBack") else "Stable"
+    if st.canary is None and phase != "RollingBack":
+        phase = "Stable"  # "Deploying" with no canary is the first bundle loading, shown but not a rollout
+    return RolloutState(
+        phase=phase, stable=st.stable.bundle if st.stable else None,
+        canary=st.canary.bundle if st.canary and phase != "Stable" else None,
+        step=st.current_step, started_at=epoch(ro.started_at), phase_since=epoch(ro.phase_since),
+        reason=ro.reason, message=ro.message, failed=tuple(st.failed_bundles), previous=ro.previous,
+        previous_until=epoch(ro.previous_until), history=tuple(h.bundle for h in st.history),
+    )  # fmt: skip
+
+
+def history_entries(state: RolloutState, prior: list[HistoryEntry], revisions: dict[str, str | None],
+                    now: str) -> list[HistoryEntry]:
+    """status.history for the machine's history ids, keeping the timestamps already recorded."""
+    known = {h.bundle: h for h in prior}
+    return [known.get(b) or HistoryEntry(bundle=b, revision=revisions.get(b), replaced_at=now)
+            for b in state.history][-50:]
+
+
+def rollout_status(state: RolloutState) -> RolloutStatus:
+    return RolloutStatus(started_at=iso(state.started_at), phase_since=iso(state.phase_since), reason=state.reason,
+                         message=state.message[:4096], previous=state.previous,
+                         previous_until=iso(state.previous_until))
