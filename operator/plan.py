@@ -225,7 +225,17 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         ("canary", canary_id),
     ):
         want = children.service(md, suffix, sid)
-        _reconcile_child(want, svcs.get(want["metadata"]["name"]), out)
+        have = svcs.get(want["metadata"]["name"])
+        _reconcile_child(want, have, out)
+        stale = set(((have or {}).get("spec") or {}).get("selector") or {}) - set(want["spec"]["selector"])
+        if stale:  # a merge patch keeps map keys it does not name: remove them explicitly (null)
+            nulls = {k: None for k in stale}
+            last = out[-2] if len(out) >= 2 and isinstance(out[-2], Patch) and out[-2].name == want["metadata"]["name"] \
+                else None
+            if last is not None and last.kind == "Service":
+                last.body["spec"]["selector"] = {**last.body["spec"]["selector"], **nulls}
+            else:
+                out.append(Patch("Service", want["metadata"]["name"], {"spec": {"selector": nulls}}))
     weight = canary_weight(state, pol)
     route_problem = _routes(md, spec, weight, canary_id is not None, observed, out)
 

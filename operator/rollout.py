@@ -135,11 +135,12 @@ def _stable(s, p, sig, now, elapsed) -> Transition:
     if sig.desired == s.stable:
         return Transition(s)
     if sig.desired in s.failed:
-        if s.reason == "BundleFailed" and s.message.startswith(sig.desired):
+        note = f"{sig.desired} held: not retried until spec.bundle changes"
+        if note in s.message:
             return Transition(s)
-        return Transition(replace(s, reason="BundleFailed", message=f"{sig.desired} failed before; not "
-                                  "retried until spec.bundle changes"), ("Warning", "BundleFailed",
-                          f"{sig.desired} failed before; not retried until spec.bundle changes"))
+        # the reason stays the one that failed the bundle (e.g. AnalysisFailed), with its figures
+        held = replace(s, reason=s.reason or "BundleFailed", message=f"{s.message}; {note}" if s.message else note)
+        return Transition(held, ("Warning", "BundleFailed", note))
     failed = tuple(f for f in s.failed if f == s.stable)         # a new bundle: forget older failures
     return _go(s, now, "Deploying", "NewBundle", f"deploying canary {sig.desired} next to stable {s.stable}",
                canary=sig.desired, step=None, started_at=now, failed=failed)

@@ -28,6 +28,17 @@ def kinds(actions: list) -> list[tuple[str, str, str]]:
     return sorted(out)
 
 
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """JSON merge patch (RFC 7386) as the API server applies it: null removes, maps merge."""
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
+
+
 def status_of(actions: list) -> dict[str, Any]:
     found = [a.status for a in actions if isinstance(a, PatchStatus)]
     assert len(found) == 1, actions
@@ -49,7 +60,7 @@ def converge(
             (deps if a.kind == "Deployment" else svcs).pop(a.name)
         elif isinstance(a, Patch):
             target = deps if a.kind == "Deployment" else svcs
-            target[a.name]["spec"].update(a.body["spec"])
+            merge(target[a.name]["spec"], a.body["spec"])
             target[a.name]["metadata"].setdefault("annotations", {}).update(
                 a.body.get("metadata", {}).get("annotations", {})
             )
@@ -124,7 +135,7 @@ def advance_to(obj: dict[str, Any], obs: Observed, now: str, ready: dict[str, in
         elif isinstance(a, Delete):
             (deps if a.kind == "Deployment" else svcs).pop(a.name)
         elif isinstance(a, Patch):
-            (deps if a.kind == "Deployment" else svcs)[a.name]["spec"].update(a.body["spec"])
+            merge((deps if a.kind == "Deployment" else svcs)[a.name]["spec"], a.body["spec"])
         elif isinstance(a, PatchStatus):
             obj = {**obj, "status": a.status}
     return obj, Observed(list(deps.values()), list(svcs.values()), obs.nodes), acts
@@ -360,3 +371,16 @@ def test_runtime_load_failure_is_degraded_with_its_error() -> None:
     assert deg["status"] == "True" and deg["reason"] == "LoadFailed" and "DigestMismatch" in deg["message"]
     assert st["phase"] == "Degraded"
     assert [a.reason for a in acts if isinstance(a, Event) and a.type == "Warning"] == ["LoadFailed"]
+
+
+def test_main_service_drops_the_bundle_pin_when_the_canary_joins() -> None:
+    obj, obs, old, _ = stable_then_change()
+    obj, obs, _ = advance_to(obj, obs, at(0))
+    obj, obs, _ = advance_to(obj, obs, at(0, 10))
+    for s in obs.services:                                         # what the API server holds after Verifying
+        if s["metadata"]["name"] == "chat":
+            s["spec"]["selector"]["modeldeploy.dev/bundle"] = old
+    _, _, acts = advance_to(obj, obs, at(0, 20), conformance=(True, "ok"))
+    drops = [a for a in acts if isinstance(a, Patch) and a.name == "chat"
+             and a.body["spec"]["selector"].get("modeldeploy.dev/bundle", "") is None]
+    assert drops, acts

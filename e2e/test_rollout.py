@@ -1,0 +1,228 @@
+# ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
+"""Rollout on the local cluster with real runtime processes (issue 7, "Must show").
+
+Each scenario serves the tiny model through a ModelDeployment on the process node, keeps a
+bounded closed-loop load running against the endpoints of the `<name>` Service (read from
+its real EndpointSlices and spread round-robin, as kube-proxy would), changes the bundle,
+and checks what the operator decided, with the figures it wrote to status and Events.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from .conftest import E2ECluster
+from .test_operator import (  # noqa: F401  (fixtures)
+    G,
+    Operator,
+    P,
+    V,
+    _pv_with_tiny_model,
+    condition,
+    crd_installed,
+    create,
+    get_md,
+    manifest,
+    operator,
+)
+
+ANALYSIS = {"intervalSeconds": 5, "minSamples": 8, "maxTtftP95Ratio": 3.0, "maxInterTokenP95Ratio": 3.0,
+            "maxErrorRate": 0.05, "minGoodputRatio": 0.5, "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0}}
+
+
+class Load:
+    """Closed-loop load on the `<name>` Service's endpoints; bounded in requests and time."""
+
+    def __init__(self, cluster: E2ECluster, ns: str, service: str, workers: int = 4, max_requests: int = 50_000,
+                 max_seconds: float = 400.0) -> None:
+        self.cluster, self.ns, self.service = cluster, ns, service
+        self.workers, self.max_requests, self.deadline = workers, max_requests, time.monotonic() + max_seconds
+        self.results: list[tuple[str, int]] = []       # (pod ip, HTTP status or 0 for a transport error)
+        self.endpoints: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def _refresh(self) -> None:
+        disc = client.DiscoveryV1Api(self.cluster.api)
+        while not self._stop.is_set() and time.monotonic() < self.deadline:
+            slices = disc.list_namespaced_endpoint_slice(self.ns, label_selector=f"kubernetes.io/service-name={self.service}")
+            self.endpoints = sorted(a for s in slices.items for e in s.endpoints or []
+                                    if (e.conditions is None or e.conditions.ready) for a in e.addresses)
+            self._stop.wait(0.5)
+
+    def _work(self, i: int) -> None:
+        n = i
+        with httpx.Client(timeout=30.0) as http:
+            while not self._stop.is_set() and time.monotonic() < self.deadline:
+                eps = self.endpoints
+                with self._lock:
+                    if len(self.results) >= self.max_requests:
+                        return
+                if not eps:
+                    time.sleep(0.2)
+                    continue
+                ip = eps[n % len(eps)]
+                n += 1
+                try:
+                    r = http.post(f"http://{ip}:8000/v1/completions",
+                                  json={"model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 12,
+                                        "temperature": 0})
+                    code = r.status_code
+                except httpx.HTTPError:
+                    code = 0
+                with self._lock:
+                    self.results.append((ip, code))
+
+    def __enter__(self) -> Load:
+        self._threads = [threading.Thread(target=self._refresh, daemon=True)]
+        self._threads += [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(self.workers)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=40)
+
+    def by_ip(self) -> dict[str, Counter]:
+        out: dict[str, Counter] = {}
+        with self._lock:
+            for ip, code in self.results:
+                out.setdefault(ip, Counter())[code] += 1
+        return out
+
+
+def pod_ips(cluster: E2ECluster, ns: str, bundle: str) -> set[str]:
+    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"modeldeploy.dev/bundle={bundle}").items
+    return {p.status.pod_ip for p in pods if p.status.pod_ip}
+
+
+def events(cluster: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
+    evs = sorted((e for e in cluster.core.list_namespaced_event(ns).items if e.involved_object.name == name),
+                 key=lambda e: e.metadata.creation_timestamp)
+    return [(e.reason, e.message) for e in evs]
+
+
+def serve_tiny(cluster: E2ECluster, ns: str, tmp: Path, name: str, **rollout: Any) -> tuple[dict[str, Any], str]:
+    """A ModelDeployment on the tiny model, Ready and Stable; returns (object, stable bundle id)."""
+    if cluster.process_node is None:
+        pytest.skip("external $KUBECONFIG cluster: no process node")
+    digest = _pv_with_tiny_model(cluster, ns, tmp)
+    spec = manifest(name)["spec"]
+    spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest}
+    spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": digest}
+    spec["bundle"]["config"] = {"maxNumSeqs": 8, "maxQueue": 64, "device": "cpu", "servedModelName": "tiny-llama"}
+    spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
+    spec["readiness"] = {"loadTimeoutSeconds": 180}
+    spec["rollout"] = {"steps": [{"weight": 50, "pauseSeconds": 5}], "analysis": ANALYSIS,
+                       "progressDeadlineSeconds": 600, "keepPrevious": {"replicas": 1, "seconds": 600}} | rollout
+    create(cluster, ns, manifest(name, **spec))
+    md = cluster.wait(lambda: (lambda m: m if m.get("status", {}).get("phase") == "Stable"
+                               and condition(m, "Ready").get("status") == "True" else None)(get_md(cluster, ns, name)),
+                      240, f"{name} Stable and Ready")
+    return md, md["status"]["stable"]["bundle"]
+
+
+def change_bundle(cluster: E2ECluster, ns: str, name: str, edit) -> None:
+    spec = copy.deepcopy(get_md(cluster, ns, name)["spec"])
+    edit(spec["bundle"])
+    cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
+
+
+def wait_phase(cluster: E2ECluster, ns: str, name: str, phases: tuple[str, ...], timeout: float) -> dict[str, Any]:
+    return cluster.wait(lambda: (lambda m: m if m.get("status", {}).get("phase") in phases else None)(
+        get_md(cluster, ns, name)), timeout, f"{name} phase in {phases}")
+
+
+def stable_errors(load: Load, stable_ips: set[str]) -> dict[str, Counter]:
+    return {ip: c for ip, c in load.by_ip().items() if ip in stable_ips and set(c) - {200}}
+
+
+def test_good_bundle_promoted_across_an_operator_kill_then_rollback_to(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    md, old = serve_tiny(cluster, namespace, tmp_path, "chat")
+    old_ips = pod_ips(cluster, namespace, old)
+    with Load(cluster, namespace, "chat") as load:
+        change_bundle(cluster, namespace, "chat", lambda b: b["config"].update(maxNumSeqs=6))
+        wait_phase(cluster, namespace, "chat", ("Canary",), 240)
+        operator.kill(signal.SIGKILL)                               # killed mid-step: state is in status
+        operator.start()
+        done = wait_phase(cluster, namespace, "chat", ("Stable", "Degraded"), 300)
+        st = done["status"]
+        assert st["phase"] == "Stable" and st["stable"]["bundle"] != old, (st, events(cluster, namespace, "chat"))
+        new = st["stable"]["bundle"]
+        assert st["history"][-1]["bundle"] == old and st["rollout"]["previous"] == old
+        assert st["lastAnalysis"]["verdict"] == "Pass" and st["lastAnalysis"]["metrics"][0]["samples"] >= 8
+        reasons = [r for r, _ in events(cluster, namespace, "chat")]
+        for r in ("NewBundle", "CanaryReady", "ConformancePassed", "Promoted"):
+            assert r in reasons, reasons
+        warm = cluster.apps.list_namespaced_deployment(namespace, label_selector=f"modeldeploy.dev/bundle={old}").items
+        assert len(warm) == 1 and warm[0].spec.replicas == 1       # prior bundle kept warm
+        # rollback-to the warm prior bundle: all traffic back without a cold start
+        t0 = time.monotonic()
+        cluster.custom.patch_namespaced_custom_object(
+            G, V, namespace, P, "chat", {"metadata": {"annotations": {"modeldeploy.dev/rollback-to": old}}})
+        back = cluster.wait(lambda: (lambda m: m if m["status"]["stable"]["bundle"] == old else None)(
+            get_md(cluster, namespace, "chat")), 60, "rollback-to applied")
+        svc = cluster.wait(lambda: cluster.core.read_namespaced_service("chat", namespace).spec.selector.get(
+            "modeldeploy.dev/bundle") == old, 30, "chat Service on the prior bundle")
+        print(f"rollback-to: status after {time.monotonic() - t0:.1f}s")
+        assert svc and new in back["status"]["failedBundles"]
+        assert "modeldeploy.dev/rollback-to" not in (get_md(cluster, namespace, "chat")["metadata"].get("annotations") or {})
+    print(f"load during promotion and rollback-to: {load.by_ip()}")
+    assert not stable_errors(load, old_ips), load.by_ip()
+    assert sum(sum(c.values()) for c in load.by_ip().values()) > 20
+
+
+def test_slow_bundle_fails_analysis_and_rolls_back(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    md, old = serve_tiny(cluster, namespace, tmp_path, "slow",
+                         analysis=ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10})
+    old_ips = pod_ips(cluster, namespace, old)
+    with Load(cluster, namespace, "slow", workers=8) as load:
+        change_bundle(cluster, namespace, "slow", lambda b: b["config"].update(maxNumSeqs=1))
+        try:
+            done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
+                get_md(cluster, namespace, "slow")), 300, "slow bundle rolled back")
+        except AssertionError:
+            print("status:", get_md(cluster, namespace, "slow")["status"], "\nload:", load.by_ip())
+            raise
+    st = done["status"]
+    assert st["stable"]["bundle"] == old and st["phase"] == "Stable", st
+    deg = condition(done, "Degraded")
+    assert deg["status"] == "True" and deg["reason"] == "AnalysisFailed", deg
+    ttft = next(m for m in st["lastAnalysis"]["metrics"] if m["metric"] == "ttft_p95_seconds")
+    assert ttft["verdict"] == "Fail" and ttft["canary"] > ttft["threshold"], ttft
+    assert any(r == "AnalysisFailed" and "ttft_p95_seconds" in m for r, m in events(cluster, namespace, "slow"))
+    print(f"load during the failed canary: {load.by_ip()}; analysis {st['lastAnalysis']}")
+    assert not stable_errors(load, old_ips), load.by_ip()
+    canary = st["failedBundles"][0]
+    cluster.wait(lambda: not cluster.apps.list_namespaced_deployment(
+        namespace, label_selector=f"modeldeploy.dev/bundle={canary}").items, 60, "canary Deployment removed")
+
+
+def test_broken_digest_never_ready_rolls_back_with_reason(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    md, old = serve_tiny(cluster, namespace, tmp_path, "bad")
+    change_bundle(cluster, namespace, "bad", lambda b: b["model"].update(digest="sha256:" + "0" * 64))
+    done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
+        get_md(cluster, namespace, "bad")), 240, "broken bundle rolled back")
+    deg = condition(done, "Degraded")
+    assert done["status"]["stable"]["bundle"] == old and deg["status"] == "True"
+    assert deg["reason"] in ("CanaryFailed", "LoadTimeout") and "digest" in deg["message"].lower(), deg
+    assert condition(done, "Ready")["status"] == "True"            # the stable bundle kept serving
