@@ -101,9 +101,13 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, *, 
 
 
 def _normalize_json(out: Path) -> None:
-    """Rewrite JSON files with sorted keys so equal content is equal bytes."""
+    """Rewrite JSON files with sorted keys so equal content is equal bytes, and drop the writer's
+    `transformers_version`, so the embedded model (and the digest examples pin) does not change
+    with every transformers release."""
     for p in out.glob("*.json"):
         data = json.loads(p.read_text())
+        if isinstance(data, dict):
+            data.pop("transformers_version", None)
         p.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
