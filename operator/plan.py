@@ -140,7 +140,12 @@ def _reconcile_child(want: dict[str, Any], have: dict[str, Any] | None, out: lis
         "spec": want["spec"],
         "metadata": {"labels": want["metadata"]["labels"], "annotations": {DESIRED_HASH: digest}},
     }
-    if not subset(fields, have):
+    # a merge patch keeps map keys it does not name: a selector key we no longer want (e.g. the
+    # bundle pin of `<name>` once the canary joins) is removed with an explicit null
+    stale = set((have.get("spec") or {}).get("selector") or {}) - set(want["spec"].get("selector") or {})
+    if kind == "Service" and stale:
+        fields["spec"] = {**want["spec"], "selector": {**want["spec"]["selector"], **dict.fromkeys(stale)}}
+    if not subset(fields, have):  # (a null in the selector never matches, so it always patches)
         out.append(Patch(kind, name, fields))
         if (have["metadata"].get("annotations") or {}).get(DESIRED_HASH) == digest:
             out.append(
@@ -225,17 +230,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         ("canary", canary_id),
     ):
         want = children.service(md, suffix, sid)
-        have = svcs.get(want["metadata"]["name"])
-        _reconcile_child(want, have, out)
-        stale = set(((have or {}).get("spec") or {}).get("selector") or {}) - set(want["spec"]["selector"])
-        if stale:  # a merge patch keeps map keys it does not name: remove them explicitly (null)
-            nulls = {k: None for k in stale}
-            last = out[-2] if len(out) >= 2 and isinstance(out[-2], Patch) and out[-2].name == want["metadata"]["name"] \
-                else None
-            if last is not None and last.kind == "Service":
-                last.body["spec"]["selector"] = {**last.body["spec"]["selector"], **nulls}
-            else:
-                out.append(Patch("Service", want["metadata"]["name"], {"spec": {"selector": nulls}}))
+        _reconcile_child(want, svcs.get(want["metadata"]["name"]), out)
     weight = canary_weight(state, pol)
     route_problem = _routes(md, spec, weight, canary_id is not None, observed, out)
 
