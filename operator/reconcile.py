@@ -9,6 +9,8 @@ racing a restarted operator gets 409 and the next event converges: never duplica
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -353,6 +355,7 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
                     GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/json-patch+json", **raw
                 )
                 own_writes[(ns, name)] = _json(resp)["metadata"]["resourceVersion"]
+                _failpoint(a.status.get("phase"))
             elif isinstance(a, Event):
                 post_event(md, a, now)
         except ApiException as e:
@@ -363,6 +366,15 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
         # every other action (status included) was still applied; the failure is an Event and an error
         post_event(md, Event("Warning", "ApplyFailed", "; ".join(failures)), now)
         raise ApplyError("; ".join(failures))
+
+
+def _failpoint(phase: str | None) -> None:
+    """Crash tests: `MODELDEPLOY_FAILPOINT=kill-after-status:<Phase>` SIGKILLs this process right
+    after it persisted a status whose phase is <Phase>, so a test can kill the operator in
+    phases that last a single reconcile (Promoting, RollingBack) as surely as in long ones."""
+    point = os.environ.get("MODELDEPLOY_FAILPOINT", "")
+    if phase and point == f"kill-after-status:{phase}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ApplyError(RuntimeError):
