@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import copy
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from kubernetes import client
 
 from .conftest import E2ECluster
+from .load import Load
 from .test_operator import (  # noqa: F401  (fixtures)
     G,
     Operator,
@@ -38,70 +36,6 @@ from .test_operator import (  # noqa: F401  (fixtures)
 
 ANALYSIS = {"intervalSeconds": 5, "minSamples": 8, "maxTtftP95Ratio": 3.0, "maxInterTokenP95Ratio": 3.0,
             "maxErrorRate": 0.05, "minGoodputRatio": 0.5, "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0}}
-
-
-class Load:
-    """Closed-loop load on the `<name>` Service's endpoints; bounded in requests and time."""
-
-    def __init__(self, cluster: E2ECluster, ns: str, service: str, workers: int = 4, max_requests: int = 50_000,
-                 max_seconds: float = 400.0) -> None:
-        self.cluster, self.ns, self.service = cluster, ns, service
-        self.workers, self.max_requests, self.deadline = workers, max_requests, time.monotonic() + max_seconds
-        self.results: list[tuple[str, int]] = []       # (pod ip, HTTP status or 0 for a transport error)
-        self.endpoints: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-
-    def _refresh(self) -> None:
-        disc = client.DiscoveryV1Api(self.cluster.api)
-        while not self._stop.is_set() and time.monotonic() < self.deadline:
-            slices = disc.list_namespaced_endpoint_slice(self.ns, label_selector=f"kubernetes.io/service-name={self.service}")
-            self.endpoints = sorted(a for s in slices.items for e in s.endpoints or []
-                                    if (e.conditions is None or e.conditions.ready) for a in e.addresses)
-            self._stop.wait(0.5)
-
-    def _work(self, i: int) -> None:
-        n = i
-        with httpx.Client(timeout=30.0) as http:
-            while not self._stop.is_set() and time.monotonic() < self.deadline:
-                eps = self.endpoints
-                with self._lock:
-                    if len(self.results) >= self.max_requests:
-                        return
-                if not eps:
-                    time.sleep(0.2)
-                    continue
-                ip = eps[n % len(eps)]
-                n += 1
-                try:
-                    r = http.post(f"http://{ip}:8000/v1/completions",
-                                  json={"model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 12,
-                                        "temperature": 0})
-                    code = r.status_code
-                except httpx.HTTPError:
-                    code = 0
-                with self._lock:
-                    self.results.append((ip, code))
-
-    def __enter__(self) -> Load:
-        self._threads = [threading.Thread(target=self._refresh, daemon=True)]
-        self._threads += [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(self.workers)]
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=40)
-
-    def by_ip(self) -> dict[str, Counter]:
-        out: dict[str, Counter] = {}
-        with self._lock:
-            for ip, code in self.results:
-                out.setdefault(ip, Counter())[code] += 1
-        return out
 
 
 def pod_ips(cluster: E2ECluster, ns: str, bundle: str) -> set[str]:
@@ -155,7 +89,7 @@ def test_good_bundle_promoted_across_an_operator_kill_then_rollback_to(
 ) -> None:
     md, old = serve_tiny(cluster, namespace, tmp_path, "chat")
     old_ips = pod_ips(cluster, namespace, old)
-    with Load(cluster, namespace, "chat") as load:
+    with Load(cluster.api, namespace, "chat") as load:
         change_bundle(cluster, namespace, "chat", lambda b: b["config"].update(maxNumSeqs=6))
         wait_phase(cluster, namespace, "chat", ("Canary",), 240)
         operator.kill(signal.SIGKILL)                               # killed mid-step: state is in status
@@ -193,7 +127,7 @@ def test_slow_bundle_fails_analysis_and_rolls_back(
     md, old = serve_tiny(cluster, namespace, tmp_path, "slow",
                          analysis=ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10})
     old_ips = pod_ips(cluster, namespace, old)
-    with Load(cluster, namespace, "slow", workers=8) as load:
+    with Load(cluster.api, namespace, "slow", workers=8) as load:
         change_bundle(cluster, namespace, "slow", lambda b: b["config"].update(maxNumSeqs=1))
         try:
             done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
