@@ -250,6 +250,11 @@ class RolloutStep(_Model):
 
     weight: int = Field(ge=1, le=100, description="Canary traffic percent at this step.")
     pause_seconds: int = Field(default=60, ge=0, le=86400, description="Hold before analysis may advance.")
+    await_promotion: bool = Field(
+        default=False,
+        description="After the pause and a passing analysis, hold until `modeldeploy rollout promote` "
+        "(Argo CD: Suspended); analysis keeps running and a failure still rolls back.",
+    )
 
 
 class SLO(_Model):

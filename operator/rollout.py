@@ -20,12 +20,14 @@ from modeldeploy.operator.api import AnalysisResult
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE = ("Deploying", "Verifying", "Canary", "Promoting")
+AWAITING = "AwaitingPromotion"             # reason of a Canary step held for a manual promote
 
 
 @dataclass(frozen=True)
 class Step:
     weight: int
     pause_seconds: int
+    await_promotion: bool = False          # hold after a passing analysis until a manual promote
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
     elapsed = 0.0 if s.phase_since is None else now - s.phase_since
     if s.phase in ACTIVE and sig.canary_failure:
         return _rollback(s, now, "CanaryFailed", sig.canary_failure)
-    if s.phase in ACTIVE and s.started_at is not None and now - s.started_at > p.progress_deadline_seconds:
+    waiting = s.reason == AWAITING                             # a human's pace: no progress deadline
+    if s.phase in ACTIVE and not waiting and s.started_at is not None and now - s.started_at > p.progress_deadline_seconds:
         return _rollback(s, now, "ProgressDeadlineExceeded",
                          f"not promoted within {p.progress_deadline_seconds}s (phase {s.phase})")
     return _PHASES[s.phase](s, p, sig, now, elapsed)
@@ -183,6 +186,11 @@ def _canary(s, p, sig, now, elapsed) -> Transition:
         return _rollback(s, now, "AnalysisFailed", f"step {i + 1}: {figures}")
     if elapsed < p.steps[i].pause_seconds or not fresh or a.verdict != "Pass":
         return Transition(s)                                   # pausing, or Inconclusive: hold
+    if p.steps[i].await_promotion:
+        if s.reason == AWAITING:
+            return Transition(s)
+        return _go(s, now, "Canary", AWAITING, f"step {i + 1}/{len(p.steps)} passed on {a.metrics[0].samples if a.metrics else 0}"
+                   f" samples; holding at {p.steps[i].weight}% until `modeldeploy rollout promote`", step=i)
     if i + 1 < len(p.steps):
         return _enter_step(s, p, now, i + 1, "AnalysisPassed", f"step {i + 1} passed on {a.metrics[0].samples} samples"
                            if a.metrics else "")

@@ -130,3 +130,20 @@ def test_replica_ratio_and_gateway_sizes():
     gw = Policy(replicas=10, steps=(Step(10, 0), Step(50, 0)), gateway=True)
     assert cohort_replicas(s, gw, 0.0) == {"old": 10, "bad": 1}
     assert canary_weight(replace(s, phase="Promoting"), gw) == 100
+
+
+def test_await_promotion_step_holds_past_the_deadline_until_a_manual_promote():
+    p = replace(P, steps=(Step(10, 60, await_promotion=True), Step(50, 60)), progress_deadline_seconds=300)
+    s = replace(STABLE, phase="Canary", canary="new", step=0, started_at=0.0, phase_since=0.0, reason="ConformancePassed")
+    ok = Signals(desired="new", canary_ready=1, analysis=result("Pass", 0), analysis_at=61.0)
+    t = advance(s, p, ok, 61.0)
+    assert (t.state.phase, t.state.step, t.state.reason) == ("Canary", 0, "AwaitingPromotion"), t
+    assert t.event[0] == "Normal" and "modeldeploy rollout promote" in t.event[2]
+    held = t.state
+    later = replace(ok, analysis_at=900.0)
+    assert advance(held, p, later, 900.0).event is None           # no deadline while a human decides
+    assert canary_weight(held, p) == 10
+    bad = advance(held, p, replace(later, analysis=result("Fail", 0)), 901.0)
+    assert (bad.state.phase, bad.state.reason) == ("RollingBack", "AnalysisFailed")  # analysis still guards
+    go = advance(held, p, replace(later, command="promote"), 902.0)
+    assert (go.state.phase, go.state.reason) == ("Promoting", "ManualPromote")
