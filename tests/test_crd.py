@@ -65,7 +65,7 @@ def test_defaults_are_in_schema() -> None:
     assert spec["topology"]["properties"]["tolerations"]["default"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
-    assert spec["rollout"]["properties"]["steps"]["default"][0] == {"weight": 10, "pauseSeconds": 60}
+    assert spec["rollout"]["properties"]["steps"]["default"][0] == {"weight": 10, "pauseSeconds": 60, "awaitPromotion": False}
 
 
 def rules(path: str) -> list[dict[str, str]]:
