@@ -55,8 +55,8 @@ class Operator:
         self.metrics_port, self.health_port = _free_port(), _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5"}
+    def start(self, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5", **(env or {})}
         argv = [
             sys.executable,
             "-m",
