@@ -1,35 +1,30 @@
 """Argo CD health Lua for ModelDeployment, run in Lua 5.1 (Argo CD's gopher-lua dialect) through lupa.
 
-Status objects are built with the real status model (`ModelDeploymentStatus.model_dump`, the
-wire shape the operator writes). NOT DONE: status objects recorded from the rollout e2e run;
-they replace/extend these cases when that e2e lands.
+Two sources of objects: built with the real status model (`ModelDeploymentStatus.model_dump`, the
+wire shape the operator writes), and recorded from the rollout e2e (tests/data/argocd/*.json,
+written by `MODELDEPLOY_RECORD_STATUS=tests/data/argocd pytest e2e/test_rollout_controls.py
+e2e/test_rollout_faults.py`; the e2e evaluates the same Lua on the live objects too).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from lupa import lua51
 
+from modeldeploy.e2e.argocd import LUA, health
 from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentStatus
 
 ROOT = Path(__file__).resolve().parents[1]
-LUA = ROOT / "charts/modeldeploy-operator/argocd/health.lua"
+RECORDED = sorted((ROOT / "tests/data/argocd").glob("*.json"))
 SNIPPET = ROOT / "charts/modeldeploy-operator/argocd/argocd-cm-snippet.yaml"
 KEY = "resource.customizations.health.serving.modeldeploy.dev_ModelDeployment"
 
 STABLE = CohortStatus(bundle="aaaaaaaaaaaaaaaa", revision="r1", replicas=4, ready_replicas=4, load_progress=1.0)
 CANARY = CohortStatus(bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=1, ready_replicas=1, load_progress=1.0)
-
-
-def health(obj: dict[str, Any]) -> tuple[str, str]:
-    lua = lua51.LuaRuntime()
-    lua.globals().obj = lua.table_from(obj, recursive=True)
-    hs = lua.execute(LUA.read_text())
-    return hs["status"], hs["message"]
 
 
 def md(generation: int = 2, **status: Any) -> dict[str, Any]:
@@ -125,3 +120,14 @@ def test_not_ready_stable_is_progressing() -> None:
                             conditions=[cond("Ready", False, "Loading", "1/4 ready, load 40%"), NOT_DEGRADED]))
     assert (status, msg) == ("Progressing", "Not ready: Loading: 1/4 ready, load 40%")
     assert health(md(observed_generation=2, phase="Stable")) == ("Progressing", "Waiting for the Ready condition")
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_objects_recorded_in_the_rollout_e2e(path: Path) -> None:
+    rec = json.loads(path.read_text())
+    assert health(rec["object"]) == tuple(rec["expected"])
+    assert path.stem.split("-")[0] == rec["expected"][0].lower()      # the file name says the health
+
+
+def test_recordings_cover_every_health_state() -> None:
+    assert {p.stem.split("-")[0] for p in RECORDED} == {"healthy", "progressing", "suspended", "degraded"}
