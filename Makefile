@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-model clean crds cluster cluster-down cluster-build example-model
+.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model
 
 setup: .venv/.installed
 
@@ -26,7 +26,12 @@ lint: setup
 demo-model: setup
 	$(PY) -m modeldeploy tiny-model $(OUT)/tiny-llama --arch llama --seed 0
 
-demo: demo-model
+# The rollout story (README "make demo"): own local cluster "demo", operator, tiny model, good bundle
+# promoted, slow bundle rolled back, live status table, everything torn down.
+demo: setup cluster-build
+	$(PY) -m modeldeploy demo --workdir $(OUT)/demo
+
+demo-generate: demo-model
 	$(PY) -m modeldeploy generate --model $(OUT)/tiny-llama --max-tokens 24 \
 		--prompt "The quick brown fox" --prompt "Kubernetes schedules pods onto" \
 		--prompt "A paged KV cache stores"

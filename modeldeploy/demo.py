@@ -1,0 +1,519 @@
+"""`modeldeploy demo`: the whole rollout story, live, on the embedded tiny model.
+
+Its own local cluster ("demo", bridge mdbr9, so the tests' cluster is never touched), the operator
+as a subprocess, a ModelDeployment serving the tiny model on the process node, then two bundle
+changes under a bounded closed-loop load: a good one (maxNumSeqs 8 -> 6) the operator promotes,
+and a slow one (one slot under twice the load, TTFT p95 bound 1.5x) that canary analysis fails and
+the operator rolls back. The exit code says whether both happened.
+
+`run_story()` is the story alone (no cluster lifecycle), so an e2e test runs exactly what the demo
+shows against its own cluster; the rest is rendering (pure, unit-tested) and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator.rollout_cli import _VERDICT_STYLE, _cohort, _num
+
+NAME = "chat"
+IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64  # the process node runs `modeldeploy serve`
+ANALYSIS = {"intervalSeconds": 5, "minSamples": 8, "maxTtftP95Ratio": 3.0, "maxInterTokenP95Ratio": 3.0,
+            "maxErrorRate": 0.05, "minGoodputRatio": 0.5, "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0}}
+SLOW_ANALYSIS = {"maxTtftP95Ratio": 1.5, "minSamples": 10}  # tighter, so one slot under 8-way load fails
+DEMO_LABEL = "modeldeploy.dev/demo"
+
+
+class DemoFailed(Exception):
+    """A step of the story did not happen in time; the message says which and what was seen."""
+
+
+@dataclass
+class Cohort:
+    label: str            # base / good / slow, or the bundle id when unknown
+    bundle: str
+    role: str             # stable, canary, prior (kept warm), failed, or "" (gone)
+    ok: int = 0
+    errors: int = 0       # non-200 answers and transport errors
+
+
+@dataclass
+class Snapshot:
+    """What one refresh of the live view shows."""
+
+    elapsed: float
+    stage: str
+    status: dict[str, Any]
+    events: list[tuple[str, str]]
+    cohorts: list[Cohort]
+
+
+@dataclass
+class Outcome:
+    bundles: dict[str, str] = field(default_factory=dict)   # label -> bundle id
+    seconds: dict[str, float] = field(default_factory=dict)  # milestone -> duration
+    promoted: bool = False
+    rollback_reason: str = ""
+    rollback_message: str = ""
+    cohorts: list[Cohort] = field(default_factory=list)
+    failure: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.promoted and self.rollback_reason == "AnalysisFailed" and not self.failure
+
+
+def spec_for(digest: str) -> dict[str, Any]:
+    """The base ModelDeployment spec: tiny model from the `models` PVC, one replica on the process node."""
+    return {
+        "bundle": {"engine": {"image": IMAGE},
+                   "model": {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest},
+                   "tokenizer": {"revision": "seed0", "digest": digest},
+                   "config": {"maxNumSeqs": 8, "maxQueue": 64, "device": "cpu", "servedModelName": "tiny-llama"}},
+        "replicas": 1,
+        "topology": {"gpusPerReplica": 1, "gpuType": "NVIDIA-H200", "nodeSelector": {"modeldeploy.dev/node-kind": "process"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "readiness": {"loadTimeoutSeconds": 180},
+        "rollout": {"steps": [{"weight": 50, "pauseSeconds": 5}], "analysis": copy.deepcopy(ANALYSIS),
+                    "progressDeadlineSeconds": 600, "keepPrevious": {"replicas": 1, "seconds": 600}},
+    }
+
+
+def condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
+
+
+def role_of(status: dict[str, Any], bundle: str) -> str:
+    if bundle == (status.get("canary") or {}).get("bundle"):
+        return "canary"
+    if bundle == (status.get("stable") or {}).get("bundle"):
+        return "stable"
+    if bundle in (status.get("failedBundles") or []):
+        return "failed"
+    return "prior" if bundle == (status.get("rollout") or {}).get("previous") else ""
+
+
+# ---- rendering (pure) ----
+
+def phase_line(s: Snapshot) -> str:
+    """One line for logs and pipes: printed when the phase or the story's stage changes."""
+    st = s.status
+    a = st.get("lastAnalysis") or {}
+    traffic = ", ".join(f"{c.label} {c.ok} ok/{c.errors} err" for c in s.cohorts) or "no load yet"
+    return (f"[{s.elapsed:6.1f}s] {st.get('phase') or 'Pending':<11} stable {(st.get('stable') or {}).get('bundle', '-')} "
+            f"canary {(st.get('canary') or {}).get('bundle', '-')} weight {st.get('canaryWeight', 0)}% "
+            f"analysis {a.get('verdict', '-')} | {traffic} | {s.stage}")
+
+
+def view(s: Snapshot) -> Group:
+    """The live view: rollout state, last analysis, traffic per cohort, the latest Events."""
+    st = s.status
+    head = Table(title=f"modeldeploy demo  {s.elapsed:5.0f}s  {s.stage}", show_header=False, box=box.SIMPLE,
+                 title_justify="left")
+    head.add_column("field", style="bold")
+    head.add_column("value")
+    head.add_row("phase", Text(str(st.get("phase") or "Pending"), style="bold"))
+    head.add_row("stable", _cohort(st.get("stable")))
+    head.add_row("canary", _cohort(st.get("canary")))
+    head.add_row("canary weight", f"{st.get('canaryWeight', 0)}%")
+    head.add_row("step", "-" if st.get("currentStep") is None else str(st["currentStep"] + 1))
+    deg = condition(st, "Degraded")
+    if deg.get("status") == "True":
+        head.add_row("degraded", Text(f"{deg.get('reason')}: {deg.get('message', '')}"[:160], style="red"))
+    parts: list[RenderableType] = [head]
+    a = st.get("lastAnalysis") or {}
+    verdict = a.get("verdict", "-")
+    t = Table(title=Text.assemble("last analysis: ", (verdict, _VERDICT_STYLE.get(verdict, ""))), box=box.SIMPLE,
+              title_justify="left")
+    for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
+        t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+    for m in a.get("metrics") or []:
+        mv = m.get("verdict", "?")
+        t.add_row(m.get("metric", "?"), _num(m.get("stable")), _num(m.get("canary")), _num(m.get("threshold")),
+                  _num(m.get("samples")), Text(mv, style=_VERDICT_STYLE.get(mv, "")))
+    parts.append(t)
+    t = Table(title="traffic (closed-loop load)", box=box.SIMPLE, title_justify="left")
+    for col in ("cohort", "bundle", "role", "ok", "errors"):
+        t.add_column(col, justify="right" if col in ("ok", "errors") else "left")
+    for c in s.cohorts:
+        t.add_row(c.label, c.bundle, c.role or "gone", str(c.ok), Text(str(c.errors), style="red" if c.errors else ""))
+    parts.append(t)
+    t = Table(title="events (latest last)", box=box.SIMPLE, title_justify="left")
+    t.add_column("reason", style="bold")
+    t.add_column("message")
+    for reason, msg in s.events[-5:]:
+        t.add_row(reason, msg[:140])
+    parts.append(t)
+    return Group(*parts)
+
+
+def summary(o: Outcome) -> list[str]:
+    """What was promoted, what was rolled back and why, traffic per cohort, how long each part took."""
+    b = o.bundles
+    out = [f"good bundle {b.get('good', '?')} (maxNumSeqs 6): " + ("promoted" if o.promoted else "NOT promoted")]
+    out.append(f"slow bundle {b.get('slow', '?')} (maxNumSeqs 1): "
+               + (f"rolled back, {o.rollback_reason}: {o.rollback_message}" if o.rollback_reason else "NOT rolled back"))
+    out += [f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed" for c in o.cohorts]
+    out += [f"time {k}: {v:.1f}s" for k, v in o.seconds.items()]
+    if o.failure:
+        out.append(f"failure: {o.failure}")
+    out.append("result: " + ("PASS" if o.ok else "FAIL"))
+    return out
+
+
+# ---- the story (real cluster, real operator, real runtime processes) ----
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`modeldeploy operator` run outside the cluster, as a user would, logging to a file."""
+
+    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5"}
+        argv = [sys.executable, "-m", "modeldeploy", "operator", "--namespace", self.namespace, "--standalone",
+                "--bind", "127.0.0.1", "--metrics-port", str(_free_port()), "--health-port", str(_free_port())]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
+
+
+def model_volume(api: Any, ns: str, models_dir: Path) -> str:
+    """Write the tiny model (seed 0) unless present, expose it as PVC `models`; returns its digest."""
+    from kubernetes import client
+
+    from modeldeploy.digest import dir_digest
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    model = models_dir / "tiny-llama"
+    if not (model / "config.json").exists():
+        make_tiny_model(model, seed=0)
+    core, pv = client.CoreV1Api(api), f"{ns}-models"
+    remove_volume(api, ns, wait=True)  # a PV kept from an earlier run is bound to a claim that is gone
+    core.create_persistent_volume({"metadata": {"name": pv, "labels": {DEMO_LABEL: "true"}}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+        "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(models_dir.resolve()), "type": "Directory"},
+        "claimRef": {"namespace": ns, "name": "models"}}})  # fmt: skip
+    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "models"}, "spec": {
+        "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+        "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+    return dir_digest(model)
+
+
+def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    try:
+        core.delete_persistent_volume(f"{ns}-models")
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+        return
+    end = time.monotonic() + 60
+    while wait and time.monotonic() < end and any(p.metadata.name == f"{ns}-models"
+                                                  for p in core.list_persistent_volume().items):
+        time.sleep(0.5)
+
+
+class _Story:
+    def __init__(self, api: Any, ns: str, show: Callable[[Snapshot], None], deadline_s: float,
+                 op: OperatorProcess) -> None:
+        from kubernetes import client
+
+        self.api, self.ns, self.show, self.op = api, ns, show, op
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + deadline_s
+        self.loads: list[Any] = []
+        self.ips: dict[str, str] = {}   # pod ip -> bundle, accumulated (pods of a failed bundle go away)
+        self.out, self.stage = Outcome(), "starting"
+
+    def get(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, NAME)
+
+    def cohorts(self, status: dict[str, Any]) -> list[Cohort]:
+        label = {v: k for k, v in self.out.bundles.items()}
+        rows: dict[str, Cohort] = {}
+        for load in self.loads:
+            for ip, counts in load.by_ip().items():
+                b = self.ips.get(ip, "?")
+                c = rows.setdefault(b, Cohort(label.get(b, b), b, role_of(status, b)))
+                c.ok += counts.get(200, 0)
+                c.errors += sum(n for code, n in counts.items() if code != 200)
+        return sorted(rows.values(), key=lambda c: list(label).index(c.bundle) if c.bundle in label else 99)
+
+    def tick(self, md: dict[str, Any]) -> None:
+        st = md.get("status") or {}
+        for p in self.core.list_namespaced_pod(self.ns, label_selector=f"app.kubernetes.io/instance={NAME}").items:
+            if p.status.pod_ip and (b := (p.metadata.labels or {}).get("modeldeploy.dev/bundle")):
+                self.ips[p.status.pod_ip] = b
+        evs = sorted((e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == NAME),
+                     key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+        self.show(Snapshot(time.monotonic() - self.t0, self.stage, st, [(e.reason, e.message or "") for e in evs],
+                           self.cohorts(st)))
+
+    def watch(self, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        end = min(time.monotonic() + timeout, self.deadline)
+        while True:
+            md = self.get()
+            self.tick(md)
+            if done(md.get("status") or {}):
+                return md
+            if self.op.proc is not None and (rc := self.op.proc.poll()) is not None:
+                raise DemoFailed(f"the operator exited with {rc} (see its log): {self.stage}")
+            if time.monotonic() > end:
+                raise DemoFailed(f"timed out ({timeout:.0f}s or the overall deadline): {self.stage}; "
+                                 f"phase {md.get('status', {}).get('phase')}")
+            time.sleep(0.5)
+
+    def change(self, label: str, edit: Callable[[dict[str, Any]], None]) -> None:
+        """Patch spec as GitOps would and record the new bundle id the operator will compute."""
+        from modeldeploy.operator.api import ModelDeploymentSpec
+        from modeldeploy.operator.bundle import bundle_id
+
+        spec = copy.deepcopy(self.get()["spec"])
+        edit(spec)
+        md = self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, NAME, {"spec": spec})
+        self.out.bundles[label] = bundle_id(ModelDeploymentSpec.model_validate(md["spec"]).bundle)
+
+    def load(self, workers: int) -> None:
+        from modeldeploy.e2e.load import Load
+
+        self.loads.append(Load(self.api, self.ns, NAME, workers=workers,
+                               max_seconds=max(1.0, self.deadline - time.monotonic())).__enter__())
+
+    def run(self, digest: str) -> None:
+        o = self.out
+        self.stage = "base bundle (maxNumSeqs 8): waiting for Stable and Ready"
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment", "metadata": {"name": NAME},
+            "spec": spec_for(digest)})
+        md = self.watch(lambda s: s.get("phase") == "Stable" and condition(s, "Ready").get("status") == "True", 300)
+        o.bundles["base"], o.seconds["base bundle Ready"] = md["status"]["stable"]["bundle"], time.monotonic() - self.t0
+        self.load(4)
+
+        t = time.monotonic()
+        self.stage = "good bundle (maxNumSeqs 6) under 4-way load: expecting promotion"
+        self.change("good", lambda s: s["bundle"]["config"].update(maxNumSeqs=6))
+        good = o.bundles["good"]
+        st = self.watch(lambda s: s.get("phase") == "Stable" and s["stable"]["bundle"] == good
+                        or good in (s.get("failedBundles") or []), 300)["status"]
+        o.promoted, o.seconds["good rollout"] = st["stable"]["bundle"] == good, time.monotonic() - t
+        if not o.promoted:
+            raise DemoFailed(f"good bundle {good} was not promoted: {condition(st, 'Degraded')}")
+
+        t = time.monotonic()
+        self.stage = "slow bundle (maxNumSeqs 1) under 8-way load, TTFT p95 bound 1.5x: expecting rollback"
+        self.load(4)  # 8 workers in all
+        self.change("slow", lambda s: (s["bundle"]["config"].update(maxNumSeqs=1),
+                                       s["rollout"]["analysis"].update(SLOW_ANALYSIS)))
+        slow = o.bundles["slow"]
+        st = self.watch(lambda s: slow in (s.get("failedBundles") or []) and s.get("phase") == "Stable"
+                        or s.get("stable", {}).get("bundle") == slow, 300)["status"]
+        o.seconds["slow rollout"] = time.monotonic() - t
+        if slow in (st.get("failedBundles") or []):
+            deg = condition(st, "Degraded")
+            o.rollback_reason, o.rollback_message = deg.get("reason", "?"), deg.get("message", "")
+        else:
+            raise DemoFailed(f"slow bundle {slow} was promoted instead of rolled back")
+        self.stage = "done: good promoted, slow rolled back"
+        self.tick(self.get())
+
+
+def run_story(kubeconfig: str, namespace: str, workdir: Path, show: Callable[[Snapshot], None],
+              deadline_s: float = 840.0) -> Outcome:
+    """Serve the tiny model from `workdir/models` in `namespace` (which must exist, the CRD installed),
+    run the operator, promote a good bundle and roll back a slow one; never raises for a story failure
+    (Outcome.failure says what went wrong). The operator log is `workdir/operator.log`."""
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    workdir.mkdir(parents=True, exist_ok=True)
+    op = OperatorProcess(kubeconfig, namespace, workdir / "operator.log")
+    story = _Story(api, namespace, show, deadline_s, op)
+    try:
+        digest = model_volume(api, namespace, workdir / "models")
+        op.start()
+        story.run(digest)
+    except Exception as e:  # the caller shows the failure with the operator log and the events
+        story.out.failure = f"{type(e).__name__}: {e}"
+    finally:
+        for load in story.loads:
+            load.__exit__(None, None, None)
+        op.stop()
+    with_status = story.get().get("status", {}) if not story.out.failure else {}
+    story.out.cohorts = story.cohorts(with_status)
+    story.out.seconds["story"] = time.monotonic() - story.t0
+    return story.out
+
+
+# ---- the command: cluster, CRD, namespace around the story ----
+
+def install_crd(api: Any) -> None:
+    """Create or replace the ModelDeployment CRD (generated from the API types); wait until Established."""
+    from kubernetes import client
+
+    from modeldeploy.operator.crd import crd
+
+    ext, body = client.ApiextensionsV1Api(api), crd()
+    name = body["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(body)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(name).metadata.resource_version
+        ext.replace_custom_resource_definition(name, body)
+    _until(lambda: any(c.type == "Established" and c.status == "True"
+                       for c in ext.read_custom_resource_definition(name).status.conditions or []), 60, "CRD Established")
+
+
+def create_namespace(api: Any, ns: str) -> None:
+    """A fresh restricted namespace; one left by an earlier demo (labelled) is deleted first."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    delete_namespace(api, ns, wait=True)
+    core.create_namespace({"metadata": {"name": ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+        DEMO_LABEL: "true"}}})
+    _until(lambda: any(a.metadata.name == "default" for a in core.list_namespaced_service_account(ns).items),
+           30, f"default ServiceAccount in {ns}")
+
+
+def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
+    """Delete the demo's namespace (never one the demo did not label) and its model PV."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    try:
+        if (core.read_namespace(ns).metadata.labels or {}).get(DEMO_LABEL) != "true":
+            raise DemoFailed(f"namespace {ns} exists and was not made by the demo: choose another --namespace")
+        core.delete_namespace(ns)
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+    if wait:
+        _until(lambda: ns not in {n.metadata.name for n in core.list_namespace().items}, 180, f"namespace {ns} gone")
+    remove_volume(api, ns)
+
+
+def _until(fn: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not fn():
+        if time.monotonic() > end:
+            raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def diagnostics(api: Any, ns: str, workdir: Path) -> str:
+    """The operator log tail and the namespace's events, for a failed run."""
+    from kubernetes import client
+
+    log = workdir / "operator.log"
+    out = ["--- operator log (tail)", *(log.read_text(errors="replace").splitlines()[-60:] if log.exists() else [])]
+    try:
+        evs = sorted(client.CoreV1Api(api).list_namespaced_event(ns).items,
+                     key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+        out += [f"--- events in {ns}"] + [f"{e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: "
+                                          f"{e.message}" for e in evs[-40:]]
+    except Exception as e:  # diagnostics must not hide the failure they explain
+        out.append(f"(events unavailable: {e})")
+    return "\n".join(out)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep", action="store_true", help="leave the cluster and the demo namespace running")
+    p.add_argument("--workdir", default="out/demo", help="tiny model and operator log (default out/demo)")
+    p.add_argument("--kubeconfig", default=None, help="use this cluster (needs a process node) instead of a "
+                   "demo cluster; only the demo namespace and the operator are removed afterwards")
+    p.add_argument("--namespace", default="demo", help="namespace of the story (default demo)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from kubernetes import config
+    from rich.live import Live
+
+    from modeldeploy.e2e.cluster.local import LocalCluster, Settings
+
+    console, t0, workdir, ns, env = Console(), time.monotonic(), Path(args.workdir).resolve(), args.namespace, os.environ
+    cluster = None if args.kubeconfig else LocalCluster(Settings(
+        name=env.get("MODELDEPLOY_CLUSTER_NAME", "demo"), bridge=env.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr9"),
+        pod_cidr=env.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.9.0/24")))
+    # a cluster that ran before the demo and is not the demo's own (e.g. the tests') is never taken down
+    own = cluster is not None and (cluster.s.name == "demo" or not cluster.cluster_running())
+    outcome, api, live = Outcome(failure="did not start"), None, None
+    seen: list[Any] = [None]
+
+    def show(s: Snapshot) -> None:
+        if (key := (s.status.get("phase"), s.stage)) != seen[0]:
+            seen[0] = key
+            console.print(phase_line(s), highlight=False, soft_wrap=True)
+        if live is not None:
+            live.update(view(s))
+
+    try:
+        if cluster is not None:
+            cluster.up(log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
+        kubeconfig = args.kubeconfig or str(cluster.kubeconfig)
+        api = config.new_client_from_config(config_file=kubeconfig)
+        install_crd(api)
+        create_namespace(api, ns)
+        console.print(f"namespace {ns}, ModelDeployment {NAME}, operator log {workdir / 'operator.log'}",
+                      soft_wrap=True, highlight=False)
+        with Live(console=console, refresh_per_second=2) if console.is_terminal else contextlib.nullcontext() as live:
+            outcome = run_story(kubeconfig, ns, workdir, show)
+    except Exception as e:
+        outcome.failure = f"{type(e).__name__}: {e}"
+    finally:
+        outcome.seconds["demo (cluster up to summary)"] = time.monotonic() - t0
+        console.rule("summary")
+        console.print("\n".join(summary(outcome)), highlight=False, soft_wrap=True, markup=False)
+        if not outcome.ok and api is not None:
+            console.print(diagnostics(api, ns, workdir), highlight=False, soft_wrap=True, markup=False)
+        if args.keep:
+            console.print(f"--keep: namespace {ns} and the cluster left running; see `modeldeploy rollout status "
+                          f"{NAME} -n {ns}`" + (f" with KUBECONFIG={cluster.kubeconfig}" if cluster else ""))
+        elif cluster is not None and own:
+            cluster.down(log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
+        elif api is not None:
+            delete_namespace(api, ns)
+    console.print(f"demo finished in {time.monotonic() - t0:.1f}s: {'PASS' if outcome.ok else 'FAIL'}")
+    return 0 if outcome.ok else 1
