@@ -1,5 +1,8 @@
 """The canary's I/O for the reconcile loop: scrape cohort pods, keep per-pod baselines, run the gate.
 
+`canary_analysis` picks the metrics source: the pods' /metrics (default) or, when
+`analysis.prometheus` is set, a Prometheus HTTP API (`promql.py`); both feed `analyze()`.
+
 Thin on purpose: the figures go to the pure `analysis.analyze()` and the decisions to the
 pure `rollout.advance()`. Everything here is bounded (pods per scrape, bytes per page,
 seconds per request, one conformance run per (md uid, bundle)) and never blocks the
@@ -9,6 +12,7 @@ the conformance client only, never the runtime.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +26,9 @@ from modeldeploy.conformance.suite import ConformanceConfig, Report, run_conform
 from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, AnalysisResult
 from modeldeploy.operator.children import PORT
+from modeldeploy.operator.promql import prometheus_analysis
+
+log = logging.getLogger(__name__)
 
 MAX_PODS = 32                    # pods scraped per cohort and interval (the rest reported as skipped)
 MAX_PARALLEL = 8                 # concurrent scrapes: worst case ceil(32/8) * timeout per cohort
@@ -185,6 +192,23 @@ def cohort_analysis(baselines: Baselines, md_uid: str, mark: Any, stable: tuple[
         if sc.problems():
             problems.append(sc.problems())
     return analyze(deltas[0], deltas[1], cfg, step=step, time=time), "; ".join(problems)
+
+
+def canary_analysis(baselines: Baselines, md_uid: str, namespace: str, mark: Any, since: float | None,
+                    stable: tuple[str, Sequence[str]], canary: tuple[str, Sequence[str]], cfg: Analysis,
+                    step: int | None = None, time: str | None = None) -> tuple[AnalysisResult, str]:
+    """One analysis interval from the source the spec names: Prometheus if `cfg.prometheus`, else pod scrapes.
+
+    `since` (when the step began, epoch seconds) sizes the Prometheus window; `mark` keys the
+    scrape path's baselines. Returns the result and '' or a line saying what could not be read,
+    which is also logged when the Prometheus source made the interval Inconclusive.
+    """
+    if cfg.prometheus is None:
+        return cohort_analysis(baselines, md_uid, mark, stable, canary, cfg, step=step, time=time)
+    result, problem = prometheus_analysis(cfg, namespace, stable[0], canary[0], since, step=step, time=time)
+    if problem:
+        log.warning("canary analysis Inconclusive for %s/%s: %s", namespace, canary[0], problem)
+    return result, problem
 
 
 def summarize(report: Report, limit: int = 1000) -> tuple[bool, str]:

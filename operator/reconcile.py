@@ -163,10 +163,12 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
     now = time.time()
     stale = obs.analysis is None or obs.analysis.step != step or obs.analysis_at is None
     if stale or now - obs.analysis_at >= cfg.interval_seconds:
-        mark = (canary, step, (st.get("rollout") or {}).get("phaseSince"))
+        since = (st.get("rollout") or {}).get("phaseSince")
+        mark = (canary, step, since)
         stamp = datetime.fromtimestamp(round(now), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        result, problems = canary_io.cohort_analysis(BASELINES, uid, mark, (stable, ips(stable)), (canary, ips(canary)),
-                                                     cfg, step=step, time=stamp)
+        result, problems = canary_io.canary_analysis(BASELINES, uid, meta["namespace"], mark, epoch(since),
+                                                     (stable, ips(stable)), (canary, ips(canary)), cfg,
+                                                     step=step, time=stamp)
         obs.analysis, obs.analysis_at = result, epoch(stamp)
         metrics.DECISIONS.labels("analysis", result.verdict).inc()
 
