@@ -106,14 +106,24 @@ build_etcd() {
   rm -rf "$dir"
 }
 
-# --- kwok, kwokctl, helm: plain `go install module/cmd/x@version` ----------------------------
+# --- kwok, kwokctl, helm, prometheus: plain `go install module/cmd/x@version` ------------------
 go_install() {
-  local name=$1 component=$2 version=$3 pkg=$4 ldflags=${5:-}
+  local name=$1 component=$2 version=$3 pkg=$4 ldflags=${5:-} tags=${6:-}
   local out="$CACHE/$component-$version" t0
   if have "$out/$name"; then log "cached $name $version"; return 0; fi
   mkdir -p "$out"; t0=$(date +%s)
-  GOBIN="$out" "${NICE[@]}" "$GO" install -trimpath -ldflags "-s -w $ldflags" "$pkg@$version"
+  GOBIN="$out" "${NICE[@]}" "$GO" install -trimpath -tags "$tags" -ldflags "-s -w $ldflags" "$pkg@$version"
   log "built $name ($pkg@$version) in $(( $(date +%s) - t0 ))s -> $out/$name"
+}
+
+# Prometheus, for the tests of canary analysis through its HTTP API (operator/promql.py).
+# Module v0.3MM.P is Prometheus 3.MM.P. `remove_all_sd` leaves out the cloud service
+# discovery plugins (static and file SD stay): the tests use static targets only.
+build_prometheus() {
+  local v="${PROMETHEUS_VERSION#v0.}" pv=github.com/prometheus/common/version
+  v="$(( 10#${v%%.*} / 100 )).$(( 10#${v%%.*} % 100 )).${v#*.}"
+  go_install prometheus prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
+    "-X $pv.Version=$v -X $pv.Branch=modeldeploy -X $pv.Revision=$PROMETHEUS_VERSION" remove_all_sd
 }
 
 main() {
@@ -127,6 +137,7 @@ main() {
   build_kubernetes
   go_install helm helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  build_prometheus
   log "all binaries present in $CACHE ($(( $(date +%s) - t0 ))s)"
 }
 

@@ -74,6 +74,11 @@ class Binaries:
     def helm(self) -> Path:
         return self._p("helm", "HELM_VERSION", "helm")
 
+    @property
+    def prometheus(self) -> Path:
+        """For the canary-analysis tests only: not part of the cluster, so not in `all()`."""
+        return self._p("prometheus", "PROMETHEUS_VERSION", "prometheus")
+
     def all(self) -> list[Path]:
         k = self.kube_dir
         kube = [k / n for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")]

@@ -1,0 +1,182 @@
+"""The Prometheus analysis source against a real Prometheus scraping real `modeldeploy serve` processes.
+
+A stable (8 slots) and a canary (1 slot) server on 127.0.0.1, each its own bundle; Prometheus
+(built by e2e/cluster/build.sh) scrapes both every second with a static namespace="team-a",
+and scrapes the stable server a second time as namespace="team-b" (a decoy the default
+selector must leave out, or every stable figure would double). Over the same window the
+Prometheus source must give exactly the counts and buckets the direct pod scrape gives, hence
+the same verdict; under 8-way load the 1-slot canary must fail TTFT p95 through Prometheus too.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_canary_io_server import Serve, _free_port
+
+from modeldeploy.e2e.cluster.local import Binaries, cache_root, pinned_versions
+from modeldeploy.operator import promql
+from modeldeploy.operator.analysis import CohortSample, analyze
+from modeldeploy.operator.api import Analysis, PrometheusSource
+from modeldeploy.operator.canary_io import Baselines, scrape_cohort
+
+pytestmark = pytest.mark.slow
+PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
+NS = "team-a"
+
+
+class Prom:
+    """A real Prometheus on 127.0.0.1 with a generated config; `stop()` kills it."""
+
+    def __init__(self, tmp: Path, targets: dict[str, tuple[str, str]]) -> None:
+        """`targets`: job -> (host:port, namespace label)."""
+        jobs = "".join(
+            f"  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n        labels: {{namespace: {ns}}}\n"
+            for job, (t, ns) in targets.items())
+        cfg = tmp / "prometheus.yml"
+        cfg.write_text(f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{jobs}")
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.log = tmp / "prometheus.log"
+        self.proc = subprocess.Popen(
+            [str(PROMETHEUS), f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited: {self.log.read_text()[-2000:]}"
+            try:
+                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"prometheus not ready within {timeout_s}s: {self.log.read_text()[-2000:]}")
+
+    def scraped_after(self, t: float, jobs: int, timeout_s: float = 20.0) -> None:
+        """Wait until every job's target was scraped successfully at a time after `t` (epoch seconds)."""
+        deadline = time.monotonic() + timeout_s
+        q = f"(timestamp(up) > {t:.3f}) and on (job, instance) up == 1"   # timestamp() of the selector itself
+        while time.monotonic() < deadline:
+            r = httpx.get(self.url + "/api/v1/query", params={"query": q}, timeout=5).json()
+            if len(r["data"]["result"]) >= jobs:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"Prometheus did not scrape all {jobs} targets after {t} within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator[tuple[Serve, Serve, Prom]]:
+    if not PROMETHEUS.exists():
+        pytest.skip(f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh builds Prometheus)")
+    tmp = tmp_path_factory.mktemp("promql")
+    stable = Serve(tmp, llama_dir, "--max-num-seqs", "8", bundle="bundle-prom-stable")
+    canary = Serve(tmp, llama_dir, "--max-num-seqs", "1", bundle="bundle-prom-canary")
+    prom = None
+    try:
+        prom = Prom(tmp, {"stable": (stable.target, NS), "canary": (canary.target, NS),
+                          "decoy": (stable.target, "team-b")})
+        stable.wait_ready()
+        canary.wait_ready()
+        prom.wait_ready()
+        prom.scraped_after(time.time(), jobs=3)
+        yield stable, canary, prom
+    finally:
+        for p in (prom, stable, canary):
+            if p is not None:
+                p.stop()
+
+
+class Window:
+    """One analysis window read both ways: pod scrapes with Baselines, and Prometheus since `t0`."""
+
+    def __init__(self, stable: Serve, canary: Serve, prom: Prom, cfg: Analysis) -> None:
+        self.cohorts = ((stable.bundle, [stable.target]), (canary.bundle, [canary.target]))
+        self.prom, self.cfg, self.base = prom, cfg, Baselines()
+        prom.scraped_after(time.time(), jobs=3)      # earlier traffic is in Prometheus...
+        time.sleep(1.5)                              # ...at the window start, which is up to 1 s before t0
+        self.t0 = time.time()
+        self.direct()                                # opens the scrape windows: no traffic since
+
+    def direct(self) -> list[CohortSample]:
+        return [self.base.delta("uid", b, "w", scrape_cohort(ips, b)) for b, ips in self.cohorts]
+
+    def both(self) -> tuple[list[CohortSample], list[CohortSample], float]:
+        """(direct deltas, Prometheus samples, now) once Prometheus has scraped past the direct read."""
+        direct, t = self.direct(), time.time()
+        self.prom.scraped_after(t, jobs=3)
+        now = time.time()
+        src = self.cfg.prometheus
+        assert src is not None
+        w = promql.window(src, self.t0, now, self.cfg.interval_seconds)
+        assert w == f"{math.ceil(now - self.t0)}s"
+        return direct, promql.cohort_samples(src, NS, (self.cohorts[0][0], self.cohorts[1][0]), w, now), now
+
+
+def _cfg(prom: Prom, min_samples: int) -> Analysis:
+    return Analysis(min_samples=min_samples, prometheus={"address": prom.url})
+
+
+def test_prometheus_counts_equal_the_pod_scrape_and_give_the_same_verdict(stack) -> None:
+    stable, canary, prom = stack
+    cfg = _cfg(prom, min_samples=5)
+    win = Window(stable, canary, prom, cfg)
+    assert stable.complete(6) == [200] * 6 and canary.complete(6) == [200] * 6
+    bad = httpx.post(canary.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "bogus": 1}, timeout=30)
+    assert bad.status_code == 400
+    direct, via_prom, now = win.both()
+    assert direct[0].outcomes["completed"] == 6 and direct[1].outcomes["completed"] == 6
+    assert direct[1].outcomes["rejected"] == 1 and direct[0].ttft.count == 6
+    for d, p in zip(direct, via_prom, strict=True):
+        assert p.outcomes == d.outcomes                                  # exact: counters, no extrapolation
+        assert p.ttft.buckets == d.ttft.buckets and p.ttft.count == d.ttft.count
+        assert p.itl.buckets == d.itl.buckets and p.itl.count == d.itl.count > 0
+    want = analyze(direct[0], direct[1], cfg, step=0, time="t")
+    got, problem = promql.prometheus_analysis(cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=0, time="t",
+                                              now=now)
+    assert problem == "" and got == want and got.verdict != "Inconclusive"
+    assert {m.samples for m in got.metrics} == {6}
+
+
+def test_one_slot_canary_fails_ttft_through_prometheus(stack) -> None:
+    stable, canary, prom = stack
+    cfg = _cfg(prom, min_samples=20)
+    win = Window(stable, canary, prom, cfg)
+    for s in (stable, canary):
+        assert s.complete(24, workers=8, max_tokens=8) == [200] * 24
+    direct, via_prom, now = win.both()
+    assert [p.outcomes for p in via_prom] == [d.outcomes for d in direct]
+    result, problem = promql.prometheus_analysis(cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=1,
+                                                 time="t", now=now)
+    by = {m.metric: m for m in result.metrics}
+    assert problem == "" and result.verdict == "Fail", result
+    assert by["ttft_p95_seconds"].verdict == "Fail" and by["ttft_p95_seconds"].samples == 24
+    assert by["ttft_p95_seconds"].canary > 1.2 * by["ttft_p95_seconds"].stable
+    assert by["error_rate"].verdict == "Pass" and by["error_rate"].canary == 0.0
+    assert result == analyze(direct[0], direct[1], cfg, step=1, time="t")
+
+
+def test_real_prometheus_errors_are_inconclusive_naming_the_query(stack) -> None:
+    stable, canary, prom = stack
+    broken = Analysis(min_samples=1, prometheus={"address": prom.url, "window": "30s", "queries": {
+        "outcomes": 'sum by (outcome) (modeldeploy_requests_total{bundle="{bundle}"}[{window}]'}})
+    result, problem = promql.prometheus_analysis(broken, NS, stable.bundle, canary.bundle, since=None)
+    assert result.verdict == "Inconclusive" and prom.url in problem and "bad_data" in problem
+    assert 'modeldeploy_requests_total{bundle="bundle-prom-stable"}[30s]' in problem
+    elsewhere = Analysis(min_samples=1, prometheus={"address": prom.url, "selector": 'namespace="team-z"'})
+    result, problem = promql.prometheus_analysis(elsewhere, NS, stable.bundle, canary.bundle, since=None)
+    assert result.verdict == "Inconclusive" and "no series" in problem and 'namespace="team-z"' in problem
+    src = PrometheusSource(address=prom.url)
+    assert promql.queries(src, stable.bundle, NS, "5s")["outcomes"].count('namespace="team-a"') == 3
