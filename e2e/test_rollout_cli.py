@@ -1,4 +1,6 @@
-"""`modeldeploy rollout` against a real kube-apiserver (the local cluster, or $KUBECONFIG); skipped without one.
+# ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
+"""`modeldeploy rollout` against a real kube-apiserver (the e2e session's cluster), with a status
+written through the status subresource and no operator running.
 
 Proves the commands change metadata only (generation stays: spec untouched), pick the newest
 history entry from a real status subresource, and name the problem on bad input.
@@ -6,13 +8,10 @@ history entry from a real status subresource, and name the problem on bad input.
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client, config
 
 from modeldeploy.cli import main as cli_main
 from modeldeploy.operator.api import (
@@ -25,43 +24,19 @@ from modeldeploy.operator.api import (
 )
 from modeldeploy.operator.rollout_cli import ABORT, PROMOTE, ROLLBACK_TO
 
-pytestmark = pytest.mark.e2e
+from .conftest import E2ECluster
+from .test_operator import crd_installed  # noqa: F401  (fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _kubeconfig() -> str | None:
-    kc = os.environ.get("KUBECONFIG") or str(Path.home() / ".cache/modeldeploy/run/modeldeploy/kubeconfig")
-    if not Path(kc).is_file():
-        return None
-    try:
-        api = config.new_client_from_config(config_file=kc)
-        client.VersionApi(api).get_code(_request_timeout=3)
-        client.ApiextensionsV1Api(api).read_custom_resource_definition(f"{PLURAL}.{GROUP}", _request_timeout=3)
-    except Exception:  # noqa: BLE001 - any failure means "no usable cluster here": skip, said below
-        return None
-    return kc
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    kc = _kubeconfig()
-    if kc is None:
-        pytest.skip("no reachable kube-apiserver with the ModelDeployment CRD (`modeldeploy cluster up` or $KUBECONFIG)")
-    api = config.new_client_from_config(config_file=kc)
-    ns = f"rollout-cli-{secrets.token_hex(3)}"
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
-    try:
-        yield kc, ns, client.CustomObjectsApi(api)
-    finally:
-        client.CoreV1Api(api).delete_namespace(ns)
-
 
 HISTORY = [HistoryEntry(bundle="aaaaaaaaaaaaaaaa", revision="r1", replaced_at="2026-01-02T00:00:00Z"),
            HistoryEntry(bundle="bbbbbbbbbbbbbbbb", revision="r2", replaced_at="2026-01-03T00:00:00Z")]
 
 
-def test_commands_annotate_only_and_rollback_uses_history(cluster, capsys) -> None:
-    kc, ns, custom = cluster
+def test_commands_annotate_only_and_rollback_uses_history(
+    cluster: E2ECluster, namespace: str, crd_installed: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kc, ns, custom = cluster.kubeconfig, namespace, cluster.custom
     md = yaml.safe_load((ROOT / "examples/modeldeployment-tiny.yaml").read_text())
     md["metadata"] = {"name": "chat", "namespace": ns}
     created = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, md)
@@ -101,8 +76,10 @@ def test_commands_annotate_only_and_rollback_uses_history(cluster, capsys) -> No
         assert want in out, want
 
 
-def test_unknown_model_deployment_is_a_clear_error(cluster, capsys) -> None:
-    kc, ns, _ = cluster
+def test_unknown_model_deployment_is_a_clear_error(
+    cluster: E2ECluster, namespace: str, crd_installed: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kc, ns = cluster.kubeconfig, namespace
     assert cli_main(["rollout", "status", "nope", "--kubeconfig", kc, "-n", ns]) == 1
     assert f"ModelDeployment {ns}/nope not found" in capsys.readouterr().err
 
