@@ -26,8 +26,9 @@ from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, PrometheusSource
 from modeldeploy.operator.canary_io import Baselines, scrape_cohort
 
-pytestmark = pytest.mark.slow
 PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh)")]
 NS = "team-a"
 
 
@@ -79,8 +80,6 @@ class Prom:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator[tuple[Serve, Serve, Prom]]:
-    if not PROMETHEUS.exists():
-        pytest.skip(f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh builds Prometheus)")
     tmp = tmp_path_factory.mktemp("promql")
     stable = Serve(tmp, llama_dir, "--max-num-seqs", "8", bundle="bundle-prom-stable")
     canary = Serve(tmp, llama_dir, "--max-num-seqs", "1", bundle="bundle-prom-canary")
