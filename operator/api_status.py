@@ -55,6 +55,10 @@ class AnalysisResult(_Model):
     step: int | None = Field(default=None, description="Rollout step analysed.")
     verdict: Literal["Pass", "Fail", "Inconclusive"] = Field(description="Overall verdict.")
     metrics: list[MetricVerdict] = Field(default_factory=list, description="Per-metric figures.")
+    message: str | None = Field(
+        default=None, max_length=1024,
+        description="What could not be read this interval (unreachable pods, a Prometheus error naming the query).",
+    )
 
 
 class RolloutStatus(_Model):

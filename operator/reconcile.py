@@ -169,6 +169,8 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
         result, problems = canary_io.canary_analysis(BASELINES, uid, meta["namespace"], mark, epoch(since),
                                                      (stable, ips(stable)), (canary, ips(canary)), cfg,
                                                      step=step, time=stamp)
+        if problems:  # shown in status.lastAnalysis: why an interval is Inconclusive, not only in a log
+            result = result.model_copy(update={"message": problems[:1024]})
         obs.analysis, obs.analysis_at = result, epoch(stamp)
         metrics.DECISIONS.labels("analysis", result.verdict).inc()
 

@@ -153,6 +153,8 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
             t.add_row(m.get("metric", "?"), _num(m.get("stable")), _num(m.get("canary")), _num(m.get("threshold")),
                       _num(m.get("samples")), Text(mv, style=_VERDICT_STYLE.get(mv, "")))
         out.append(t)
+        if a.get("message"):
+            out.append(Text(f"analysis could not read: {a['message']}", style="yellow"))
 
     history = _history(st)
     if history:

@@ -100,6 +100,14 @@ def test_render_canary_status_shows_every_figure() -> None:
     assert "status not yet updated" not in text
 
 
+def test_render_inconclusive_analysis_says_what_could_not_be_read() -> None:
+    why = "prometheus http://prom:9090: query 'sum by (le) (...)' returned no series"
+    st = status(phase="Canary", observed_generation=3, current_step=0,
+                last_analysis=AnalysisResult(step=0, verdict="Inconclusive", message=why))
+    text = rc.render_text(md(st), width=200)
+    assert "Inconclusive" in text and f"analysis could not read: {why}" in text
+
+
 def test_render_stale_generation_and_empty_status() -> None:
     text = rc.render_text(md(status(phase="Stable", observed_generation=2), generation=3))
     assert "3 observed 2 (status not yet updated for this generation)" in text
