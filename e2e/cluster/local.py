@@ -144,10 +144,10 @@ class LocalCluster:
         return subprocess.run(cmd, env=self._env(), text=True, capture_output=True, check=check, timeout=timeout)
 
     @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
+    def _lock(self, name: str | None = None) -> Iterator[None]:
         """Serialise up/down of one cluster name across processes (several engineers, one machine)."""
         self.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir.parent / f"{self.s.name}.lock", "w") as fh:
+        with open(self.run_dir.parent / f"{name or self.s.name}.lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
@@ -216,10 +216,13 @@ class LocalCluster:
                     self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 log(f"[cluster] creating {self.s.name} (kwokctl, binary runtime)")
-                r = self.kwokctl(
-                    "create", "cluster", "--config", str(self._config_file()),
-                    "--kubeconfig", str(self.kubeconfig), "--wait", "2m", "--quiet-pull", check=False,
-                )
+                # machine-wide: kwokctl picks free ports at create time, so two clusters created at
+                # the same moment could pick the same one (seen: both kwok controllers on one port)
+                with self._lock(".create"):
+                    r = self.kwokctl(
+                        "create", "cluster", "--config", str(self._config_file()),
+                        "--kubeconfig", str(self.kubeconfig), "--wait", "2m", "--quiet-pull", check=False,
+                    )
                 if r.returncode != 0:
                     raise RuntimeError(f"kwokctl create cluster failed:\n{r.stdout}\n{r.stderr}\nlogs: {self.logs_dir}")
             self._write_kubeconfig()
