@@ -159,7 +159,7 @@ def view(s: Snapshot) -> Group:
     t = Table(title="events (latest last)", box=box.SIMPLE, title_justify="left")
     t.add_column("reason", style="bold")
     t.add_column("message")
-    for reason, msg in s.events[-5:]:
+    for reason, msg in [e for e in s.events if e[0] != "Updated"][-5:]:  # "Updated": child writes, noise here
         t.add_row(reason, msg[:140])
     parts.append(t)
     return Group(*parts)

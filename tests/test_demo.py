@@ -45,7 +45,8 @@ COHORTS = [demo.Cohort("base", "base000000000000", "stable", ok=812, errors=0),
 
 def snap() -> demo.Snapshot:
     return demo.Snapshot(61.24, "slow bundle: expecting rollback", CANARY,
-                         [("NewBundle", "canary slow000000000000"), ("AnalysisFailed", "step 1: ttft_p95_seconds 0.93 > 0.315")],
+                         [("NewBundle", "canary slow000000000000"), ("AnalysisFailed", "step 1: ttft_p95_seconds 0.93 > 0.315"),
+                          ("Updated", "updated Service chat to the desired state")],
                          COHORTS)
 
 
@@ -82,6 +83,7 @@ def test_view_shows_analysis_figures_traffic_and_events() -> None:
     for part in ("Canary", "base000000000000 rev seed0  ready 1/1", "50%", "last analysis: Fail",
                  "ttft_p95_seconds", "0.93", "0.315", "42", "812", "AnalysisFailed", "0.93 > 0.315"):
         assert part in text, (part, text)
+    assert "updated Service" not in text                                          # child writes left out
     ttft = next(ln for ln in text.splitlines() if "ttft_p95_seconds" in ln)
     assert ttft.split()[-1] == "Fail"
 
