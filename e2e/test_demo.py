@@ -48,6 +48,7 @@ def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one(
     # base was stable during the good rollout, good during the slow one: no failed request on either
     assert by["base"].errors == 0 and by["good"].errors == 0, out.cohorts
     assert by["base"].ok > 20 and by["good"].ok > 20 and by["slow"].ok > 0, out.cohorts
+    assert out.base_during_slow == 0, out          # the prior bundle retired, not serving next to a canary
     phases = [ln.split()[2] for ln in lines]
     for phase in ("Deploying", "Verifying", "Canary", "Stable"):
         assert phase in phases, lines

@@ -74,6 +74,7 @@ class Outcome:
     rollback_reason: str = ""
     rollback_message: str = ""
     cohorts: list[Cohort] = field(default_factory=list)
+    base_during_slow: int = -1   # requests the retired base bundle answered during the slow canary step (want 0)
     failure: str = ""
 
     @property
@@ -172,6 +173,8 @@ def summary(o: Outcome) -> list[str]:
     out.append(f"slow bundle {b.get('slow', '?')} (maxNumSeqs 1): "
                + (f"rolled back, {o.rollback_reason}: {o.rollback_message}" if o.rollback_reason else "NOT rolled back"))
     out += [f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed" for c in o.cohorts]
+    if o.base_during_slow >= 0:
+        out.append(f"requests the retired base bundle answered during the slow canary step: {o.base_during_slow}")
     out += [f"time {k}: {v:.1f}s" for k, v in o.seconds.items()]
     if o.failure:
         out.append(f"failure: {o.failure}")
@@ -345,6 +348,8 @@ class _Story:
         self.change("slow", lambda s: (s["bundle"]["config"].update(maxNumSeqs=1),
                                        s["rollout"]["analysis"].update(SLOW_ANALYSIS)))
         slow = o.bundles["slow"]
+        self.watch(lambda s: s.get("phase") in ("Canary", "Promoting") or slow in (s.get("failedBundles") or []), 300)
+        canary_since = time.monotonic()  # from here stable and canary share `<name>`
         st = self.watch(lambda s: slow in (s.get("failedBundles") or []) and s.get("phase") == "Stable"
                         or s.get("stable", {}).get("bundle") == slow, 300)["status"]
         o.seconds["slow rollout"] = time.monotonic() - t
@@ -355,6 +360,9 @@ class _Story:
             raise DemoFailed(f"slow bundle {slow} was promoted instead of rolled back")
         self.stage = "done: good promoted, slow rolled back"
         self.tick(self.get())
+        base = o.bundles["base"]
+        o.base_during_slow = sum(1 for load in self.loads for at, ip, _ in list(load.results)
+                                 if at >= canary_since and self.ips.get(ip) == base)
 
 
 def run_story(kubeconfig: str, namespace: str, workdir: Path, show: Callable[[Snapshot], None],

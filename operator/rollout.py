@@ -145,8 +145,11 @@ def _stable(s, p, sig, now, elapsed) -> Transition:
         held = replace(s, reason=s.reason or "BundleFailed", message=f"{s.message}; {note}" if s.message else note)
         return Transition(held, ("Warning", "BundleFailed", note))
     failed = tuple(f for f in s.failed if f == s.stable)         # a new bundle: forget older failures
-    return _go(s, now, "Deploying", "NewBundle", f"deploying canary {sig.desired} next to stable {s.stable}",
-               canary=sig.desired, step=None, started_at=now, failed=failed)
+    # The warm prior bundle retires: once stable and canary share `<name>` (no bundle key in its
+    # selector), its pods would match too and take live traffic. The stable is the rollback now.
+    retired = f"; prior bundle {s.previous} no longer kept warm" if s.previous else ""
+    return _go(s, now, "Deploying", "NewBundle", f"deploying canary {sig.desired} next to stable {s.stable}{retired}",
+               canary=sig.desired, step=None, started_at=now, failed=failed, previous=None, previous_until=None)
 
 
 def _deploying(s, p, sig, now, elapsed) -> Transition:

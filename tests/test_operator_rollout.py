@@ -147,3 +147,15 @@ def test_await_promotion_step_holds_past_the_deadline_until_a_manual_promote():
     assert (bad.state.phase, bad.state.reason) == ("RollingBack", "AnalysisFailed")  # analysis still guards
     go = advance(held, p, replace(later, command="promote"), 902.0)
     assert (go.state.phase, go.state.reason) == ("Promoting", "ManualPromote")
+
+
+def test_a_new_rollout_retires_the_warm_prior_bundle():
+    """Stable and canary share `<name>` by the instance label only: a warm prior bundle's pods
+    would match it too and take live traffic during the canary step, so it goes first."""
+    s = replace(STABLE, phase="Stable", stable="new", previous="old", previous_until=600.0, history=("old",))
+    assert cohort_replicas(s, P, 10.0) == {"new": 4, "old": 1}
+    t = advance(s, P, Signals(desired="newer"), 10.0)
+    assert (t.state.phase, t.state.canary, t.state.previous) == ("Deploying", "newer", None)
+    assert "prior bundle old no longer kept warm" in t.event[2]
+    assert cohort_replicas(t.state, P, 10.0) == {"new": 4, "newer": 1}
+    assert t.state.history == ("old",)                            # still a rollback-to target (cold)
