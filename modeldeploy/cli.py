@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("modeldeploy.conformance.cli", "run the serving-contract suite against a server URL"),
     "rollout": ("modeldeploy.operator.rollout_cli", "rollout controls: status|promote|abort|rollback NAME [-n NS] [--to BUNDLE]"),
     "cluster": ("modeldeploy.e2e.cluster.cli", "local Kubernetes for tests/demo: up|down|status|kubeconfig|build"),
-    "demo": ("modeldeploy.demo", "the rollout story on a local cluster: good bundle promoted, slow one rolled back"),
+    "demo": ("modeldeploy.demo_cli", "the rollout story on a local cluster: good bundle promoted, slow one rolled back"),
 }
 
 

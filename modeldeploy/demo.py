@@ -7,13 +7,12 @@ and a slow one (one slot under twice the load, TTFT p95 bound 1.5x) that canary 
 the operator rolls back. The exit code says whether both happened.
 
 `run_story()` is the story alone (no cluster lifecycle), so an e2e test runs exactly what the demo
-shows against its own cluster; the rest is rendering (pure, unit-tested) and the command.
+shows against its own cluster; the rest is rendering (pure, unit-tested). The command around it
+(cluster, CRD, namespace, live view) is `modeldeploy/demo_cli.py`.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import copy
 import os
 import signal
@@ -27,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
-from modeldeploy.operator.rollout_cli import _VERDICT_STYLE, _cohort, _num
+from modeldeploy.operator.rollout_cli import VERDICT_STYLE, cohort_text, num_text
 
 NAME = "chat"
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64  # the process node runs `modeldeploy serve`
@@ -132,8 +131,8 @@ def view(s: Snapshot) -> Group:
     head.add_column("field", style="bold")
     head.add_column("value")
     head.add_row("phase", Text(str(st.get("phase") or "Pending"), style="bold"))
-    head.add_row("stable", _cohort(st.get("stable")))
-    head.add_row("canary", _cohort(st.get("canary")))
+    head.add_row("stable", cohort_text(st.get("stable")))
+    head.add_row("canary", cohort_text(st.get("canary")))
     head.add_row("canary weight", f"{st.get('canaryWeight', 0)}%")
     head.add_row("step", "-" if st.get("currentStep") is None else str(st["currentStep"] + 1))
     deg = condition(st, "Degraded")
@@ -142,14 +141,14 @@ def view(s: Snapshot) -> Group:
     parts: list[RenderableType] = [head]
     a = st.get("lastAnalysis") or {}
     verdict = a.get("verdict", "-")
-    t = Table(title=Text.assemble("last analysis: ", (verdict, _VERDICT_STYLE.get(verdict, ""))), box=box.SIMPLE,
+    t = Table(title=Text.assemble("last analysis: ", (verdict, VERDICT_STYLE.get(verdict, ""))), box=box.SIMPLE,
               title_justify="left")
     for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
         t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
     for m in a.get("metrics") or []:
         mv = m.get("verdict", "?")
-        t.add_row(m.get("metric", "?"), _num(m.get("stable")), _num(m.get("canary")), _num(m.get("threshold")),
-                  _num(m.get("samples")), Text(mv, style=_VERDICT_STYLE.get(mv, "")))
+        t.add_row(m.get("metric", "?"), num_text(m.get("stable")), num_text(m.get("canary")), num_text(m.get("threshold")),
+                  num_text(m.get("samples")), Text(mv, style=VERDICT_STYLE.get(mv, "")))
     parts.append(t)
     t = Table(title="traffic (closed-loop load)", box=box.SIMPLE, title_justify="left")
     for col in ("cohort", "bundle", "role", "ok", "errors"):
@@ -392,64 +391,7 @@ def run_story(kubeconfig: str, namespace: str, workdir: Path, show: Callable[[Sn
     return story.out
 
 
-# ---- the command: cluster, CRD, namespace around the story ----
-
-def install_crd(api: Any) -> None:
-    """Create or replace the ModelDeployment CRD (generated from the API types); wait until Established."""
-    from kubernetes import client
-
-    from modeldeploy.operator.crd import crd
-
-    ext, body = client.ApiextensionsV1Api(api), crd()
-    name = body["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(body)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(name).metadata.resource_version
-        ext.replace_custom_resource_definition(name, body)
-    _until(lambda: any(c.type == "Established" and c.status == "True"
-                       for c in ext.read_custom_resource_definition(name).status.conditions or []), 60, "CRD Established")
-
-
-def create_namespace(api: Any, ns: str) -> None:
-    """A fresh restricted namespace; one left by an earlier demo (labelled) is deleted first."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    delete_namespace(api, ns, wait=True)
-    core.create_namespace({"metadata": {"name": ns, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
-        DEMO_LABEL: "true"}}})
-    _until(lambda: any(a.metadata.name == "default" for a in core.list_namespaced_service_account(ns).items),
-           30, f"default ServiceAccount in {ns}")
-
-
-def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
-    """Delete the demo's namespace (never one the demo did not label) and its model PV."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    try:
-        if (core.read_namespace(ns).metadata.labels or {}).get(DEMO_LABEL) != "true":
-            raise DemoFailed(f"namespace {ns} exists and was not made by the demo: choose another --namespace")
-        core.delete_namespace(ns)
-    except client.ApiException as e:
-        if e.status != 404:
-            raise
-    if wait:
-        _until(lambda: ns not in {n.metadata.name for n in core.list_namespace().items}, 180, f"namespace {ns} gone")
-    remove_volume(api, ns)
-
-
-def _until(fn: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not fn():
-        if time.monotonic() > end:
-            raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
-
+# ---- diagnostics ----
 
 def diagnostics(api: Any, ns: str, workdir: Path) -> str:
     """The operator log tail and the namespace's events, for a failed run."""
@@ -465,63 +407,3 @@ def diagnostics(api: Any, ns: str, workdir: Path) -> str:
     except Exception as e:  # diagnostics must not hide the failure they explain
         out.append(f"(events unavailable: {e})")
     return "\n".join(out)
-
-
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--keep", action="store_true", help="leave the cluster and the demo namespace running")
-    p.add_argument("--workdir", default="out/demo", help="tiny model and operator log (default out/demo)")
-    p.add_argument("--kubeconfig", default=None, help="use this cluster (needs a process node) instead of a "
-                   "demo cluster; only the demo namespace and the operator are removed afterwards")
-    p.add_argument("--namespace", default="demo", help="namespace of the story (default demo)")
-
-
-def main(args: argparse.Namespace) -> int:
-    from kubernetes import config
-    from rich.live import Live
-
-    from modeldeploy.e2e.cluster.local import LocalCluster, Settings
-
-    console, t0, workdir, ns, env = Console(), time.monotonic(), Path(args.workdir).resolve(), args.namespace, os.environ
-    cluster = None if args.kubeconfig else LocalCluster(Settings(
-        name=env.get("MODELDEPLOY_CLUSTER_NAME", "demo"), bridge=env.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr9"),
-        pod_cidr=env.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.9.0/24")))
-    # a cluster that ran before the demo and is not the demo's own (e.g. the tests') is never taken down
-    own = cluster is not None and (cluster.s.name == "demo" or not cluster.cluster_running())
-    outcome, api, live = Outcome(failure="did not start"), None, None
-    seen: list[Any] = [None]
-
-    def show(s: Snapshot) -> None:
-        if (key := (s.status.get("phase"), s.stage)) != seen[0]:
-            seen[0] = key
-            console.print(phase_line(s), highlight=False, soft_wrap=True)
-        if live is not None:
-            live.update(view(s))
-
-    try:
-        if cluster is not None:
-            cluster.up(log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
-        kubeconfig = args.kubeconfig or str(cluster.kubeconfig)
-        api = config.new_client_from_config(config_file=kubeconfig)
-        install_crd(api)
-        create_namespace(api, ns)
-        console.print(f"namespace {ns}, ModelDeployment {NAME}, operator log {workdir / 'operator.log'}",
-                      soft_wrap=True, highlight=False)
-        with Live(console=console, refresh_per_second=2) if console.is_terminal else contextlib.nullcontext() as live:
-            outcome = run_story(kubeconfig, ns, workdir, show)
-    except Exception as e:
-        outcome.failure = f"{type(e).__name__}: {e}"
-    finally:
-        outcome.seconds["demo (cluster up to summary)"] = time.monotonic() - t0
-        console.rule("summary")
-        console.print("\n".join(summary(outcome)), highlight=False, soft_wrap=True, markup=False)
-        if not outcome.ok and api is not None:
-            console.print(diagnostics(api, ns, workdir), highlight=False, soft_wrap=True, markup=False)
-        if args.keep:
-            console.print(f"--keep: namespace {ns} and the cluster left running; see `modeldeploy rollout status "
-                          f"{NAME} -n {ns}`" + (f" with KUBECONFIG={cluster.kubeconfig}" if cluster else ""))
-        elif cluster is not None and own:
-            cluster.down(log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
-        elif api is not None:
-            delete_namespace(api, ns)
-    console.print(f"demo finished in {time.monotonic() - t0:.1f}s: {'PASS' if outcome.ok else 'FAIL'}")
-    return 0 if outcome.ok else 1

@@ -87,16 +87,16 @@ def rollback_target(status: dict[str, Any], to: str | None) -> tuple[str, str]:
 
 # ---- status rendering (pure: status dict as the API server returns it, camelCase) ----
 
-_VERDICT_STYLE = {"Pass": "green", "Fail": "bold red", "Inconclusive": "yellow"}
+VERDICT_STYLE = {"Pass": "green", "Fail": "bold red", "Inconclusive": "yellow"}
 
 
-def _num(x: Any) -> str:
+def num_text(x: Any) -> str:
     if x is None:
         return "-"
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
-def _cohort(c: dict[str, Any] | None) -> str:
+def cohort_text(c: dict[str, Any] | None) -> str:
     if not c:
         return "-"
     rev = f" rev {c['revision']}" if c.get("revision") else ""
@@ -117,9 +117,9 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
     gen, seen = meta.get("generation"), st.get("observedGeneration")
     stale = " (status not yet updated for this generation)" if gen is not None and gen != seen else ""
     summary.add_row("phase", Text(str(st.get("phase") or "Unknown"), style="bold"))
-    summary.add_row("generation", f"{_num(gen)} observed {_num(seen)}{stale}")
-    summary.add_row("stable", _cohort(st.get("stable")))
-    summary.add_row("canary", _cohort(st.get("canary")))
+    summary.add_row("generation", f"{num_text(gen)} observed {num_text(seen)}{stale}")
+    summary.add_row("stable", cohort_text(st.get("stable")))
+    summary.add_row("canary", cohort_text(st.get("canary")))
     summary.add_row("canary weight", f"{st.get('canaryWeight', 0)}%")
     step = st.get("currentStep")
     if step is not None:
@@ -145,13 +145,13 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
         v = a.get("verdict", "?")
         step_s = f" step {a['step'] + 1}" if a.get("step") is not None else ""
         t = Table(title=Text.assemble("last analysis", step_s, f" at {a.get('time') or '?'}: ",
-                                      (v, _VERDICT_STYLE.get(v, ""))), box=box.SIMPLE, title_justify="left")
+                                      (v, VERDICT_STYLE.get(v, ""))), box=box.SIMPLE, title_justify="left")
         for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
             t.add_column(col, justify="right" if col in ("stable", "canary", "threshold", "samples") else "left")
         for m in a.get("metrics") or []:
             mv = m.get("verdict", "?")
-            t.add_row(m.get("metric", "?"), _num(m.get("stable")), _num(m.get("canary")), _num(m.get("threshold")),
-                      _num(m.get("samples")), Text(mv, style=_VERDICT_STYLE.get(mv, "")))
+            t.add_row(m.get("metric", "?"), num_text(m.get("stable")), num_text(m.get("canary")), num_text(m.get("threshold")),
+                      num_text(m.get("samples")), Text(mv, style=VERDICT_STYLE.get(mv, "")))
         out.append(t)
         if a.get("message"):
             out.append(Text(f"analysis could not read: {a['message']}", style="yellow"))

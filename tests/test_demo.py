@@ -8,7 +8,7 @@ import io
 
 from rich.console import Console
 
-from modeldeploy import demo
+from modeldeploy import demo, demo_cli
 from modeldeploy.cli import COMMANDS
 from modeldeploy.operator.api import (
     AnalysisResult,
@@ -104,8 +104,8 @@ def test_summary_passes_only_when_promoted_and_rolled_back_by_analysis() -> None
 
 
 def test_demo_command_is_registered_with_its_options() -> None:
-    assert COMMANDS["demo"][0] == "modeldeploy.demo"
+    assert COMMANDS["demo"][0] == "modeldeploy.demo_cli"
     p = argparse.ArgumentParser()
-    demo.configure(p)
+    demo_cli.configure(p)
     a = p.parse_args([])
     assert (a.keep, a.workdir, a.kubeconfig, a.namespace) == (False, "out/demo", None, "demo")
