@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from modeldeploy.operator import children, progression, routing
+from modeldeploy.operator.analysis import describe
 from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
 from modeldeploy.operator.rollout import (
@@ -97,6 +98,7 @@ class Observed:
     command: str | None = None
     command_annotations: tuple[str, ...] = ()
     routes: list[dict[str, Any]] | None = None  # HTTPRoutes owned; None: Gateway API not served
+    analysis_fresh: bool = False  # `analysis` was computed for this reconcile (not read back from status)
 
 
 def subset(want: Any, have: Any) -> bool:
@@ -186,6 +188,9 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         conformance=observed.conformance, analysis=observed.analysis, analysis_at=observed.analysis_at,
         command=observed.command,
     )  # fmt: skip
+    if observed.analysis_fresh and observed.analysis is not None:  # every analysis is an Event, with its figures
+        out.append(Event("Warning" if observed.analysis.verdict == "Fail" else "Normal", "Analysis",
+                         describe(observed.analysis)))
     step = advance(state, pol, sig, now_s)
     state = step.state
     if step.event is not None:

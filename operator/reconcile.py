@@ -171,7 +171,7 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
                                                      step=step, time=stamp)
         if problems:  # shown in status.lastAnalysis: why an interval is Inconclusive, not only in a log
             result = result.model_copy(update={"message": problems[:1024]})
-        obs.analysis, obs.analysis_at = result, epoch(stamp)
+        obs.analysis, obs.analysis_at, obs.analysis_fresh = result, epoch(stamp), True
         metrics.DECISIONS.labels("analysis", result.verdict).inc()
 
 

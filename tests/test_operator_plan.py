@@ -384,3 +384,24 @@ def test_main_service_drops_the_bundle_pin_when_the_canary_joins() -> None:
     drops = [a for a in acts if isinstance(a, Patch) and a.name == "chat"
              and a.body["spec"]["selector"].get("modeldeploy.dev/bundle", "") is None]
     assert drops, acts
+
+
+def test_every_fresh_analysis_is_an_event_with_its_figures() -> None:
+    obj, obs, old, _ = stable_then_change()
+    obj, obs, _ = advance_to(obj, obs, at(0))
+    obj, obs, _ = advance_to(obj, obs, at(0, 10))
+    obj, obs, _ = advance_to(obj, obs, at(0, 20), conformance=(True, "ok"))
+    held = AnalysisResult(step=0, verdict="Inconclusive", message="pod 10.0.0.9 unreachable", metrics=[MetricVerdict(
+        metric="ttft_p95_seconds", stable=0.1, canary=0.11, threshold=0.12, samples=3, verdict="Inconclusive")])
+    obj, obs, acts = advance_to(obj, obs, at(0, 25), analysis=held, analysis_at=_epoch(at(0, 25)), analysis_fresh=True)
+    ev = [a for a in acts if isinstance(a, Event) and a.reason == "Analysis"]
+    assert len(ev) == 1 and ev[0].type == "Normal" and obj["status"]["phase"] == "Canary"
+    assert ev[0].message == ("step 1: Inconclusive (pod 10.0.0.9 unreachable): ttft_p95_seconds Inconclusive "
+                             "canary=0.11 stable=0.1 threshold=0.12 samples=3")
+    # the same result read back from status on the next reconcile is not a new analysis
+    obj, obs, acts = advance_to(obj, obs, at(0, 26), analysis=held, analysis_at=_epoch(at(0, 25)))
+    assert not [a for a in acts if isinstance(a, Event) and a.reason == "Analysis"]
+    obj, obs, acts = advance_to(obj, obs, at(0, 30), analysis=analysis("Fail", 0, 0.9), analysis_at=_epoch(at(0, 30)),
+                                analysis_fresh=True)
+    assert [a.type for a in acts if isinstance(a, Event) and a.reason == "Analysis"] == ["Warning"]
+    assert obj["status"]["phase"] == "RollingBack"
