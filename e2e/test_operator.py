@@ -8,11 +8,7 @@ the test cluster's kubeconfig, exactly as a user would run it outside the cluste
 from __future__ import annotations
 
 import copy
-import os
 import signal
-import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +19,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from modeldeploy.demo import OperatorProcess
 from modeldeploy.operator import api, crd
 
 from .conftest import E2ECluster
@@ -41,46 +38,12 @@ def crd_installed(cluster: E2ECluster) -> None:
     cluster.wait(lambda: "md" in cluster.kubectl("api-resources", f"--api-group={G}").stdout.split(), 30, "md in discovery")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Operator:
+class Operator(OperatorProcess):
     """`modeldeploy operator` as a child process; restartable, logs kept for failure dumps."""
 
     def __init__(self, cluster: E2ECluster, namespace: str, log: Path) -> None:
-        self.cluster, self.namespace, self.log = cluster, namespace, log
-        self.metrics_port, self.health_port = _free_port(), _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5", **(env or {})}
-        argv = [
-            sys.executable,
-            "-m",
-            "modeldeploy",
-            "operator",
-            "--namespace",
-            self.namespace,
-            "--standalone",
-            "--bind",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.metrics_port),
-            "--health-port",
-            str(self.health_port),
-        ]
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
+        super().__init__(cluster.kubeconfig, namespace, log)
+        self.cluster = cluster
 
     def get(self, path: str, port: int) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:

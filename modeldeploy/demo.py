@@ -190,27 +190,32 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    """`modeldeploy operator` run outside the cluster, as a user would, logging to a file."""
+    """`modeldeploy operator` run outside the cluster, as a user would, logging to a file.
+    Also the e2e tests' operator (restartable, `env` for failpoints)."""
 
     def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.metrics_port, self.health_port = _free_port(), _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5"}
+    def start(self, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5", **(env or {})}
         argv = [sys.executable, "-m", "modeldeploy", "operator", "--namespace", self.namespace, "--standalone",
-                "--bind", "127.0.0.1", "--metrics-port", str(_free_port()), "--health-port", str(_free_port())]
+                "--bind", "127.0.0.1", "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port)]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def stop(self) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within 20 s."""
+        try:
+            self.kill(signal.SIGTERM)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
