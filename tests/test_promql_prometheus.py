@@ -11,71 +11,23 @@ the same verdict; under 8-way load the 1-slot canary must fail TTFT p95 through 
 from __future__ import annotations
 
 import math
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from test_canary_io_server import Serve, _free_port
+from test_canary_io_server import Serve
 
-from modeldeploy.e2e.cluster.local import Binaries, cache_root, pinned_versions
+from modeldeploy.e2e.prometheus import PROMETHEUS, Prom
 from modeldeploy.operator import promql
 from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, PrometheusSource
 from modeldeploy.operator.canary_io import Baselines, scrape_cohort
 
-PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh)")]
 NS = "team-a"
-
-
-class Prom:
-    """A real Prometheus on 127.0.0.1 with a generated config; `stop()` kills it."""
-
-    def __init__(self, tmp: Path, targets: dict[str, tuple[str, str]]) -> None:
-        """`targets`: job -> (host:port, namespace label)."""
-        jobs = "".join(
-            f"  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n        labels: {{namespace: {ns}}}\n"
-            for job, (t, ns) in targets.items())
-        cfg = tmp / "prometheus.yml"
-        cfg.write_text(f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{jobs}")
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self.log = tmp / "prometheus.log"
-        self.proc = subprocess.Popen(
-            [str(PROMETHEUS), f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"prometheus exited: {self.log.read_text()[-2000:]}"
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready within {timeout_s}s: {self.log.read_text()[-2000:]}")
-
-    def scraped_after(self, t: float, jobs: int, timeout_s: float = 20.0) -> None:
-        """Wait until every job's target was scraped successfully at a time after `t` (epoch seconds)."""
-        deadline = time.monotonic() + timeout_s
-        q = f"(timestamp(up) > {t:.3f}) and on (job, instance) up == 1"   # timestamp() of the selector itself
-        while time.monotonic() < deadline:
-            r = httpx.get(self.url + "/api/v1/query", params={"query": q}, timeout=5).json()
-            if len(r["data"]["result"]) >= jobs:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"Prometheus did not scrape all {jobs} targets after {t} within {timeout_s}s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,87 @@
+"""A real Prometheus (built from its Go module by e2e/cluster/build.sh) for analysis tests.
+
+Static targets with a `namespace` label, and optionally a file-discovered job whose target
+file a test rewrites as pods come and go (there is no Kubernetes discovery in this build).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from modeldeploy.e2e.cluster.local import Binaries, cache_root, pinned_versions
+
+PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_targets(path: Path, targets: list[str], labels: dict[str, str]) -> None:
+    """Prometheus file_sd format, replaced atomically so a reload never reads half a file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([{"targets": sorted(targets), "labels": labels}]))
+    os.replace(tmp, path)
+
+
+class Prom:
+    """A real Prometheus on 127.0.0.1 with a generated config; `stop()` kills it."""
+
+    def __init__(self, tmp: Path, targets: dict[str, tuple[str, str]], file_sd: Path | None = None) -> None:
+        """`targets`: job -> (host:port, namespace label); `file_sd`: a target file to watch (job "pods")."""
+        jobs = "".join(
+            f"  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n        labels: {{namespace: {ns}}}\n"
+            for job, (t, ns) in targets.items())
+        if file_sd is not None:
+            jobs += f"  - job_name: pods\n    file_sd_configs:\n      - files: ['{file_sd}']\n        refresh_interval: 1s\n"
+        cfg = tmp / "prometheus.yml"
+        cfg.write_text(f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{jobs}")
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.log = tmp / "prometheus.log"
+        self.proc = subprocess.Popen(
+            [str(PROMETHEUS), f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited: {self.log.read_text()[-2000:]}"
+            try:
+                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"prometheus not ready within {timeout_s}s: {self.log.read_text()[-2000:]}")
+
+    def scraped_after(self, t: float, jobs: int, timeout_s: float = 20.0) -> None:
+        """Wait until every job's target was scraped successfully at a time after `t` (epoch seconds)."""
+        deadline = time.monotonic() + timeout_s
+        q = f"(timestamp(up) > {t:.3f}) and on (job, instance) up == 1"   # timestamp() of the selector itself
+        while time.monotonic() < deadline:
+            r = httpx.get(self.url + "/api/v1/query", params={"query": q}, timeout=5).json()
+            if len(r["data"]["result"]) >= jobs:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"Prometheus did not scrape all {jobs} targets after {t} within {timeout_s}s")
+
+    def queries_served(self) -> float:
+        """How many /api/v1/query requests this Prometheus answered (its own /metrics counter)."""
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)

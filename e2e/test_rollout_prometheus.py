@@ -1,0 +1,88 @@
+# ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
+"""Canary analysis through a real Prometheus, end to end (issue 7, item 4's optional source).
+
+Prometheus scrapes the ModelDeployment's pods on the process node every second; the test keeps
+its file-discovered target list equal to the pods of the object (what kubernetes_sd would do).
+The ModelDeployment names Prometheus in `spec.rollout.analysis.prometheus`, so the operator asks
+Prometheus, not the pods, and must still catch the slow canary and roll it back.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from modeldeploy.operator.children import PORT
+
+from .conftest import E2ECluster
+from .load import Load
+from .prometheus import PROMETHEUS, Prom, write_targets
+from .test_operator import (  # noqa: F401  (fixtures)
+    Operator,
+    condition,
+    crd_installed,
+    get_md,
+    operator,
+)
+from .test_rollout import ANALYSIS, change_bundle, events, pod_ips, serve_tiny, stable_errors
+
+pytestmark = pytest.mark.skipif(not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build`")
+
+
+class PodTargets:
+    """Rewrites Prometheus' target file from the object's pods twice a second (bounded)."""
+
+    def __init__(self, cluster: E2ECluster, ns: str, name: str, path: Path) -> None:
+        self.cluster, self.ns, self.name, self.path = cluster, ns, name, path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        write_targets(path, [], {"namespace": ns})
+
+    def _run(self) -> None:
+        for _ in range(2400):                                     # at most 20 minutes
+            if self._stop.is_set():
+                return
+            pods = self.cluster.core.list_namespaced_pod(self.ns, label_selector=f"app.kubernetes.io/instance={self.name}")
+            write_targets(self.path, [f"{p.status.pod_ip}:{PORT}" for p in pods.items if p.status.pod_ip],
+                          {"namespace": self.ns})
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> PodTargets:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def test_slow_canary_caught_through_prometheus(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    ns, name = namespace, "prom"
+    targets = tmp_path / "targets.json"
+    with PodTargets(cluster, ns, name, targets):
+        prom = Prom(tmp_path, {}, file_sd=targets)
+        try:
+            prom.wait_ready()
+            analysis = ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10, "prometheus": {"address": prom.url}}
+            _, old = serve_tiny(cluster, ns, tmp_path, name, analysis=analysis)
+            old_ips = pod_ips(cluster, ns, old)
+            asked = prom.queries_served()
+            with Load(cluster.api, ns, name, workers=8) as load:
+                change_bundle(cluster, ns, name, lambda b: b["config"].update(maxNumSeqs=1))
+                done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
+                    get_md(cluster, ns, name)), 300, "slow bundle rolled back")
+            served = prom.queries_served() - asked
+        finally:
+            prom.stop()
+    st = done["status"]
+    assert st["stable"]["bundle"] == old and condition(done, "Degraded")["reason"] == "AnalysisFailed", st
+    ttft = next(m for m in st["lastAnalysis"]["metrics"] if m["metric"] == "ttft_p95_seconds")
+    assert ttft["verdict"] == "Fail" and ttft["samples"] >= 10 and ttft["canary"] > ttft["threshold"], ttft
+    analyses = [m for r, m in events(cluster, ns, name) if r == "Analysis"]
+    print(f"prometheus answered {served:.0f} queries; analyses: {analyses}; load {load.by_ip()}")
+    assert served >= 6 and analyses and "ttft_p95_seconds Fail" in analyses[-1]   # 3 queries per cohort per analysis
+    assert not stable_errors(load, old_ips), load.by_ip()
