@@ -13,7 +13,8 @@ API for e2e tests (tests that request `cluster` are marked `e2e` automatically):
     .dump(ns) -> str            events, pod statuses, process logs (printed on test failure)
   namespace (function)        -> str, a fresh namespace labelled
                                  pod-security.kubernetes.io/enforce=restricted; deleted after the
-                                 test, dumped first if the test failed.
+                                 test with the PersistentVolumes claimed from it, dumped first if
+                                 the test failed.
   restricted_security_context() (module function) -> container securityContext passing "restricted".
 
 Node labels: modeldeploy.dev/node-kind = kwok (simulated GPU nodes gpu-0..) | process (proc-0); all
@@ -175,3 +176,6 @@ def namespace(cluster: E2ECluster, request: pytest.FixtureRequest) -> Iterator[s
     if rep is None or rep.failed or getattr(request.node, "rep_setup", None) and request.node.rep_setup.failed:
         print(cluster.dump(name))
     cluster.core.delete_namespace(name)
+    for pv in cluster.core.list_persistent_volume().items:  # cluster-scoped: a test's model volumes go too
+        if pv.spec.claim_ref is not None and pv.spec.claim_ref.namespace == name:
+            cluster.core.delete_persistent_volume(pv.metadata.name)

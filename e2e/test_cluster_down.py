@@ -12,6 +12,7 @@ from kubernetes import client, config
 
 from modeldeploy.e2e.cluster.local import LocalCluster, Settings
 from modeldeploy.e2e.procnode.net import NETNS_PREFIX
+from modeldeploy.e2e.procnode.pids import alive
 
 from .test_process_node import GPU_TOLERATION
 
@@ -43,14 +44,6 @@ def port_listening(port: int) -> bool:
             if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
                 return True
     return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.e2e

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import urllib.request
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from modeldeploy.e2e.cluster.nodes import NODE_KIND
+from modeldeploy.e2e.procnode.pids import alive
 
 from .conftest import E2ECluster, restricted_security_context
 
@@ -48,14 +48,6 @@ def pod_pid(p: Any) -> int:
     cid = p.status.container_statuses[0].container_id
     assert cid.startswith("process://"), cid
     return int(cid.removeprefix("process://"))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture

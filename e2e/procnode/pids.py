@@ -32,3 +32,12 @@ def proc_start_time(pid: int) -> str:
     """Field 22 of /proc/<pid>/stat: with the pid, it identifies one process for good."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(pid: int) -> bool:
+    """The pid names a running process (or a zombie not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
