@@ -99,7 +99,7 @@ def bounded_load(t: Target, n: int = 8, c: int = 4) -> CheckResult:
         res.observations["requests_total_delta"] = {
             o: (m.get("modeldeploy_requests_total", outcome=o) or 0) - (before.get("modeldeploy_requests_total",
                                                                                   outcome=o) or 0)
-            for o in ("completed", "cancelled", "rejected", "error")}
+            for o in ("completed", "cancelled", "invalid", "rejected", "error")}
         res.expect(res.observations["requests_total_delta"]["completed"] >= st.get(200, 0),
                    "fewer completed requests counted than answered with 200")
     return res

@@ -8,6 +8,8 @@ deltas and `spec.rollout.analysis` into an `AnalysisResult` with one verdict per
 Goodput is estimated from the histograms: the share of requests that completed, times
 the share of first tokens within the TTFT SLO, times the share of token gaps within the
 inter-token SLO (independence assumed; the server exports no per-request joint SLO flag).
+Error rate counts errors and capacity refusals; requests refused as the client's own fault
+("invalid") count only where the canary's share of them exceeds the stable bundle's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ TTFT = "modeldeploy_time_to_first_token_seconds"
 ITL = "modeldeploy_inter_token_latency_seconds"
 REQUESTS = "modeldeploy_requests_total"
 FAILED = ("error", "rejected")       # outcomes a user sees as failure (cancelled is the client's choice)
+INVALID = "invalid"                  # the request's own fault: a failure only beyond the stable bundle's rate
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,10 @@ class CohortSample:
         n = self.finished
         return sum(self.outcomes.get(o, 0.0) for o in FAILED) / n if n else None
 
+    def invalid_rate(self) -> float | None:
+        n = self.finished + self.outcomes.get(INVALID, 0.0)
+        return self.outcomes.get(INVALID, 0.0) / n if n else None
+
     def goodput(self, ttft_slo: float, itl_slo: float) -> float | None:
         n = self.finished
         if not n:
@@ -145,6 +152,11 @@ def analyze(stable: CohortSample, canary: CohortSample, cfg: Analysis, step: int
     samples = int(min(stable.finished, canary.finished))
     enough = samples >= cfg.min_samples
     err = canary.error_rate()
+    # Bad requests are split between the cohorts like the rest, so a canary answering "invalid"
+    # more often than stable refuses valid requests: that excess counts as canary errors.
+    inv_c, inv_s = canary.invalid_rate(), stable.invalid_rate()
+    if err is not None and inv_c is not None:
+        err += max(0.0, inv_c - (inv_s or 0.0))
     verdicts = [
         _ratio_check("ttft_p95_seconds", stable.ttft.quantile(0.95), canary.ttft.quantile(0.95),
                      cfg.max_ttft_p95_ratio, samples, enough),

@@ -342,7 +342,7 @@ class PrometheusQueries(_Model):
         default=None, description="Inter-token latency bucket increases, by le."
     )
     outcomes: PromQLTemplate | None = Field(
-        default=None, description="Finished requests by outcome (completed, error, rejected, cancelled)."
+        default=None, description="Finished requests by outcome (completed, error, rejected, invalid, cancelled)."
     )
 
 

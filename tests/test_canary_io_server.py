@@ -117,16 +117,16 @@ def test_scrape_sums_real_counts_and_baselines_give_the_window(pods) -> None:
     assert time.monotonic() - t0 < 5
     assert "unreachable" in now.errors[dead] and dead in now.problems() and set(now.pods) == {a.target, b.target}
     # cumulative totals are exactly what the two servers export
-    for outcome in ("completed", "rejected"):
+    for outcome in ("completed", "invalid"):
         want = sum(_direct(s.url, "modeldeploy_requests_total", outcome=outcome) for s in pods)
         assert now.sample.outcomes[outcome] == want
     ttft_count = sum(_direct(s.url, "modeldeploy_time_to_first_token_seconds_count") for s in pods)
     assert now.sample.ttft.count == ttft_count
     # the window holds only what was sent since it opened, per pod
     d = base.delta(KEY[0], BUNDLE, ("step", 0), now)
-    assert d.outcomes["completed"] == 5 and d.outcomes["rejected"] == 1
+    assert d.outcomes["completed"] == 5 and d.outcomes["invalid"] == 1 and d.outcomes["rejected"] == 0
     assert d.ttft.count == 5 and d.itl.count >= 5          # 4 tokens each: >= 1 gap per request
-    assert d.error_rate() == pytest.approx(1 / 6)
+    assert d.error_rate() == 0.0 and d.invalid_rate() == pytest.approx(1 / 6)   # the 400 is the client's
     assert now.pods[a.target].since(first.pods[a.target]).outcomes["completed"] == 3
     # a new mark (next step) starts a new window
     assert base.delta(KEY[0], BUNDLE, ("step", 1), now).finished == 0

@@ -71,6 +71,25 @@ def test_errors_fail_and_few_samples_are_inconclusive():
     assert r.verdict == "Inconclusive" and all(v.samples == 5 for v in r.metrics)
 
 
+def test_client_errors_fail_a_canary_only_beyond_the_stable_share():
+    """Bad requests land on both cohorts alike: they are the client's, not the canary's. A canary
+    answering "invalid" to requests the stable bundle serves (e.g. a lost chat template) fails."""
+    s, c = server("s"), server("c")
+    serve(s, 100, 0.1, 0.02)
+    serve(c, 100, 0.1, 0.02)
+    for m in (s, c):
+        for _ in range(10):
+            m.outcome("invalid")
+    r = analyze(sample(s, "s"), sample(c, "c"), CFG)
+    by = {v.metric: v for v in r.metrics}
+    assert r.verdict == "Pass" and by["error_rate"].canary == 0.0 and by["error_rate"].samples == 100
+    for _ in range(30):
+        c.outcome("invalid")                       # 40/140 invalid on the canary vs 10/110 on stable
+    by = {v.metric: v for v in analyze(sample(s, "s"), sample(c, "c"), CFG).metrics}
+    assert by["error_rate"].verdict == "Fail"
+    assert by["error_rate"].canary == pytest.approx(40 / 140 - 10 / 110) and by["error_rate"].stable == 0.0
+
+
 def test_interval_delta_and_pod_restart():
     c = server("c")
     serve(c, 50, 2.0, 0.02)                      # a slow past...

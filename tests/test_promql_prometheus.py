@@ -89,7 +89,7 @@ def test_prometheus_counts_equal_the_pod_scrape_and_give_the_same_verdict(stack)
     assert bad.status_code == 400
     direct, via_prom, now = win.both()
     assert direct[0].outcomes["completed"] == 6 and direct[1].outcomes["completed"] == 6
-    assert direct[1].outcomes["rejected"] == 1 and direct[0].ttft.count == 6
+    assert direct[1].outcomes["invalid"] == 1 and direct[0].ttft.count == 6
     for d, p in zip(direct, via_prom, strict=True):
         assert p.outcomes == d.outcomes                                  # exact: counters, no extrapolation
         assert p.ttft.buckets == d.ttft.buckets and p.ttft.count == d.ttft.count

@@ -14,6 +14,7 @@ from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
 from modeldeploy.runtime.server.job import ClientGone, Job, race_disconnect
+from modeldeploy.runtime.server.metrics import refusal_outcome
 from modeldeploy.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -54,8 +55,8 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         ctx.check_serving()
         req = parse_body(await request.body(), KINDS[kind])
         ids, params = _prepare(ctx, kind, req)
-    except APIError:
-        ctx.metrics.outcome("rejected")
+    except APIError as e:
+        ctx.metrics.outcome(refusal_outcome(e.status))
         raise
     except Exception:
         ctx.metrics.outcome("error")

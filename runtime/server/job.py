@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from modeldeploy.runtime.server.errors import APIError
+from modeldeploy.runtime.server.metrics import refusal_outcome
 
 log = logging.getLogger("modeldeploy.server")
 
@@ -28,15 +29,15 @@ class Job:
         self.ticket = None
         self.agen: AsyncIterator | None = None
         self.final: Any = None
-        self.rejected = False
+        self.refused: str | None = None    # outcome of a request refused before generation
         self.server_aborted = False  # drain timeout: not the client's doing
 
     async def start(self) -> Any:
         """Wait for a running slot, submit to the engine, return its first output."""
         try:
             self.ticket = self.ctx.admission.enter()
-        except APIError:
-            self.rejected = True
+        except APIError as e:
+            self.refused = refusal_outcome(e.status)
             raise
         await self.ticket.acquire()
         self.ctx.jobs[self.rid] = self
@@ -44,7 +45,7 @@ class Job:
         try:
             first = await self.agen.__anext__()
         except ValueError as e:  # the engine's own prompt validation
-            self.rejected = True
+            self.refused = "invalid"
             raise APIError(400, str(e), param="prompt") from None
         self._see(first)
         return first
@@ -81,8 +82,8 @@ class Job:
         if self.ticket is not None:
             self.ticket.release()
         self.ctx.jobs.pop(self.rid, None)
-        if self.rejected:
-            outcome = "rejected"
+        if self.refused:
+            outcome = self.refused
         elif self.final is not None and self.final.finish_reason != "abort":
             outcome = "completed"
         elif self.server_aborted:

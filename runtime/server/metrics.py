@@ -6,9 +6,11 @@ from the engine's `RequestOutput.metrics` timestamps (time.monotonic), measured 
 moment the server received the request, so queue time includes admission waiting.
 Engine totals (tokens, preemptions, KV usage) are read from `engine.stats()` at scrape.
 
-Outcomes: completed (finished normally), cancelled (the client went away), rejected (refused
-before generation: 400/404 bad request, 429 queue full, 503 loading/draining), error (engine
-failure, or aborted by the drain timeout).
+Outcomes: completed (finished normally), cancelled (the client went away), invalid (the
+request's own fault: 400/401/404...), rejected (refused for capacity or state: 429 queue full,
+503 loading/draining), error (engine failure, a 5xx, or aborted by the drain timeout). Canary
+analysis counts rejected and error as failures; invalid only where the canary answers it more
+often than the stable bundle does (a client sending bad requests must not fail a canary).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LABELS = ("bundle", "engine_build", "model_revision")
-OUTCOMES = ("completed", "cancelled", "rejected", "error")
+OUTCOMES = ("completed", "cancelled", "invalid", "rejected", "error")
+
+
+def refusal_outcome(status: int) -> str:
+    """The outcome of a request refused with this HTTP status before it was generated."""
+    if status in (429, 503):
+        return "rejected"
+    return "invalid" if 400 <= status < 500 else "error"
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
