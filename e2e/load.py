@@ -28,6 +28,7 @@ class Load:
         self.api, self.ns, self.service, self.model = api, ns, service, model
         self.workers, self.max_requests, self.deadline = workers, max_requests, time.monotonic() + max_seconds
         self.results: list[tuple[float, str, int]] = []
+        self.transport_errors: Counter[str] = Counter()   # exception class -> count (the 0s in results)
         self.endpoints: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -59,8 +60,10 @@ class Load:
                                   json={"model": self.model, "prompt": "The quick brown fox", "max_tokens": 12,
                                         "temperature": 0})
                     code = r.status_code
-                except httpx.HTTPError:
+                except httpx.HTTPError as e:
                     code = 0
+                    with self._lock:
+                        self.transport_errors[f"{ip}: {type(e).__name__}"] += 1
                 with self._lock:
                     self.results.append((time.monotonic(), ip, code))
 

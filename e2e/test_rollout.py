@@ -122,7 +122,7 @@ def test_good_bundle_promoted_across_an_operator_kill_then_rollback_to(
         assert "modeldeploy.dev/rollback-to" not in (get_md(cluster, namespace, "chat")["metadata"].get("annotations") or {})
     seen = load.by_ip()
     print(f"load during promotion and rollback-to, by pod ip (old {old_ips}): {seen}")
-    assert not {ip: c for ip, c in seen.items() if set(c) - {200}}, seen  # no cohort lost a request
+    assert not {ip: c for ip, c in seen.items() if set(c) - {200}}, (seen, load.transport_errors)  # no cohort lost one
     assert sum(sum(c.values()) for c in seen.values()) > 20
 
 
@@ -153,7 +153,7 @@ def test_slow_bundle_fails_analysis_and_rolls_back(
     print(f"slow: AnalysisFailed Event seen -> canary out of the ready endpoints of the Service "
           f"{out_at - failed_at:+.2f}s (0.1 s polling)")
     print(f"load during the failed canary, by pod ip (old {old_ips}): {load.by_ip()}; analysis {st['lastAnalysis']}")
-    assert not stable_errors(load, old_ips), load.by_ip()
+    assert not stable_errors(load, old_ips), (load.by_ip(), load.transport_errors)
     canary = st["failedBundles"][0]
     cluster.wait(lambda: not cluster.apps.list_namespaced_deployment(
         namespace, label_selector=f"modeldeploy.dev/bundle={canary}").items, 60, "canary Deployment removed")

@@ -88,4 +88,4 @@ def test_await_promotion_is_suspended_then_manual_promote_and_abort(
     for r in ("AwaitingPromotion", "ManualPromote", "Aborted"):
         assert reasons.count(r) == 1, (r, reasons)
     print(f"load during promote and abort: {load.by_ip()}")
-    assert not stable_errors(load, old_ips | new_ips), load.by_ip()
+    assert not stable_errors(load, old_ips | new_ips), (load.by_ip(), load.transport_errors)

@@ -108,7 +108,7 @@ def test_operator_killed_in_every_phase_resumes_then_broken_contract_rolls_back_
     seen = load.by_ip()
     print(f"load by pod ip: {seen}; old {old_ips}, new {new_ips}, broken {broken_ips}")
     assert broken_ips and not broken_ips & set(seen), "the broken bundle got traffic before its gate"
-    assert not stable_errors(load, old_ips | new_ips), seen
+    assert not stable_errors(load, old_ips | new_ips), (seen, load.transport_errors)
     assert sum(seen.get(ip, Counter())[200] for ip in new_ips) > 0
     cluster.wait(lambda: not cluster.apps.list_namespaced_deployment(
         ns, label_selector=f"modeldeploy.dev/bundle={broken}").items, 60, "broken canary Deployment removed")

@@ -85,4 +85,4 @@ def test_slow_canary_caught_through_prometheus(
     analyses = [m for r, m in events(cluster, ns, name) if r == "Analysis"]
     print(f"prometheus answered {served:.0f} queries; analyses: {analyses}; load {load.by_ip()}")
     assert served >= 6 and analyses and "ttft_p95_seconds Fail" in analyses[-1]   # 3 queries per cohort per analysis
-    assert not stable_errors(load, old_ips), load.by_ip()
+    assert not stable_errors(load, old_ips), (load.by_ip(), load.transport_errors)
