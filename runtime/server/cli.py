@@ -90,9 +90,8 @@ def main(args: argparse.Namespace) -> int:
     from modeldeploy.runtime.server.app import create_app
 
     app = create_app(cfg)
-    # Idle keep-alive connections stay open longer than a load balancer's or client pool's idle
-    # timeout (ALB 60 s, Envoy 1 h, kube-proxy none): with uvicorn's 5 s a client reusing a pooled
-    # connection just as the server closes it gets a transport error (seen in the rollout e2e).
+    # Idle keep-alive connections stay open longer than a load balancer's idle timeout (ALB 60 s):
+    # with uvicorn's 5 s, a balancer reusing a connection just as the server closes it answers 502.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log, timeout_graceful_shutdown=5, lifespan="on",
                             timeout_keep_alive=KEEP_ALIVE_S)
