@@ -174,13 +174,15 @@ def analyze(stable: CohortSample, canary: CohortSample, cfg: Analysis, step: int
     return AnalysisResult(time=time, step=step, verdict=overall, metrics=verdicts)
 
 
+def fmt(x: float | None) -> str:
+    """A figure in Events and status messages: 4 significant digits, n/a when unknown."""
+    return "n/a" if x is None else f"{x:.4g}"
+
+
 def describe(r: AnalysisResult) -> str:
     """One line for the Event each analysis posts: the verdict and every metric's figures."""
-    def f(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.4g}"
-
     step = f"step {r.step + 1}: " if r.step is not None else ""
-    figures = "; ".join(f"{m.metric} {m.verdict} canary={f(m.canary)} stable={f(m.stable)} threshold={f(m.threshold)}"
+    figures = "; ".join(f"{m.metric} {m.verdict} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
                         f" samples={m.samples}" for m in r.metrics)
     why = f" ({r.message})" if r.message else ""
     return f"{step}{r.verdict}{why}: {figures}" if figures else f"{step}{r.verdict}{why}"

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from modeldeploy.operator.analysis import fmt
 from modeldeploy.operator.api import AnalysisResult
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
@@ -184,7 +185,7 @@ def _canary(s, p, sig, now, elapsed) -> Transition:
     a = sig.analysis
     fresh = a is not None and a.step == i and sig.analysis_at is not None and sig.analysis_at >= (s.phase_since or 0)
     if fresh and a.verdict == "Fail":
-        figures = "; ".join(f"{m.metric} canary={_fmt(m.canary)} stable={_fmt(m.stable)} threshold={_fmt(m.threshold)}"
+        figures = "; ".join(f"{m.metric} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
                             for m in a.metrics if m.verdict == "Fail")
         return _rollback(s, now, "AnalysisFailed", f"step {i + 1}: {figures}")
     if elapsed < p.steps[i].pause_seconds or not fresh or a.verdict != "Pass":
@@ -222,10 +223,6 @@ def _rolling_back(s, p, sig, now, elapsed) -> Transition:
 
 _PHASES = {"Stable": _stable, "Deploying": _deploying, "Verifying": _verifying, "Canary": _canary,
            "Promoting": _promoting, "RollingBack": _rolling_back}
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4g}"
 
 
 def canary_weight(s: RolloutState, p: Policy) -> int:
