@@ -21,7 +21,8 @@ unit: setup
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
 lint: setup
-	.venv/bin/ruff check modeldeploy operator runtime kernels conformance e2e tests bench
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 demo-model: setup
 	$(PY) -m modeldeploy tiny-model $(OUT)/tiny-llama --arch llama --seed 0

@@ -36,8 +36,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--keep", action="store_true", help="leave the md-scale cluster running")
     a = ap.parse_args()
-    c = LocalCluster(Settings(name="md-scale", gpu_nodes=0, ready_delay_ms=0, bridge="mdbr8",
-                              pod_cidr="10.244.8.0/24"))
+    c = LocalCluster(
+        Settings(name="md-scale", gpu_nodes=0, ready_delay_ms=0, bridge="mdbr8", pod_cidr="10.244.8.0/24")
+    )
     c.down()
     t_up = c.up()
     try:
@@ -56,13 +57,26 @@ def main() -> int:
         wait(nodes_ready, a.timeout, f"{a.nodes} Ready nodes")
         t_nodes = time.monotonic() - t0
         t1 = time.monotonic()
-        apps.create_namespaced_deployment("default", {
-            "metadata": {"name": "scale"},
-            "spec": {"replicas": a.pods, "selector": {"matchLabels": {"app": "scale"}},
-                     "template": {"metadata": {"labels": {"app": "scale"}}, "spec": {
-                         "nodeSelector": {"type": "kwok"},
-                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                         "containers": [{"name": "c", "image": "registry.invalid/x@sha256:" + "0" * 64}]}}}})
+        apps.create_namespaced_deployment(
+            "default",
+            {
+                "metadata": {"name": "scale"},
+                "spec": {
+                    "replicas": a.pods,
+                    "selector": {"matchLabels": {"app": "scale"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "scale"}},
+                        "spec": {
+                            "nodeSelector": {"type": "kwok"},
+                            "tolerations": [
+                                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                            ],
+                            "containers": [{"name": "c", "image": "registry.invalid/x@sha256:" + "0" * 64}],
+                        },
+                    },
+                },
+            },
+        )
 
         def pods_ready() -> bool:
             d = apps.read_namespaced_deployment("scale", "default")
@@ -73,11 +87,23 @@ def main() -> int:
     finally:
         if not a.keep:
             c.down()
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"nodes": a.nodes, "pods": a.pods, "up_s": round(t_up, 1),
-                      "nodes_created_s": round(t_created, 1), "nodes_ready_s": round(t_nodes, 1),
-                      "pods_ready_s": round(t_pods, 1), "git_rev": rev,
-                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "nodes": a.nodes,
+                "pods": a.pods,
+                "up_s": round(t_up, 1),
+                "nodes_created_s": round(t_created, 1),
+                "nodes_ready_s": round(t_nodes, 1),
+                "pods_ready_s": round(t_pods, 1),
+                "git_rev": rev,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+    )
     return 0
 
 

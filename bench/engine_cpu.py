@@ -24,14 +24,23 @@ import torch
 
 def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(5, vocab) for _ in range(rng.randint(32, 512))], rng.randint(16, 256)) for _ in range(n)]
+    return [
+        ([rng.randrange(5, vocab) for _ in range(rng.randint(32, 512))], rng.randint(16, 256))
+        for _ in range(n)
+    ]
 
 
 def run_engine(model_dir: Path, reqs, max_num_seqs: int) -> dict:
     from modeldeploy.runtime import LLM, SamplingParams
 
-    llm = LLM(model_dir, dtype="float32", max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
-              max_model_len=1024, kv_cache_cpu_bytes=1 << 30)
+    llm = LLM(
+        model_dir,
+        dtype="float32",
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=2048,
+        max_model_len=1024,
+        kv_cache_cpu_bytes=1 << 30,
+    )
     eng = llm.engine
     fwd = {"t": 0.0}
     run = eng.runner.run
@@ -51,8 +60,15 @@ def run_engine(model_dir: Path, reqs, max_num_seqs: int) -> dict:
     toks = sum(len(o.token_ids) for o in outs)
     assert toks == sum(m for _, m in reqs)
     s = eng.stats()
-    return {"wall_s": wall, "output_tokens": toks, "tok_per_s": toks / wall, "steps": s.steps_total,
-            "forward_s": fwd["t"], "outside_forward_share": 1 - fwd["t"] / wall, "preemptions": s.preemptions_total}
+    return {
+        "wall_s": wall,
+        "output_tokens": toks,
+        "tok_per_s": toks / wall,
+        "steps": s.steps_total,
+        "forward_s": fwd["t"],
+        "outside_forward_share": 1 - fwd["t"] / wall,
+        "preemptions": s.preemptions_total,
+    }
 
 
 def run_hf(model_dir: Path, reqs, batch_size: int) -> dict:
@@ -64,13 +80,19 @@ def run_hf(model_dir: Path, reqs, batch_size: int) -> dict:
     t0 = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(reqs), batch_size):
-            chunk = reqs[i:i + batch_size]
+            chunk = reqs[i : i + batch_size]
             width = max(len(p) for p, _ in chunk)
             ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
             new = max(m for _, m in chunk)
-            hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                        pad_token_id=pad)
+            hf.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=pad,
+            )
             useful += sum(m for _, m in chunk)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "output_tokens": useful, "tok_per_s": useful / wall, "batch_size": batch_size}
@@ -91,19 +113,36 @@ def main() -> None:
     from modeldeploy.runtime.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_model(Path(tmp) / "m", "llama", 0, hidden_size=args.hidden_size,
-                                    num_layers=args.layers, num_heads=6, num_kv_heads=2)
+        model_dir = make_tiny_model(
+            Path(tmp) / "m",
+            "llama",
+            0,
+            hidden_size=args.hidden_size,
+            num_layers=args.layers,
+            num_heads=6,
+            num_kv_heads=2,
+        )
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         reqs = workload(args.requests, args.seed, vocab)
         ours = run_engine(model_dir, reqs, args.max_num_seqs)
         print("engine      ", json.dumps(ours))
         hf = run_hf(model_dir, reqs, args.hf_batch_size)
         print("transformers", json.dumps(hf))
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"date": time.strftime("%Y-%m-%d"), "git_rev": rev, "args": vars(args) | {"out": str(args.out)},
-              "engine": ours, "transformers": hf, "speedup": ours["tok_per_s"] / hf["tok_per_s"]}
-    print(f"speedup {result['speedup']:.2f}x  (engine {ours['tok_per_s']:.1f} tok/s, transformers {hf['tok_per_s']:.1f} tok/s, "
-          f"outside-forward share {ours['outside_forward_share']:.1%})")
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "git_rev": rev,
+        "args": vars(args) | {"out": str(args.out)},
+        "engine": ours,
+        "transformers": hf,
+        "speedup": ours["tok_per_s"] / hf["tok_per_s"],
+    }
+    print(
+        f"speedup {result['speedup']:.2f}x  (engine {ours['tok_per_s']:.1f} tok/s, transformers {hf['tok_per_s']:.1f} tok/s, "
+        f"outside-forward share {ours['outside_forward_share']:.1%})"
+    )
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")   # "cpu": dry run of the script's plumbing
+DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")  # "cpu": dry run of the script's plumbing
 
 
 def _importable() -> None:
@@ -72,7 +72,7 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
     t = time_cuda(lambda: dst.copy_(src), warmup=3, reps=10)
-    src = dst = None                                  # free before the caller allocates
+    src = dst = None  # free before the caller allocates
     torch.cuda.empty_cache()
     return 2 * nbytes / t
 
@@ -84,9 +84,16 @@ def stage_env(out: Path, _arg) -> dict:
     import transformers
 
     p = torch.cuda.get_device_properties(0)
-    return {"device": p.name, "sms": p.multi_processor_count, "memory_gib": p.total_memory / 2**30,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cupy.__version__,
-            "transformers": transformers.__version__, "copy_bytes_per_s": copy_bandwidth()}
+    return {
+        "device": p.name,
+        "sms": p.multi_processor_count,
+        "memory_gib": p.total_memory / 2**30,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cupy": cupy.__version__,
+        "transformers": transformers.__version__,
+        "copy_bytes_per_s": copy_bandwidth(),
+    }
 
 
 def stage_kernels(out: Path, name: str) -> dict:
@@ -95,15 +102,22 @@ def stage_kernels(out: Path, name: str) -> dict:
     from modeldeploy.kernels import attention, checks
 
     results = []
-    unrolls = (4, 8) if name.startswith("paged_attention") else (4,)   # 8: build.ATTN_UNROLL8 shapes
+    unrolls = (4, 8) if name.startswith("paged_attention") else (4,)  # 8: build.ATTN_UNROLL8 shapes
     for i, p in enumerate(x for x in checks.correctness_problems() if x.kernel == name):
-        for seed, unroll in [(s, u) for s in (i, 100 + i) for u in unrolls]:   # two fresh draws per shape
+        for seed, unroll in [(s, u) for s in (i, 100 + i) for u in unrolls]:  # two fresh draws per shape
             attention.UNROLL = unroll
             try:
                 results.append(checks.run(p, seed) | {"unroll": unroll})
-            except Exception as e:           # record, and go on unless the CUDA context is dead
-                results.append({"kernel": name, "label": p.label, "dtype": str(p.dtype)[6:], "ok": False,
-                                "error": f"{type(e).__name__}: {e}"[:500]})
+            except Exception as e:  # record, and go on unless the CUDA context is dead
+                results.append(
+                    {
+                        "kernel": name,
+                        "label": p.label,
+                        "dtype": str(p.dtype)[6:],
+                        "ok": False,
+                        "error": f"{type(e).__name__}: {e}"[:500],
+                    }
+                )
                 try:
                     torch.cuda.synchronize()
                 except Exception:
@@ -139,9 +153,11 @@ def stage_greedy(out: Path, _arg) -> dict:
 
     counts = _count_launches()
     max_new = 24
-    variants = [("llama", {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}),            # d64 g2
-                ("llama", {"hidden_size": 512, "num_heads": 4, "num_kv_heads": 1, "rope_scaling": "llama3"}),
-                ("qwen3", {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2})]
+    variants = [
+        ("llama", {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}),  # d64 g2
+        ("llama", {"hidden_size": 512, "num_heads": 4, "num_kv_heads": 1, "rope_scaling": "llama3"}),
+        ("qwen3", {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}),
+    ]
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (1, 7, 16, 33, 100, 250)]
     rows = []
@@ -151,30 +167,51 @@ def stage_greedy(out: Path, _arg) -> dict:
             try:
                 d = make_tiny_model(Path(tmp) / str(i), arch, seed=i, **sizes)
                 ours = LLM(d, dtype="float32", device=DEVICE).generate(
-                    prompts, SamplingParams(temperature=0, max_tokens=max_new))
+                    prompts, SamplingParams(temperature=0, max_tokens=max_new)
+                )
                 hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(DEVICE).eval()
                 mismatches = 0
                 for p, o in zip(prompts, ours, strict=True):
                     x = torch.tensor([p], device=DEVICE)
                     with torch.no_grad():
-                        g = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                        max_new_tokens=max_new)
-                    mismatches += g[0, len(p):].tolist() != o.token_ids
+                        g = hf.generate(
+                            x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new
+                        )
+                    mismatches += g[0, len(p) :].tolist() != o.token_ids
                 row.update(prompts=len(prompts), mismatches=mismatches, ok=mismatches == 0)
                 del hf
             except Exception as e:
-                row.update(ok=False, error=f"{type(e).__name__}: {e}"[:500], trace=traceback.format_exc()[-2000:])
+                row.update(
+                    ok=False, error=f"{type(e).__name__}: {e}"[:500], trace=traceback.format_exc()[-2000:]
+                )
             rows.append(row)
     used = counts.get("paged_attention_kernel", 0) > 0 and counts.get("rms_norm_kernel", 0) > 0
-    return {"variants": rows, "launches": counts, "cupy_kernels_used": used,
-            "ok": used and all(r.get("ok") for r in rows)}
+    return {
+        "variants": rows,
+        "launches": counts,
+        "cupy_kernels_used": used,
+        "ok": used and all(r.get("ok") for r in rows),
+    }
 
 
-LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-             "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 BATCHES = (1, 8, 32, 64)
 CONTEXT, DECODE_STEPS = 1000, 32
 
@@ -201,15 +238,27 @@ def _ours_decode(model_dir: Path, gen, device: str = DEVICE) -> list[dict]:
             torch.cuda.synchronize()
 
     blocks = max(BATCHES) * (-(-(CONTEXT + DECODE_STEPS + 8) // 16)) + 64
-    llm = LLM(model_dir, dtype="bfloat16", device=device, load_format="dummy", max_num_seqs=max(BATCHES),
-              max_num_batched_tokens=8192, enable_prefix_caching=False, num_kv_blocks=blocks,
-              max_model_len=CONTEXT + DECODE_STEPS + 32)
-    llm.generate([[5] * 64, [6] * 32], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    llm = LLM(
+        model_dir,
+        dtype="bfloat16",
+        device=device,
+        load_format="dummy",
+        max_num_seqs=max(BATCHES),
+        max_num_batched_tokens=8192,
+        enable_prefix_caching=False,
+        num_kv_blocks=blocks,
+        max_model_len=CONTEXT + DECODE_STEPS + 32,
+    )
+    llm.generate(
+        [[5] * 64, [6] * 32], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )  # warm-up
     eng, rows = llm.engine, []
     for b in BATCHES:
         params = SamplingParams(temperature=0, max_tokens=DECODE_STEPS + 1, ignore_eos=True)
         for j in range(b):
-            eng.add_request(f"bench-{b}-{j}", torch.randint(10, 500, (CONTEXT,), generator=gen).tolist(), params)
+            eng.add_request(
+                f"bench-{b}-{j}", torch.randint(10, 500, (CONTEXT,), generator=gen).tolist(), params
+            )
         decode_time, decode_tokens = 0.0, 0
         while eng.has_work():
             sync()
@@ -217,12 +266,18 @@ def _ours_decode(model_dir: Path, gen, device: str = DEVICE) -> list[dict]:
             outs = eng.step()
             sync()
             dt = time.perf_counter() - t0
-            if len(outs) == b and all(len(o.token_ids) >= 2 for o in outs):   # a pure decode step
+            if len(outs) == b and all(len(o.token_ids) >= 2 for o in outs):  # a pure decode step
                 decode_time += dt
                 decode_tokens += b
-        rows.append({"batch": b, "tokens_per_s": decode_tokens / decode_time, "decode_steps": decode_tokens // b,
-                     "bytes_per_step": _bytes_per_step(LLAMA3_8B, b, CONTEXT + DECODE_STEPS // 2),
-                     "step_s": decode_time / max(1, decode_tokens // b)})
+        rows.append(
+            {
+                "batch": b,
+                "tokens_per_s": decode_tokens / decode_time,
+                "decode_steps": decode_tokens // b,
+                "bytes_per_step": _bytes_per_step(LLAMA3_8B, b, CONTEXT + DECODE_STEPS // 2),
+                "step_s": decode_time / max(1, decode_tokens // b),
+            }
+        )
     return rows
 
 
@@ -232,6 +287,7 @@ def _hf_decode(gen, device: str = DEVICE) -> list[dict]:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k not in ("architectures", "model_type")})
+
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
@@ -246,12 +302,18 @@ def _hf_decode(gen, device: str = DEVICE) -> list[dict]:
             sync()
             t0 = time.perf_counter()
             with torch.no_grad():
-                model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                               min_new_tokens=n, pad_token_id=0)
+                model.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    do_sample=False,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    pad_token_id=0,
+                )
             sync()
             return time.perf_counter() - t0
 
-        run(2)                                                       # warm-up at this shape
+        run(2)  # warm-up at this shape
         t = run(DECODE_STEPS + 1) - run(1)
         rows.append({"batch": b, "tokens_per_s": b * DECODE_STEPS / t})
     model = None
@@ -266,16 +328,20 @@ def stage_decode(out: Path, _arg) -> dict:
     from modeldeploy.runtime.tiny_model import make_tiny_model
 
     gen = torch.Generator().manual_seed(0)
-    result: dict = {"config": "Llama-3-8B shape, random weights, bf16", "context": CONTEXT,
-                    "decode_steps": DECODE_STEPS, "copy_bytes_per_s": copy_bandwidth()}
+    result: dict = {
+        "config": "Llama-3-8B shape, random weights, bf16",
+        "context": CONTEXT,
+        "decode_steps": DECODE_STEPS,
+        "copy_bytes_per_s": copy_bandwidth(),
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        d = make_tiny_model(Path(tmp) / "m8b", "llama", seed=0)      # tokenizer files (ids < 512)
+        d = make_tiny_model(Path(tmp) / "m8b", "llama", seed=0)  # tokenizer files (ids < 512)
         for f in d.glob("*.safetensors*"):
             f.unlink()
         (d / "config.json").write_text(json.dumps(LLAMA3_8B, indent=1))
         try:
             result["ours"] = _ours_decode(d, gen)
-            gc.collect()                                             # free the engine before HF loads
+            gc.collect()  # free the engine before HF loads
             torch.cuda.empty_cache()
             for r in result["ours"]:
                 r["roofline"] = r["bytes_per_step"] / r["step_s"] / result["copy_bytes_per_s"]
@@ -297,11 +363,11 @@ def stage_kernel_bench(out: Path, _arg) -> dict:
 
     bw = copy_bandwidth()
     rows = []
-    variants = []                                   # (problem, attention.UNROLL)
+    variants = []  # (problem, attention.UNROLL)
     for p in checks.bench_problems():
         variants.append((p, 4))
         if p.kernel.startswith("paged_attention"):
-            variants.append((p, 8))                 # the UNROLL=8 instantiation, for comparison
+            variants.append((p, 8))  # the UNROLL=8 instantiation, for comparison
     for p, unroll in variants:
         attention.UNROLL = unroll
         label = p.label + (f" u{unroll}" if p.kernel.startswith("paged_attention") else "")
@@ -330,36 +396,61 @@ def _load(out: Path, name: str) -> dict:
 
 
 # The dispatch names (kernels/dispatch.py); stage_kernels fails a name with no problems.
-KERNEL_NAMES = ("rms_norm", "rotary_embedding", "silu_and_mul", "write_kv",
-                "paged_attention_decode", "paged_attention_prefill")
+KERNEL_NAMES = (
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "write_kv",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+)
 
 
 def stage_report(out: Path, _arg) -> dict:
     env = _load(out, "env")
     kern = {k: _load(out, f"kernels-{k}") for k in KERNEL_NAMES}
     greedy, decode, kb = _load(out, "greedy"), _load(out, "decode"), _load(out, "kernel_bench")
-    merged = {"git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
-              "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
-              "env": env, "kernels": kern, "greedy": greedy, "decode": decode, "kernel_bench": kb}
-    lines = [f"gpu_check {merged['date']} rev {merged['git_rev']}",
-             f"device {env.get('device', '?')}  copy {env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s"
-             f"  torch {env.get('torch', '?')}  cupy {env.get('cupy', '?')}", "",
-             "kernel vs twin                     cases  worst rel err  verdict"]
+    merged = {
+        "git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
+        "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "env": env,
+        "kernels": kern,
+        "greedy": greedy,
+        "decode": decode,
+        "kernel_bench": kb,
+    }
+    lines = [
+        f"gpu_check {merged['date']} rev {merged['git_rev']}",
+        f"device {env.get('device', '?')}  copy {env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s"
+        f"  torch {env.get('torch', '?')}  cupy {env.get('cupy', '?')}",
+        "",
+        "kernel vs twin                     cases  worst rel err  verdict",
+    ]
     for k, r in kern.items():
         res = r.get("results", [])
         worst = max((x.get("rel_err", float("nan")) for x in res), default=float("nan"))
-        verdict = "PASS" if r.get("ok") else "FAIL " + (r.get("error") or next(
-            (x.get("error", x["label"]) for x in res if not x["ok"]), ""))[:60]
+        verdict = (
+            "PASS"
+            if r.get("ok")
+            else "FAIL "
+            + (r.get("error") or next((x.get("error", x["label"]) for x in res if not x["ok"]), ""))[:60]
+        )
         lines.append(f"  {k:32s} {len(res):5d}  {worst:13.2e}  {verdict}")
-    lines.append(f"greedy == transformers (fp32, cuda): {'PASS' if greedy.get('ok') else 'FAIL'}  "
-                 + "; ".join(f"{v.get('model', '?')[:40]}: {v.get('mismatches', v.get('error', '?'))}"
-                             for v in greedy.get("variants", [])))
+    lines.append(
+        f"greedy == transformers (fp32, cuda): {'PASS' if greedy.get('ok') else 'FAIL'}  "
+        + "; ".join(
+            f"{v.get('model', '?')[:40]}: {v.get('mismatches', v.get('error', '?'))}"
+            for v in greedy.get("variants", [])
+        )
+    )
     lines += ["", "8B bf16 decode, ctx ~1k   batch  ours tok/s  roofline  transformers tok/s  speedup"]
     hf = {r["batch"]: r["tokens_per_s"] for r in decode.get("transformers", [])}
     for r in decode.get("ours", []):
         h = hf.get(r["batch"])
-        lines.append(f"  {'':24s}{r['batch']:5d}  {r['tokens_per_s']:10.1f}  {r['roofline']:8.1%}  "
-                     f"{h or float('nan'):18.1f}  {(r['tokens_per_s'] / h if h else float('nan')):6.1f}x")
+        lines.append(
+            f"  {'':24s}{r['batch']:5d}  {r['tokens_per_s']:10.1f}  {r['roofline']:8.1%}  "
+            f"{h or float('nan'):18.1f}  {(r['tokens_per_s'] / h if h else float('nan')):6.1f}x"
+        )
     for key in ("ours_error", "transformers_error", "error"):
         if key in decode:
             lines.append(f"  decode {key}: {decode[key][:100]}")
@@ -368,20 +459,28 @@ def stage_report(out: Path, _arg) -> dict:
         if "error" in r:
             lines.append(f"  {r['kernel']:24s} {r['label'][:28]:28s} ERROR {r['error'][:40]}")
         else:
-            lines.append(f"  {r['kernel']:24s} {r['label'][:28]:28s} {r['bytes_per_s'] / 1e9:6.0f}  "
-                         f"{r['roofline']:8.1%}  {r['speedup_vs_twin']:6.1f}x")
+            lines.append(
+                f"  {r['kernel']:24s} {r['label'][:28]:28s} {r['bytes_per_s'] / 1e9:6.0f}  "
+                f"{r['roofline']:8.1%}  {r['speedup_vs_twin']:6.1f}x"
+            )
     merged["table"] = lines
     return merged
 
 
-STAGES = {"env": stage_env, "kernels": stage_kernels, "greedy": stage_greedy, "decode": stage_decode,
-          "kernel_bench": stage_kernel_bench, "report": stage_report}
+STAGES = {
+    "env": stage_env,
+    "kernels": stage_kernels,
+    "greedy": stage_greedy,
+    "decode": stage_decode,
+    "kernel_bench": stage_kernel_bench,
+    "report": stage_report,
+}
 
 
 def main() -> int:
     out, stage = Path(sys.argv[1]), sys.argv[2]
     arg = sys.argv[3] if len(sys.argv) > 3 else None
-    if stage == "list-kernels":                       # for gpu_check.sh's loop
+    if stage == "list-kernels":  # for gpu_check.sh's loop
         print(" ".join(KERNEL_NAMES))
         return 0
     out.mkdir(parents=True, exist_ok=True)

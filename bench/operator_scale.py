@@ -51,7 +51,11 @@ def proc_stats(pid: int) -> tuple[float, int]:
     """(CPU seconds, peak RSS bytes) of one process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    hwm = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
+    hwm = next(
+        int(line.split()[1]) * 1024
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmHWM")
+    )
     return cpu, hwm
 
 
@@ -77,7 +81,11 @@ def main() -> int:
     _ignore_409(lambda: core.create_namespace({"metadata": {"name": NS}}))
     # 3 ClusterIP Services per MD: widen a small local Service range (kwokctl's is a /24)
     net = client.NetworkingV1Api()
-    _ignore_409(lambda: net.create_service_cidr({"metadata": {"name": "bench-operator"}, "spec": {"cidrs": ["10.96.0.0/16"]}}))
+    _ignore_409(
+        lambda: net.create_service_cidr(
+            {"metadata": {"name": "bench-operator"}, "spec": {"cidrs": ["10.96.0.0/16"]}}
+        )
+    )
     env = {**os.environ, "KUBECONFIG": a.kubeconfig}
     op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", str(METRICS_PORT), "--bind", "127.0.0.1",
                            "--health-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=open("/tmp/bench-operator.log", "wb"))  # fmt: skip
@@ -105,8 +113,15 @@ def main() -> int:
               f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
         print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s)")
         text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
-        m = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("modeldeploy_operator_") and " " in ln}
-        n, total = m.get("modeldeploy_operator_reconciles_total", 0), m.get("modeldeploy_operator_reconcile_seconds_sum", 0)
+        m = {
+            ln.split()[0]: float(ln.split()[1])
+            for ln in text.splitlines()
+            if ln.startswith("modeldeploy_operator_") and " " in ln
+        }
+        n, total = (
+            m.get("modeldeploy_operator_reconciles_total", 0),
+            m.get("modeldeploy_operator_reconcile_seconds_sum", 0),
+        )
         print(f"(reconciles: {n:.0f}, mean reconcile {total / max(n, 1):.3f} s)")
         return 0 if stable == a.mds else 1
     finally:
@@ -129,7 +144,9 @@ def latency(apps: client.AppsV1Api, custom: client.CustomObjectsApi, n: int) -> 
         custom.patch_namespaced_custom_object(G, V, NS, P, name, {"spec": {"replicas": want}})
         w = watch.Watch()
         sel = f"app.kubernetes.io/instance={name}"
-        for ev in w.stream(apps.list_namespaced_deployment, NS, label_selector=sel, timeout_seconds=30, _request_timeout=35):
+        for ev in w.stream(
+            apps.list_namespaced_deployment, NS, label_selector=sel, timeout_seconds=30, _request_timeout=35
+        ):
             if ev["object"].spec.replicas == want:
                 out.append(time.monotonic() - sent)
                 w.stop()

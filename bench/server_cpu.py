@@ -47,8 +47,9 @@ async def run_engine(eng, n: int, c: int, max_tokens: int, tag: str) -> dict:
         async with sem:
             t0 = time.perf_counter()
             first = True
-            async for out in eng.generate(f"{tag}-{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0,
-                                                                     ignore_eos=True)):
+            async for out in eng.generate(
+                f"{tag}-{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            ):
                 if first and out.new_token_ids:
                     ttft.append(time.perf_counter() - t0)
                     first = False
@@ -72,8 +73,10 @@ async def sse_request(host: str, port: int, body: bytes) -> tuple[float, int]:
     """
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                 b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
     ttft, tail = None, b""
     while data := await reader.read(1 << 16):
         if ttft is None and b'"text":' in data:
@@ -81,7 +84,7 @@ async def sse_request(host: str, port: int, body: bytes) -> tuple[float, int]:
         tail = (tail + data)[-4096:]
     writer.close()
     assert b"data: [DONE]" in tail, tail[-300:]
-    usage = json.loads(tail[tail.rindex(b'"usage":') + 8:].split(b"}", 1)[0] + b"}")
+    usage = json.loads(tail[tail.rindex(b'"usage":') + 8 :].split(b"}", 1)[0] + b"}")
     return ttft, usage["completion_tokens"]
 
 
@@ -93,8 +96,17 @@ async def run_server(url: str, n: int, c: int, max_tokens: int) -> dict:
 
     async def one(p: str, record: bool) -> None:
         nonlocal tokens
-        body = json.dumps({"model": "bench", "prompt": p, "max_tokens": max_tokens, "temperature": 0,
-                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
+        body = json.dumps(
+            {
+                "model": "bench",
+                "prompt": p,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
         async with sem:
             t, k = await sse_request(host, int(port), body)
         if record:
@@ -112,9 +124,30 @@ def start_server(model: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "modeldeploy", "serve", "--model", model, "--port", str(port),
-                             "--device", "cpu", "--dtype", "float32", "--served-model-name", "bench",
-                             "--max-num-seqs", str(max_num_seqs), "--max-queue", "256", "--log-level", "warning"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "modeldeploy",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--served-model-name",
+            "bench",
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--max-queue",
+            "256",
+            "--log-level",
+            "warning",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -143,7 +176,9 @@ async def measure(model: str, url: str, args: argparse.Namespace, max_seqs: int)
                 runs["engine"].append(await run_engine(eng, n, c, args.max_tokens, f"c{c}r{r}"))
                 runs["server"].append(await run_server(url, n, c, args.max_tokens))
             best = {k: max(v, key=lambda x: x["tok_s"]) for k, v in runs.items()}
-            rows.append({"c": c, "n": n, **best, "all": {k: [round(x["tok_s"]) for x in v] for k, v in runs.items()}})
+            rows.append(
+                {"c": c, "n": n, **best, "all": {k: [round(x["tok_s"]) for x in v] for k, v in runs.items()}}
+            )
     finally:
         await eng.shutdown()
     return rows
@@ -155,7 +190,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--requests-per-stream", type=int, default=4, help="N = this x concurrency")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating engine/server rounds; best is reported")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternating engine/server rounds; best is reported"
+    )
     ap.add_argument("--out", default=None, help="write a markdown report here")
     args = ap.parse_args()
     model = args.model
@@ -170,7 +207,9 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.wait(60)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     lines = [
         "# Runtime server on CPU: HTTP-layer overhead and TTFT",
         "",
@@ -193,12 +232,23 @@ def main() -> int:
     ]
     for r in rows:
         e, s = r["engine"], r["server"]
-        lines.append(f"| {r['c']} | {r['n']} | {e['tok_s']:.0f} | {s['tok_s']:.0f} | {s['tok_s'] / e['tok_s']:.2f} | "
-                     f"{pct(e['ttft'], .5) * 1e3:.1f} / {pct(e['ttft'], .95) * 1e3:.1f} | "
-                     f"{pct(s['ttft'], .5) * 1e3:.1f} / {pct(s['ttft'], .95) * 1e3:.1f} |")
-    lines += ["", "Per-request HTTP overhead (server wall - engine wall) / N: " + ", ".join(
-        f"C={r['c']}: {(r['server']['wall_s'] - r['engine']['wall_s']) / r['n'] * 1e3:.1f} ms" for r in rows), ""]
-    lines += [f"- C={r['c']} rounds tok/s: engine {r['all']['engine']}, server {r['all']['server']}" for r in rows]
+        lines.append(
+            f"| {r['c']} | {r['n']} | {e['tok_s']:.0f} | {s['tok_s']:.0f} | {s['tok_s'] / e['tok_s']:.2f} | "
+            f"{pct(e['ttft'], 0.5) * 1e3:.1f} / {pct(e['ttft'], 0.95) * 1e3:.1f} | "
+            f"{pct(s['ttft'], 0.5) * 1e3:.1f} / {pct(s['ttft'], 0.95) * 1e3:.1f} |"
+        )
+    lines += [
+        "",
+        "Per-request HTTP overhead (server wall - engine wall) / N: "
+        + ", ".join(
+            f"C={r['c']}: {(r['server']['wall_s'] - r['engine']['wall_s']) / r['n'] * 1e3:.1f} ms"
+            for r in rows
+        ),
+        "",
+    ]
+    lines += [
+        f"- C={r['c']} rounds tok/s: engine {r['all']['engine']}, server {r['all']['server']}" for r in rows
+    ]
     lines += [f"- load average at the end: {os.getloadavg()[0]:.1f} (1 min)", ""]
     lines += [
         "Reading: the tiny model's engine step takes a few ms, so the per-token HTTP work (one SSE event per",
@@ -206,7 +256,8 @@ def main() -> int:
         "thread under the same GIL) is of the same order as the model's compute. With a real model on a GPU",
         "a step is tens of ms and the same absolute overhead is a much smaller share. Server TTFT includes",
         "connection setup, body parsing, tokenization and admission. Not measured here: GPU, other clients.",
-        ""]
+        "",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -62,13 +62,19 @@ def _usage(res: CheckResult, usage: Any, max_tokens: int, finish: str | None, wh
     ok = isinstance(usage, dict) and all(isinstance(usage.get(k), int) for k in keys)
     if not res.expect(ok, f"{where}: usage must have integer {', '.join(keys)}, got {usage!r}"):
         return
-    res.expect(usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"],
-               f"{where}: total_tokens != prompt_tokens + completion_tokens ({usage})")
+    res.expect(
+        usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"],
+        f"{where}: total_tokens != prompt_tokens + completion_tokens ({usage})",
+    )
     res.expect(usage["prompt_tokens"] > 0, f"{where}: prompt_tokens must be > 0")
-    res.expect(usage["completion_tokens"] <= max_tokens, f"{where}: completion_tokens above max_tokens {max_tokens}")
+    res.expect(
+        usage["completion_tokens"] <= max_tokens, f"{where}: completion_tokens above max_tokens {max_tokens}"
+    )
     if finish == "length":
-        res.expect(usage["completion_tokens"] == max_tokens,
-                   f"{where}: finish_reason 'length' but completion_tokens {usage['completion_tokens']} != {max_tokens}")
+        res.expect(
+            usage["completion_tokens"] == max_tokens,
+            f"{where}: finish_reason 'length' but completion_tokens {usage['completion_tokens']} != {max_tokens}",
+        )
 
 
 def completion(t: Target, max_tokens: int, prompt: Any = PROMPT, **kw: Any) -> httpx.Response:
@@ -77,7 +83,14 @@ def completion(t: Target, max_tokens: int, prompt: Any = PROMPT, **kw: Any) -> h
 
 
 def chat(t: Target, max_tokens: int, **kw: Any) -> httpx.Response:
-    body = {"model": t.model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, **t.extra(), **kw}
+    body = {
+        "model": t.model,
+        "messages": MESSAGES,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **t.extra(),
+        **kw,
+    }
     return t.server.post("/v1/chat/completions", body)
 
 
@@ -88,32 +101,37 @@ def normal_response(t: Target) -> CheckResult:
     if res.expect(r.status_code == 200, f"/v1/completions answered {r.status_code}: {r.text[:300]}"):
         b = r.json()
         _common(res, b, "text_completion", t.model, "completion")
-        ch = (b.get("choices") or [None])
+        ch = b.get("choices") or [None]
         res.expect(len(ch) == 1 and isinstance(ch[0], dict), "completion: expected exactly one choice")
         if isinstance(ch[0], dict):
             res.expect(ch[0].get("index") == 0, "completion: choices[0].index != 0")
             res.expect(isinstance(ch[0].get("text"), str), "completion: choices[0].text is not a string")
-            res.expect(ch[0].get("finish_reason") in ("stop", "length"),
-                       f"completion: finish_reason {ch[0].get('finish_reason')!r} not in stop/length")
+            res.expect(
+                ch[0].get("finish_reason") in ("stop", "length"),
+                f"completion: finish_reason {ch[0].get('finish_reason')!r} not in stop/length",
+            )
             _usage(res, b.get("usage"), 8, ch[0].get("finish_reason"), "completion")
     r = chat(t, 8)
     res.observations["chat"] = {"status": r.status_code, "body": _safe_json(r)}
     if res.expect(r.status_code == 200, f"/v1/chat/completions answered {r.status_code}: {r.text[:300]}"):
         b = r.json()
         _common(res, b, "chat.completion", t.model, "chat")
-        ch = (b.get("choices") or [None])
+        ch = b.get("choices") or [None]
         res.expect(len(ch) == 1 and isinstance(ch[0], dict), "chat: expected exactly one choice")
         if isinstance(ch[0], dict):
             msg = ch[0].get("message") or {}
             res.expect(msg.get("role") == "assistant", "chat: message.role is not 'assistant'")
             res.expect(isinstance(msg.get("content"), str), "chat: message.content is not a string")
-            res.expect(ch[0].get("finish_reason") in ("stop", "length"), "chat: finish_reason not in stop/length")
+            res.expect(
+                ch[0].get("finish_reason") in ("stop", "length"), "chat: finish_reason not in stop/length"
+            )
             _usage(res, b.get("usage"), 8, ch[0].get("finish_reason"), "chat")
     return res
 
 
-def read_stream(t: Target, path: str, body: dict[str, Any], stop_after_first_delta: bool = False
-                ) -> dict[str, Any]:
+def read_stream(
+    t: Target, path: str, body: dict[str, Any], stop_after_first_delta: bool = False
+) -> dict[str, Any]:
     """POST a streaming request; returns status, parsed events, and whether we hung up early."""
     client = t.server.new_client()
     events: list[Any] = []
@@ -155,51 +173,82 @@ def streaming(t: Target) -> CheckResult:
         return res
     base = r.json()
     base_text = base["choices"][0]["message"]["content"]
-    body = {"model": t.model, "messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **t.extra()}
+    body = {
+        "model": t.model,
+        "messages": MESSAGES,
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **t.extra(),
+    }
     rec = read_stream(t, "/v1/chat/completions", body)
     ev = rec["events"]
-    res.observations["chat_stream"] = {"status": rec["status"], "content_type": rec["content_type"],
-                                       "events": len(ev), "first": ev[:2], "last": ev[-3:]}
+    res.observations["chat_stream"] = {
+        "status": rec["status"],
+        "content_type": rec["content_type"],
+        "events": len(ev),
+        "first": ev[:2],
+        "last": ev[-3:],
+    }
     if not res.expect(rec["status"] == 200, f"stream answered {rec['status']}: {rec.get('error')}"):
         return res
     res.expect(rec["content_type"].startswith("text/event-stream"), f"content-type {rec['content_type']!r}")
     res.expect(bool(ev) and ev[-1] == "[DONE]", "stream must end with data: [DONE]")
     res.expect(ev.count("[DONE]") == 1, "[DONE] must appear exactly once")
     chunks = [e for e in ev if e != "[DONE]"]
-    res.expect(all(isinstance(c, dict) and c.get("object") == "chat.completion.chunk" for c in chunks),
-               "every chunk must have object 'chat.completion.chunk'")
+    res.expect(
+        all(isinstance(c, dict) and c.get("object") == "chat.completion.chunk" for c in chunks),
+        "every chunk must have object 'chat.completion.chunk'",
+    )
     res.expect(len({c.get("id") for c in chunks if isinstance(c, dict)}) == 1, "chunks must share one id")
     with_choices = [c for c in chunks if isinstance(c, dict) and c.get("choices")]
     if res.expect(bool(with_choices), "no chunk carried choices"):
-        res.expect((with_choices[0]["choices"][0].get("delta") or {}).get("role") == "assistant",
-                   "first chunk's delta must carry role 'assistant'")
+        res.expect(
+            (with_choices[0]["choices"][0].get("delta") or {}).get("role") == "assistant",
+            "first chunk's delta must carry role 'assistant'",
+        )
         finishes = [i for i, c in enumerate(with_choices) if c["choices"][0].get("finish_reason")]
-        res.expect(finishes == [len(with_choices) - 1],
-                   f"finish_reason must be set exactly once, on the last choice chunk (at {finishes})")
+        res.expect(
+            finishes == [len(with_choices) - 1],
+            f"finish_reason must be set exactly once, on the last choice chunk (at {finishes})",
+        )
     usage_chunks = [c for c in chunks if isinstance(c, dict) and c.get("usage")]
-    if res.expect(len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1] and usage_chunks[0].get("choices") == [],
-                  "include_usage: exactly one final chunk with usage and empty choices"):
+    if res.expect(
+        len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1] and usage_chunks[0].get("choices") == [],
+        "include_usage: exactly one final chunk with usage and empty choices",
+    ):
         u = usage_chunks[0]["usage"]
         res.expect(u == base.get("usage"), f"stream usage {u} != non-stream usage {base.get('usage')}")
     text = "".join(_delta_text(c) for c in chunks)
     res.observations["reconstructed"] = {"stream": text, "non_stream": base_text}
     res.expect(text == base_text, "concatenated deltas differ from the non-streaming greedy answer")
-    res.caveats.append("reconstruction compares greedy (temperature 0) outputs; it assumes a deterministic engine")
+    res.caveats.append(
+        "reconstruction compares greedy (temperature 0) outputs; it assumes a deterministic engine"
+    )
     # completions stream without include_usage: no usage values, text reconstructs
     rc = completion(t, 10)
-    rec = read_stream(t, "/v1/completions", {"model": t.model, "prompt": PROMPT, "max_tokens": 10,
-                                             "temperature": 0, "stream": True, **t.extra()})
+    rec = read_stream(
+        t,
+        "/v1/completions",
+        {"model": t.model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "stream": True, **t.extra()},
+    )
     chunks = [e for e in rec["events"] if e != "[DONE]"]
     res.observations["completion_stream"] = {"status": rec["status"], "events": len(rec["events"])}
     if res.expect(rec["status"] == 200 and rc.status_code == 200, "completion stream/baseline failed"):
         res.expect(rec["events"][-1:] == ["[DONE]"], "completion stream must end with [DONE]")
-        res.expect(all(isinstance(c, dict) and c.get("object") == "text_completion" for c in chunks),
-                   "completion chunks must have object 'text_completion'")
-        res.expect(not any(isinstance(c, dict) and c.get("usage") for c in chunks),
-                   "usage sent although stream_options.include_usage was not set")
-        res.expect("".join(_delta_text(c) for c in chunks) == rc.json()["choices"][0]["text"],
-                   "completion stream text differs from the non-streaming answer")
+        res.expect(
+            all(isinstance(c, dict) and c.get("object") == "text_completion" for c in chunks),
+            "completion chunks must have object 'text_completion'",
+        )
+        res.expect(
+            not any(isinstance(c, dict) and c.get("usage") for c in chunks),
+            "usage sent although stream_options.include_usage was not set",
+        )
+        res.expect(
+            "".join(_delta_text(c) for c in chunks) == rc.json()["choices"][0]["text"],
+            "completion stream text differs from the non-streaming answer",
+        )
     return res
 
 
@@ -219,12 +268,16 @@ def usage(t: Target) -> CheckResult:
     if before is None or after is None:
         res.caveats.append("server exposes no modeldeploy metrics: usage not cross-checked with counters")
         return res
-    d_gen = (after.get("modeldeploy_generation_tokens_total") or 0) - (before.get("modeldeploy_generation_tokens_total") or 0)
+    d_gen = (after.get("modeldeploy_generation_tokens_total") or 0) - (
+        before.get("modeldeploy_generation_tokens_total") or 0
+    )
     idle = all((m.get("modeldeploy_requests_running") or 0) == 0 for m in (before, after))
     res.observations["generation_tokens_delta"] = d_gen
     if idle and isinstance(u, dict):
-        res.expect(d_gen == u.get("completion_tokens"),
-                   f"modeldeploy_generation_tokens_total grew by {d_gen}, usage says {u.get('completion_tokens')}")
+        res.expect(
+            d_gen == u.get("completion_tokens"),
+            f"modeldeploy_generation_tokens_total grew by {d_gen}, usage says {u.get('completion_tokens')}",
+        )
     else:
         res.caveats.append("other requests were running: counter delta not compared")
     return res
@@ -236,27 +289,42 @@ def stop_sequences(t: Target) -> CheckResult:
     if not res.expect(r.status_code == 200, f"baseline answered {r.status_code}"):
         return res
     full = r.json()["choices"][0]["text"]
-    sub = next((full[k:k + 3] for k in range(len(full) // 3, len(full) - 3)
-                if "\ufffd" not in full[k:k + 3] and full[k:k + 3].strip()), None)
+    sub = next(
+        (
+            full[k : k + 3]
+            for k in range(len(full) // 3, len(full) - 3)
+            if "\ufffd" not in full[k : k + 3] and full[k : k + 3].strip()
+        ),
+        None,
+    )
     res.observations["baseline"] = full
     if sub is None:
         res.skip(f"baseline output too short to pick a stop sequence: {full!r}")
         return res
-    expected = full[:full.find(sub)]
+    expected = full[: full.find(sub)]
     r = completion(t, 24, stop=[sub])
     res.observations.update(stop=sub, expected=expected, status=r.status_code)
     if res.expect(r.status_code == 200, f"stop request answered {r.status_code}: {r.text[:300]}"):
         c = r.json()["choices"][0]
         res.observations["got"] = c.get("text")
-        res.expect(c.get("text") == expected, f"text with stop {sub!r} is {c.get('text')!r}, expected {expected!r}")
-        res.expect(c.get("finish_reason") == "stop", f"finish_reason {c.get('finish_reason')!r}, expected 'stop'")
+        res.expect(
+            c.get("text") == expected, f"text with stop {sub!r} is {c.get('text')!r}, expected {expected!r}"
+        )
+        res.expect(
+            c.get("finish_reason") == "stop", f"finish_reason {c.get('finish_reason')!r}, expected 'stop'"
+        )
     return res
 
 
 def errors(t: Target) -> CheckResult:
     res = CheckResult("error_handling")
     cases = [
-        ("unsupported_parameter", {"model": t.model, "prompt": "hi", "max_tokens": 2, UNSUPPORTED: 1}, None, 400),
+        (
+            "unsupported_parameter",
+            {"model": t.model, "prompt": "hi", "max_tokens": 2, UNSUPPORTED: 1},
+            None,
+            400,
+        ),
         ("wrong_type", {"model": t.model, "prompt": "hi", "max_tokens": "two"}, None, 400),
         ("context_overflow", {"model": t.model, "prompt": "hi", "max_tokens": 10**9}, None, 400),
         ("unknown_model", {"model": t.model + "-does-not-exist", "prompt": "hi", "max_tokens": 2}, None, 404),
@@ -267,24 +335,40 @@ def errors(t: Target) -> CheckResult:
         err = error_field(r)
         res.observations[name] = {"status": r.status_code, "error": err}
         res.expect(r.status_code == want, f"{name}: status {r.status_code}, expected {want}")
-        res.expect(isinstance(err.get("message"), str) and err.get("message") != "",
-                   f"{name}: body is not an OpenAI error object: {r.text[:200]}")
+        res.expect(
+            isinstance(err.get("message"), str) and err.get("message") != "",
+            f"{name}: body is not an OpenAI error object: {r.text[:200]}",
+        )
         if name == "unsupported_parameter":
-            res.expect(err.get("param") == UNSUPPORTED or UNSUPPORTED in str(err.get("message")),
-                       f"unsupported parameter not named in the error: {err}")
+            res.expect(
+                err.get("param") == UNSUPPORTED or UNSUPPORTED in str(err.get("message")),
+                f"unsupported parameter not named in the error: {err}",
+            )
             res.expect(err.get("type") == "invalid_request_error", f"error.type {err.get('type')!r}")
         if name == "wrong_type":
-            res.expect("max_tokens" in f"{err.get('param')} {err.get('message')}", "wrong_type: max_tokens not named")
+            res.expect(
+                "max_tokens" in f"{err.get('param')} {err.get('message')}", "wrong_type: max_tokens not named"
+            )
     return res
 
 
 def cancellation(t: Target) -> CheckResult:
     res = CheckResult("cancellation")
     before = t.metrics()
-    body = {"model": t.model, "messages": MESSAGES, "max_tokens": 256, "temperature": 0, "stream": True, **t.extra()}
+    body = {
+        "model": t.model,
+        "messages": MESSAGES,
+        "max_tokens": 256,
+        "temperature": 0,
+        "stream": True,
+        **t.extra(),
+    }
     rec = read_stream(t, "/v1/chat/completions", body, stop_after_first_delta=True)
-    res.observations["client"] = {"status": rec["status"], "events_read": len(rec["events"]),
-                                  "hung_up_after_first_delta": rec["hung_up"]}
+    res.observations["client"] = {
+        "status": rec["status"],
+        "events_read": len(rec["events"]),
+        "hung_up_after_first_delta": rec["hung_up"],
+    }
     if not res.expect(rec["status"] == 200, f"stream answered {rec['status']}: {rec.get('error')}"):
         return res
     res.expect(rec["hung_up"], "the stream finished before its first content delta; nothing to cancel")
@@ -292,16 +376,24 @@ def cancellation(t: Target) -> CheckResult:
         res.caveats.append("server exposes no modeldeploy metrics: cancellation checked client-side only")
         return res
     base = _cancelled(before)
-    m, waited = t.wait_metrics(lambda m: _cancelled(m) >= base + 1
-                               and (m.get("modeldeploy_requests_running") or 0) == 0)
-    res.observations["server"] = {"cancelled_before": base, "cancelled_after": _cancelled(m) if m else None,
-                                  "seconds_until_seen": round(waited, 3),
-                                  "running_after": m.get("modeldeploy_requests_running") if m else None,
-                                  "kv_cache_usage_after": m.get("modeldeploy_kv_cache_usage_ratio") if m else None}
-    res.expect(m is not None and _cancelled(m) >= base + 1,
-               "modeldeploy_requests_total{outcome=cancelled} did not grow after the client hung up")
-    res.expect(m is not None and (m.get("modeldeploy_requests_running") or 0) == 0,
-               "the cancelled request still holds a running slot")
+    m, waited = t.wait_metrics(
+        lambda m: _cancelled(m) >= base + 1 and (m.get("modeldeploy_requests_running") or 0) == 0
+    )
+    res.observations["server"] = {
+        "cancelled_before": base,
+        "cancelled_after": _cancelled(m) if m else None,
+        "seconds_until_seen": round(waited, 3),
+        "running_after": m.get("modeldeploy_requests_running") if m else None,
+        "kv_cache_usage_after": m.get("modeldeploy_kv_cache_usage_ratio") if m else None,
+    }
+    res.expect(
+        m is not None and _cancelled(m) >= base + 1,
+        "modeldeploy_requests_total{outcome=cancelled} did not grow after the client hung up",
+    )
+    res.expect(
+        m is not None and (m.get("modeldeploy_requests_running") or 0) == 0,
+        "the cancelled request still holds a running slot",
+    )
     return res
 
 

@@ -25,12 +25,21 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if not args.url.startswith(("http://", "https://")):
-        print(f"modeldeploy conformance: error: URL must start with http:// or https://, got {args.url!r}",
-              file=sys.stderr)
+        print(
+            f"modeldeploy conformance: error: URL must start with http:// or https://, got {args.url!r}",
+            file=sys.stderr,
+        )
         return 2
-    cfg = ConformanceConfig(url=args.url, api_key=args.api_key, model=args.model, requests=args.requests,
-                            concurrency=args.concurrency, timeout_s=args.timeout, skip=args.skip,
-                            expect_bundle=args.expect_bundle)
+    cfg = ConformanceConfig(
+        url=args.url,
+        api_key=args.api_key,
+        model=args.model,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        skip=args.skip,
+        expect_bundle=args.expect_bundle,
+    )
     try:
         report = run_conformance(cfg, log=lambda s: print(s, file=sys.stderr))
     except ValueError as e:

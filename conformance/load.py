@@ -17,10 +17,11 @@ from modeldeploy.conformance.checks import PROMPT
 from modeldeploy.conformance.result import CheckResult, Target
 
 
-def run_load(t: Target, n: int, c: int, max_tokens: int = 32, stream: bool = False,
-             timeout_s: float = 120.0) -> dict[str, Any]:
+def run_load(
+    t: Target, n: int, c: int, max_tokens: int = 32, stream: bool = False, timeout_s: float = 120.0
+) -> dict[str, Any]:
     """Fire n completions from c workers; sample metrics meanwhile. Returns raw observations."""
-    samples: list[tuple[float, float, float]] = []   # (t, running, waiting)
+    samples: list[tuple[float, float, float]] = []  # (t, running, waiting)
     stop = threading.Event()
     t0 = time.monotonic()
 
@@ -28,13 +29,24 @@ def run_load(t: Target, n: int, c: int, max_tokens: int = 32, stream: bool = Fal
         while not stop.is_set() and time.monotonic() - t0 < timeout_s:
             m = t.metrics()
             if m is not None:
-                samples.append((time.monotonic() - t0, m.get("modeldeploy_requests_running") or 0.0,
-                                m.get("modeldeploy_requests_waiting") or 0.0))
+                samples.append(
+                    (
+                        time.monotonic() - t0,
+                        m.get("modeldeploy_requests_running") or 0.0,
+                        m.get("modeldeploy_requests_waiting") or 0.0,
+                    )
+                )
             time.sleep(0.01)
 
     def one(i: int) -> tuple[int, float]:
-        body = {"model": t.model, "prompt": f"{PROMPT} #{i}", "max_tokens": max_tokens, "temperature": 0,
-                "stream": stream, **t.extra()}
+        body = {
+            "model": t.model,
+            "prompt": f"{PROMPT} #{i}",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": stream,
+            **t.extra(),
+        }
         s = time.monotonic()
         try:
             if stream:
@@ -59,7 +71,10 @@ def run_load(t: Target, n: int, c: int, max_tokens: int = 32, stream: bool = Fal
             poller.join(5)
     lat = sorted(d for s, d in results if s == 200)
     return {
-        "requests": n, "concurrency": c, "max_tokens": max_tokens, "stream": stream,
+        "requests": n,
+        "concurrency": c,
+        "max_tokens": max_tokens,
+        "stream": stream,
         "statuses": dict(Counter(s for s, _ in results)),
         "latency_p50_s": round(statistics.median(lat), 4) if lat else None,
         "latency_max_s": round(lat[-1], 4) if lat else None,
@@ -83,23 +98,38 @@ def bounded_load(t: Target, n: int = 8, c: int = 4) -> CheckResult:
         res.caveats.append("server exposes no modeldeploy metrics: running/waiting not observed")
         return res
     if t.limit is not None:
-        res.expect(obs["running_max"] is not None and obs["running_max"] <= t.limit,
-                   f"running reached {obs['running_max']}, above the server's limit {t.limit}")
+        res.expect(
+            obs["running_max"] is not None and obs["running_max"] <= t.limit,
+            f"running reached {obs['running_max']}, above the server's limit {t.limit}",
+        )
         if c > t.limit:
-            res.expect((obs["waiting_max"] or 0) >= 1 or st.get(429, 0) > 0,
-                       f"{c} workers > limit {t.limit} but no request was seen waiting (or refused)")
+            res.expect(
+                (obs["waiting_max"] or 0) >= 1 or st.get(429, 0) > 0,
+                f"{c} workers > limit {t.limit} but no request was seen waiting (or refused)",
+            )
     else:
         res.caveats.append("server did not publish its running limit (/v1/bundle): limit not checked")
-    m, waited = t.wait_metrics(lambda m: (m.get("modeldeploy_requests_running") or 0) == 0
-                               and (m.get("modeldeploy_requests_waiting") or 0) == 0)
+    m, waited = t.wait_metrics(
+        lambda m: (
+            (m.get("modeldeploy_requests_running") or 0) == 0
+            and (m.get("modeldeploy_requests_waiting") or 0) == 0
+        )
+    )
     res.observations["settle_s"] = round(waited, 3)
-    res.expect(m is not None and (m.get("modeldeploy_requests_running") or 0) == 0
-               and (m.get("modeldeploy_requests_waiting") or 0) == 0, "running/waiting did not return to 0")
+    res.expect(
+        m is not None
+        and (m.get("modeldeploy_requests_running") or 0) == 0
+        and (m.get("modeldeploy_requests_waiting") or 0) == 0,
+        "running/waiting did not return to 0",
+    )
     if before is not None and m is not None:
         res.observations["requests_total_delta"] = {
-            o: (m.get("modeldeploy_requests_total", outcome=o) or 0) - (before.get("modeldeploy_requests_total",
-                                                                                  outcome=o) or 0)
-            for o in ("completed", "cancelled", "invalid", "rejected", "error")}
-        res.expect(res.observations["requests_total_delta"]["completed"] >= st.get(200, 0),
-                   "fewer completed requests counted than answered with 200")
+            o: (m.get("modeldeploy_requests_total", outcome=o) or 0)
+            - (before.get("modeldeploy_requests_total", outcome=o) or 0)
+            for o in ("completed", "cancelled", "invalid", "rejected", "error")
+        }
+        res.expect(
+            res.observations["requests_total_delta"]["completed"] >= st.get(200, 0),
+            "fewer completed requests counted than answered with 200",
+        )
     return res

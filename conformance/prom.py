@@ -16,13 +16,19 @@ class Sample:
 
 class Metrics:
     def __init__(self, text: str):
-        self.samples = [Sample(s.name, dict(s.labels), s.value)
-                        for fam in text_string_to_metric_families(text) for s in fam.samples]
+        self.samples = [
+            Sample(s.name, dict(s.labels), s.value)
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        ]
 
     def get(self, name: str, **labels: str) -> float | None:
         """Sum of the samples called `name` whose labels include `labels`; None if there are none."""
-        hits = [s.value for s in self.samples
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        hits = [
+            s.value
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
         return sum(hits) if hits else None
 
     def has(self, name: str) -> bool:

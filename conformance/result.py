@@ -14,7 +14,7 @@ from modeldeploy.conformance.prom import Metrics, scrape
 class CheckResult:
     name: str
     required: bool = True
-    verdict: str = "pass"                      # pass | fail | skip
+    verdict: str = "pass"  # pass | fail | skip
     observations: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
@@ -45,9 +45,9 @@ class Target:
 
     server: Server
     model: str
-    bundle: dict[str, Any] | None = None       # /v1/bundle when the server is a modeldeploy runtime
-    limit: int | None = None                   # running-sequence limit, when the server says
-    has_metrics: bool = False                  # exposes modeldeploy_* Prometheus metrics
+    bundle: dict[str, Any] | None = None  # /v1/bundle when the server is a modeldeploy runtime
+    limit: int | None = None  # running-sequence limit, when the server says
+    has_metrics: bool = False  # exposes modeldeploy_* Prometheus metrics
 
     @property
     def is_modeldeploy(self) -> bool:
@@ -60,7 +60,9 @@ class Target:
     def metrics(self) -> Metrics | None:
         return scrape(self.server) if self.has_metrics else None
 
-    def wait_metrics(self, pred, timeout_s: float = 10.0, interval_s: float = 0.05) -> tuple[Metrics | None, float]:
+    def wait_metrics(
+        self, pred, timeout_s: float = 10.0, interval_s: float = 0.05
+    ) -> tuple[Metrics | None, float]:
         """Poll /metrics until pred(metrics) holds (bounded); returns the last scrape and seconds waited."""
         t0 = time.monotonic()
         m = self.metrics()

@@ -23,20 +23,29 @@ from modeldeploy.conformance.load import bounded_load
 from modeldeploy.conformance.prom import scrape
 from modeldeploy.conformance.result import CheckResult, Target
 
-CHECKS = ("bundle_identity", "readiness", "normal_response", "streaming", "usage_accounting", "stop_sequences", "error_handling",
-          "cancellation", "bounded_load")
+CHECKS = (
+    "bundle_identity",
+    "readiness",
+    "normal_response",
+    "streaming",
+    "usage_accounting",
+    "stop_sequences",
+    "error_handling",
+    "cancellation",
+    "bounded_load",
+)
 
 
 @dataclass
 class ConformanceConfig:
     url: str
     api_key: str | None = None
-    model: str | None = None             # default: the first id in /v1/models
-    requests: int = 8                    # bounded load: N requests ...
-    concurrency: int = 4                 # ... from C client workers
-    timeout_s: float = 60.0              # per HTTP request
+    model: str | None = None  # default: the first id in /v1/models
+    requests: int = 8  # bounded load: N requests ...
+    concurrency: int = 4  # ... from C client workers
+    timeout_s: float = 60.0  # per HTTP request
     skip: list[str] = field(default_factory=list)
-    expect_bundle: str | None = None     # require /v1/bundle and metric labels to name this bundle id
+    expect_bundle: str | None = None  # require /v1/bundle and metric labels to name this bundle id
 
 
 @dataclass
@@ -53,9 +62,16 @@ class Report:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tool": "modeldeploy conformance", "passed": self.passed, "started_at": self.started_at,
-                "seconds": round(self.seconds, 3), "config": self.config, "bundle": self.bundle,
-                "caveats": self.caveats, "checks": [c.to_dict() for c in self.checks]}
+        return {
+            "tool": "modeldeploy conformance",
+            "passed": self.passed,
+            "started_at": self.started_at,
+            "seconds": round(self.seconds, 3),
+            "config": self.config,
+            "bundle": self.bundle,
+            "caveats": self.caveats,
+            "checks": [c.to_dict() for c in self.checks],
+        }
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
@@ -64,7 +80,9 @@ class Report:
         rows = [f"{'check':<20} {'req':<4} {'verdict':<8} {'s':>6}  notes"]
         for c in self.checks:
             note = "; ".join(c.failures or c.caveats)[:110]
-            rows.append(f"{c.name:<20} {'yes' if c.required else 'no':<4} {c.verdict:<8} {c.seconds:>6.2f}  {note}")
+            rows.append(
+                f"{c.name:<20} {'yes' if c.required else 'no':<4} {c.verdict:<8} {c.seconds:>6.2f}  {note}"
+            )
         rows.append(f"{'RESULT':<20} {'':<4} {'PASS' if self.passed else 'FAIL'}")
         return "\n".join(rows)
 
@@ -77,24 +95,34 @@ def discover(server: Server, model: str | None) -> tuple[Target, list[str]]:
         models = r.json() if r.status_code == 200 else {}
     except ValueError:
         models = {}
-    ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else []
+    ids = (
+        [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+        if isinstance(models, dict)
+        else []
+    )
     if model is None:
         if not ids:
-            raise ValueError(f"{server.base}/v1/models answered {r.status_code} and lists no model; pass --model")
+            raise ValueError(
+                f"{server.base}/v1/models answered {r.status_code} and lists no model; pass --model"
+            )
         model = ids[0]
     elif ids and model not in ids:
         caveats.append(f"--model {model!r} is not in /v1/models {ids}")
     bundle = server.get_json("/v1/bundle")
     limit = None
     if isinstance(bundle, dict):
-        limit = (bundle.get("server") or {}).get("max_num_seqs") or (bundle.get("engine_config") or {}).get("max_num_seqs")
+        limit = (bundle.get("server") or {}).get("max_num_seqs") or (bundle.get("engine_config") or {}).get(
+            "max_num_seqs"
+        )
     else:
         bundle = None
         caveats.append("server has no /v1/bundle: not a modeldeploy runtime; its pins are not recorded")
     m = scrape(server)
     has_metrics = m is not None and m.has("modeldeploy_requests_running")
     if not has_metrics:
-        caveats.append("no modeldeploy_* metrics: server-side evidence (cancellation, queueing) not collected")
+        caveats.append(
+            "no modeldeploy_* metrics: server-side evidence (cancellation, queueing) not collected"
+        )
     elif not m.label_values("modeldeploy_requests_running", "bundle"):
         caveats.append("modeldeploy metrics carry no 'bundle' label")
     return Target(server, model, bundle, limit, has_metrics), caveats
@@ -108,7 +136,9 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
         raise ValueError("--requests and --concurrency must be >= 1")
     started, t0 = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
     server = Server(cfg.url, cfg.api_key, cfg.timeout_s)
-    config = {k: v for k, v in asdict(cfg).items() if k != "api_key"} | {"api_key_set": cfg.api_key is not None}
+    config = {k: v for k, v in asdict(cfg).items() if k != "api_key"} | {
+        "api_key_set": cfg.api_key is not None
+    }
     try:
         target, caveats = discover(server, cfg.model)
         config["model"] = target.model

@@ -29,9 +29,15 @@ def checked(md: dict[str, Any], expected: str, label: str) -> str:
     status, message = health(md)
     out = os.environ.get("MODELDEPLOY_RECORD_STATUS")
     if out:
-        keep = {"apiVersion": md["apiVersion"], "kind": md["kind"],
-                "metadata": {k: md["metadata"][k] for k in ("name", "generation")}, "status": md["status"]}
+        keep = {
+            "apiVersion": md["apiVersion"],
+            "kind": md["kind"],
+            "metadata": {k: md["metadata"][k] for k in ("name", "generation")},
+            "status": md["status"],
+        }
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / f"{label}.json").write_text(json.dumps({"expected": [status, message], "object": keep}, indent=1))
+        (Path(out) / f"{label}.json").write_text(
+            json.dumps({"expected": [status, message], "object": keep}, indent=1)
+        )
     assert status == expected, (label, status, message, md.get("status"))
     return message

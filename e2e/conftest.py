@@ -48,8 +48,13 @@ T = TypeVar("T")
 
 
 def restricted_security_context() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 class E2ECluster:
@@ -65,16 +70,22 @@ class E2ECluster:
         self._kubectl = str(bins.kubectl) if bins else (shutil.which("kubectl") or "kubectl")
         self._helm = str(bins.helm) if bins else (shutil.which("helm") or "helm")
 
-    def _run(self, exe: str, args: tuple[str, ...], input: str | None, check: bool,
-             timeout: float) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, exe: str, args: tuple[str, ...], input: str | None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
-        r = subprocess.run([exe, *args], input=input, text=True, capture_output=True, env=env, timeout=timeout)
+        r = subprocess.run(
+            [exe, *args], input=input, text=True, capture_output=True, env=env, timeout=timeout
+        )
         if check and r.returncode != 0:
-            raise AssertionError(f"{Path(exe).name} {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+            raise AssertionError(
+                f"{Path(exe).name} {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+            )
         return r
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         return self._run(self._kubectl, args, input, check, timeout)
 
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -104,22 +115,30 @@ class E2ECluster:
         d = self.local.procnode_dir / "pods" / uid if self.local else None
         if d is None or not d.exists():
             return ""
-        return "\n".join(f"== {f.name}\n{f.read_text(errors='replace')[-20000:]}" for f in sorted(d.glob("*.log")))
+        return "\n".join(
+            f"== {f.name}\n{f.read_text(errors='replace')[-20000:]}" for f in sorted(d.glob("*.log"))
+        )
 
     def dump(self, namespace: str) -> str:
         out = [f"===== dump of namespace {namespace}"]
         try:
             evs = self.core.list_namespaced_event(namespace).items
             evs.sort(key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
-            out += ["--- events"] + [f"{e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: "
-                                     f"{e.message}" for e in evs]
+            out += ["--- events"] + [
+                f"{e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: {e.message}"
+                for e in evs
+            ]
             out.append("--- pods")
             for p in self.core.list_namespaced_pod(namespace).items:
                 conds = {c.type: c.status for c in p.status.conditions or []}
-                out.append(f"{p.metadata.name} node={p.spec.node_name} phase={p.status.phase} ip={p.status.pod_ip} "
-                           f"conditions={conds} message={p.status.message}")
+                out.append(
+                    f"{p.metadata.name} node={p.spec.node_name} phase={p.status.phase} ip={p.status.pod_ip} "
+                    f"conditions={conds} message={p.status.message}"
+                )
                 for cs in p.status.container_statuses or []:
-                    out.append(f"  {cs.name} ready={cs.ready} restarts={cs.restart_count} state={cs.state.to_dict()}")
+                    out.append(
+                        f"  {cs.name} ready={cs.ready} restarts={cs.restart_count} state={cs.state.to_dict()}"
+                    )
                 if p.spec.node_name and p.spec.node_name == self.process_node:
                     out.append(self.logs_by_uid(p.metadata.uid))
         except Exception as e:  # a dump must never hide the original failure
@@ -164,16 +183,34 @@ def cluster() -> Iterator[E2ECluster]:
 def namespace(cluster: E2ECluster, request: pytest.FixtureRequest) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     name = f"{base}-{secrets.token_hex(3)}"
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
-        "modeldeploy.dev/e2e": "true"}}})
+    cluster.core.create_namespace(
+        {
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                    "modeldeploy.dev/e2e": "true",
+                },
+            }
+        }
+    )
     # pods need the default ServiceAccount, which the controller-manager creates asynchronously
-    cluster.wait(lambda: any(a.metadata.name == "default"
-                             for a in cluster.core.list_namespaced_service_account(name).items),
-                 30, f"default ServiceAccount in {name}")
+    cluster.wait(
+        lambda: any(
+            a.metadata.name == "default" for a in cluster.core.list_namespaced_service_account(name).items
+        ),
+        30,
+        f"default ServiceAccount in {name}",
+    )
     yield name
     rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed or getattr(request.node, "rep_setup", None) and request.node.rep_setup.failed:
+    if (
+        rep is None
+        or rep.failed
+        or getattr(request.node, "rep_setup", None)
+        and request.node.rep_setup.failed
+    ):
         print(cluster.dump(name))
     cluster.core.delete_namespace(name)
     for pv in cluster.core.list_persistent_volume().items:  # cluster-scoped: a test's model volumes go too

@@ -23,12 +23,20 @@ class Load:
     error) per finished request.
     """
 
-    def __init__(self, api: client.ApiClient, ns: str, service: str, workers: int = 4, max_requests: int = 50_000,
-                 max_seconds: float = 400.0, model: str = "tiny-llama") -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        ns: str,
+        service: str,
+        workers: int = 4,
+        max_requests: int = 50_000,
+        max_seconds: float = 400.0,
+        model: str = "tiny-llama",
+    ) -> None:
         self.api, self.ns, self.service, self.model = api, ns, service, model
         self.workers, self.max_requests, self.deadline = workers, max_requests, time.monotonic() + max_seconds
         self.results: list[tuple[float, str, int]] = []
-        self.transport_errors: Counter[str] = Counter()   # exception class -> count (the 0s in results)
+        self.transport_errors: Counter[str] = Counter()  # exception class -> count (the 0s in results)
         self.endpoints: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -37,9 +45,16 @@ class Load:
     def _refresh(self) -> None:
         disc = client.DiscoveryV1Api(self.api)
         while not self._stop.is_set() and time.monotonic() < self.deadline:
-            slices = disc.list_namespaced_endpoint_slice(self.ns, label_selector=f"kubernetes.io/service-name={self.service}")
-            self.endpoints = sorted(a for s in slices.items for e in s.endpoints or []
-                                    if (e.conditions is None or e.conditions.ready) for a in e.addresses)
+            slices = disc.list_namespaced_endpoint_slice(
+                self.ns, label_selector=f"kubernetes.io/service-name={self.service}"
+            )
+            self.endpoints = sorted(
+                a
+                for s in slices.items
+                for e in s.endpoints or []
+                if (e.conditions is None or e.conditions.ready)
+                for a in e.addresses
+            )
             self._stop.wait(0.5)
 
     def _work(self, i: int) -> None:
@@ -56,9 +71,15 @@ class Load:
                 ip = eps[n % len(eps)]
                 n += 1
                 try:
-                    r = http.post(f"http://{ip}:8000/v1/completions",
-                                  json={"model": self.model, "prompt": "The quick brown fox", "max_tokens": 12,
-                                        "temperature": 0})
+                    r = http.post(
+                        f"http://{ip}:8000/v1/completions",
+                        json={
+                            "model": self.model,
+                            "prompt": "The quick brown fox",
+                            "max_tokens": 12,
+                            "temperature": 0,
+                        },
+                    )
                     code = r.status_code
                 except httpx.HTTPError as e:
                     code = 0
@@ -69,7 +90,9 @@ class Load:
 
     def __enter__(self) -> Load:
         self._threads = [threading.Thread(target=self._refresh, daemon=True)]
-        self._threads += [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(self.workers)]
+        self._threads += [
+            threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(self.workers)
+        ]
         for t in self._threads:
             t.start()
         return self

@@ -40,7 +40,8 @@ class Prom:
         """`targets`: job -> (host:port, namespace label); `file_sd`: a target file to watch (job "pods")."""
         jobs = "".join(
             f"  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n        labels: {{namespace: {ns}}}\n"
-            for job, (t, ns) in targets.items())
+            for job, (t, ns) in targets.items()
+        )
         if file_sd is not None:
             jobs += f"  - job_name: pods\n    file_sd_configs:\n      - files: ['{file_sd}']\n        refresh_interval: 1s\n"
         cfg = tmp / "prometheus.yml"
@@ -48,9 +49,16 @@ class Prom:
         self.url = f"http://127.0.0.1:{_free_port()}"
         self.log = tmp / "prometheus.log"
         self.proc = subprocess.Popen(
-            [str(PROMETHEUS), f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+            [
+                str(PROMETHEUS),
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address={self.url.removeprefix('http://')}",
+                "--log.level=warn",
+            ],
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -67,7 +75,7 @@ class Prom:
     def scraped_after(self, t: float, jobs: int, timeout_s: float = 20.0) -> None:
         """Wait until every job's target was scraped successfully at a time after `t` (epoch seconds)."""
         deadline = time.monotonic() + timeout_s
-        q = f"(timestamp(up) > {t:.3f}) and on (job, instance) up == 1"   # timestamp() of the selector itself
+        q = f"(timestamp(up) > {t:.3f}) and on (job, instance) up == 1"  # timestamp() of the selector itself
         while time.monotonic() < deadline:
             r = httpx.get(self.url + "/api/v1/query", params={"query": q}, timeout=5).json()
             if len(r["data"]["result"]) >= jobs:
@@ -78,8 +86,11 @@ class Prom:
     def queries_served(self) -> float:
         """How many /api/v1/query requests this Prometheus answered (its own /metrics counter)."""
         text = httpx.get(self.url + "/metrics", timeout=5).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line)
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -18,22 +18,32 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 def gpu_deployment(name: str, tolerate: bool) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "nodeSelector": {NODE_KIND: "kwok", "nvidia.com/gpu.product": "NVIDIA-H200"},
-        "containers": [{
-            "name": "engine", "image": "registry.invalid/modeldeploy-runtime@sha256:" + "0" * 64,
-            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            "securityContext": restricted_security_context(),
-        }],
+        "containers": [
+            {
+                "name": "engine",
+                "image": "registry.invalid/modeldeploy-runtime@sha256:" + "0" * 64,
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "securityContext": restricted_security_context(),
+            }
+        ],
     }
     if tolerate:
         pod_spec["tolerations"] = [GPU_TOLERATION]
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
+        },
     }
 
 
-def test_gpu_deployment_schedules_on_kwok_gpu_node_and_becomes_ready(cluster: E2ECluster, namespace: str) -> None:
+def test_gpu_deployment_schedules_on_kwok_gpu_node_and_becomes_ready(
+    cluster: E2ECluster, namespace: str
+) -> None:
     cluster.apps.create_namespaced_deployment(namespace, gpu_deployment("gpu-ok", tolerate=True))
 
     def available() -> Any:
@@ -52,7 +62,9 @@ def test_gpu_deployment_schedules_on_kwok_gpu_node_and_becomes_ready(cluster: E2
         assert p.status.phase == "Running"
 
 
-def test_gpu_pod_without_toleration_stays_pending_with_scheduler_reason(cluster: E2ECluster, namespace: str) -> None:
+def test_gpu_pod_without_toleration_stays_pending_with_scheduler_reason(
+    cluster: E2ECluster, namespace: str
+) -> None:
     cluster.apps.create_namespaced_deployment(namespace, gpu_deployment("gpu-untolerated", tolerate=False))
 
     def unschedulable() -> Any:
@@ -68,16 +80,33 @@ def test_gpu_pod_without_toleration_stays_pending_with_scheduler_reason(cluster:
     assert "untolerated taint" in cond.message, cond.message
     gpu_nodes = cluster.core.list_node(label_selector="nvidia.com/gpu.product=NVIDIA-H200").items
     assert gpu_nodes and all({t.key for t in n.spec.taints} == {"nvidia.com/gpu"} for n in gpu_nodes)
-    events = cluster.wait(lambda: [e for e in cluster.core.list_namespaced_event(namespace).items
-                                   if e.reason == "FailedScheduling" and e.involved_object.name == pod.metadata.name],
-                          30, "a FailedScheduling event")
+    events = cluster.wait(
+        lambda: [
+            e
+            for e in cluster.core.list_namespaced_event(namespace).items
+            if e.reason == "FailedScheduling" and e.involved_object.name == pod.metadata.name
+        ],
+        30,
+        "a FailedScheduling event",
+    )
     assert "untolerated taint" in events[0].message
 
 
 def test_privileged_pod_is_rejected_by_pod_security_admission(cluster: E2ECluster, namespace: str) -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "priv"},
-           "spec": {"containers": [{"name": "c", "image": "registry.invalid/x@sha256:" + "1" * 64,
-                                    "securityContext": {"privileged": True}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "priv"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/x@sha256:" + "1" * 64,
+                    "securityContext": {"privileged": True},
+                }
+            ]
+        },
+    }
     with pytest.raises(ApiException) as err:
         cluster.core.create_namespaced_pod(namespace, pod)
     assert err.value.status == 403

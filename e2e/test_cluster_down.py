@@ -56,10 +56,24 @@ def test_down_leaves_no_process_and_no_port() -> None:
     c.up()
     try:
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(c.kubeconfig)))
-        core.create_namespaced_pod("default", {"metadata": {"name": "ts"}, "spec": {
-            "nodeSelector": {"modeldeploy.dev/node-kind": "process"}, "tolerations": [GPU_TOLERATION],
-            "containers": [{"name": "main", "image": "x", "command": ["modeldeploy"],
-                            "args": ["cluster", "testserver", "--port", "8080"]}]}})
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": "ts"},
+                "spec": {
+                    "nodeSelector": {"modeldeploy.dev/node-kind": "process"},
+                    "tolerations": [GPU_TOLERATION],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "x",
+                            "command": ["modeldeploy"],
+                            "args": ["cluster", "testserver", "--port", "8080"],
+                        }
+                    ],
+                },
+            },
+        )
         running_pod = None
         for _ in range(120):
             p = core.read_namespaced_pod("ts", "default")

@@ -44,11 +44,11 @@ def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one(
     assert "ttft_p95_seconds" in out.rollback_message, out.rollback_message
     assert len(set(out.bundles.values())) == 3, out.bundles
     by = {c.label: c for c in out.cohorts}
-    assert set(by) == {"base", "good", "slow"}, out.cohorts           # every request hit a known bundle
+    assert set(by) == {"base", "good", "slow"}, out.cohorts  # every request hit a known bundle
     # base was stable during the good rollout, good during the slow one: no failed request on either
     assert by["base"].errors == 0 and by["good"].errors == 0, out.cohorts
     assert by["base"].ok > 20 and by["good"].ok > 20 and by["slow"].ok > 0, out.cohorts
-    assert out.base_during_slow == 0, out          # the prior bundle retired, not serving next to a canary
+    assert out.base_during_slow == 0, out  # the prior bundle retired, not serving next to a canary
     phases = [ln.split()[2] for ln in lines]
     for phase in ("Deploying", "Verifying", "Canary", "Stable"):
         assert phase in phases, lines

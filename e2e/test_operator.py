@@ -35,7 +35,11 @@ def crd_installed(cluster: E2ECluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / crd.CRD_PATH))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{P}.{G}", "--timeout=60s")
     # refresh kubectl's discovery cache so the short name `md` resolves
-    cluster.wait(lambda: "md" in cluster.kubectl("api-resources", f"--api-group={G}").stdout.split(), 30, "md in discovery")
+    cluster.wait(
+        lambda: "md" in cluster.kubectl("api-resources", f"--api-group={G}").stdout.split(),
+        30,
+        "md in discovery",
+    )
 
 
 class Operator(OperatorProcess):
@@ -313,12 +317,18 @@ def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
     # bundle stays warm for keepPrevious.seconds (0 here: deleted at once)
     spec = copy.deepcopy(md["spec"])
     spec["bundle"]["config"]["maxNumSeqs"] = 2
-    spec["rollout"] = {"conformanceGate": False, "steps": [{"weight": 50, "pauseSeconds": 0}],
-                       "keepPrevious": {"replicas": 0, "seconds": 0}}
+    spec["rollout"] = {
+        "conformanceGate": False,
+        "steps": [{"weight": 50, "pauseSeconds": 0}],
+        "keepPrevious": {"replicas": 0, "seconds": 0},
+    }
     cluster.custom.patch_namespaced_custom_object(G, V, namespace, P, "web", {"spec": spec})
-    cluster.wait(lambda: get_md(cluster, namespace, "web")["status"].get("phase") == "Canary", 120, "canary step")
+    cluster.wait(
+        lambda: get_md(cluster, namespace, "web")["status"].get("phase") == "Canary", 120, "canary step"
+    )
     cluster.custom.patch_namespaced_custom_object(
-        G, V, namespace, P, "web", {"metadata": {"annotations": {"modeldeploy.dev/promote": "e2e"}}})
+        G, V, namespace, P, "web", {"metadata": {"annotations": {"modeldeploy.dev/promote": "e2e"}}}
+    )
     new = cluster.wait(
         lambda: (
             lambda m: (
@@ -344,8 +354,9 @@ def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
     cluster.wait(lambda: owned(cluster, namespace, "web") == ([], []), 90, "children garbage-collected")
 
 
-def test_wrong_model_digest_is_degraded_load_failed(cluster: E2ECluster, namespace: str, operator: Operator,
-                                                    tmp_path: Path) -> None:
+def test_wrong_model_digest_is_degraded_load_failed(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
     _pv_with_tiny_model(cluster, namespace, tmp_path)
@@ -356,8 +367,13 @@ def test_wrong_model_digest_is_degraded_load_failed(cluster: E2ECluster, namespa
         spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": wrong}
         spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
         create(cluster, namespace, manifest("broken", **spec))
-        md = cluster.wait(lambda: (lambda m: m if condition(m, "Degraded").get("reason") == "LoadFailed" else None)(
-            get_md(cluster, namespace, "broken")), 180, "Degraded/LoadFailed")
+        md = cluster.wait(
+            lambda: (lambda m: m if condition(m, "Degraded").get("reason") == "LoadFailed" else None)(
+                get_md(cluster, namespace, "broken")
+            ),
+            180,
+            "Degraded/LoadFailed",
+        )
         deg = condition(md, "Degraded")
         assert deg["status"] == "True" and "DigestMismatch" in deg["message"] and wrong in deg["message"]
         assert md["status"]["phase"] == "Degraded" and condition(md, "Ready")["status"] == "False"

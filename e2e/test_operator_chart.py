@@ -13,10 +13,14 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
     lint = cluster.helm("lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in lint.stdout
     release = f"mdop-{namespace[-6:]}"
-    rendered = cluster.helm("template", release, str(CHART), "-n", namespace, "--kube-version", "1.36.3").stdout
+    rendered = cluster.helm(
+        "template", release, str(CHART), "-n", namespace, "--kube-version", "1.36.3"
+    ).stdout
     # the chart's CRDs first (as helm does), then the rendered manifests must pass the real API server
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s"
+    )
     cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered)
     cluster.helm("install", release, str(CHART), "-n", namespace, "--wait=false")
     try:

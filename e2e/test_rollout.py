@@ -35,8 +35,15 @@ from .test_operator import (  # noqa: F401  (fixtures)
 )
 from .watch import Watch
 
-ANALYSIS = {"intervalSeconds": 5, "minSamples": 8, "maxTtftP95Ratio": 3.0, "maxInterTokenP95Ratio": 3.0,
-            "maxErrorRate": 0.05, "minGoodputRatio": 0.5, "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0}}
+ANALYSIS = {
+    "intervalSeconds": 5,
+    "minSamples": 8,
+    "maxTtftP95Ratio": 3.0,
+    "maxInterTokenP95Ratio": 3.0,
+    "maxErrorRate": 0.05,
+    "minGoodputRatio": 0.5,
+    "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0},
+}
 
 
 def pod_ips(cluster: E2ECluster, ns: str, bundle: str) -> set[str]:
@@ -45,12 +52,16 @@ def pod_ips(cluster: E2ECluster, ns: str, bundle: str) -> set[str]:
 
 
 def events(cluster: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
-    evs = sorted((e for e in cluster.core.list_namespaced_event(ns).items if e.involved_object.name == name),
-                 key=lambda e: e.metadata.creation_timestamp)
+    evs = sorted(
+        (e for e in cluster.core.list_namespaced_event(ns).items if e.involved_object.name == name),
+        key=lambda e: e.metadata.creation_timestamp,
+    )
     return [(e.reason, e.message) for e in evs]
 
 
-def serve_tiny(cluster: E2ECluster, ns: str, tmp: Path, name: str, **rollout: Any) -> tuple[dict[str, Any], str]:
+def serve_tiny(
+    cluster: E2ECluster, ns: str, tmp: Path, name: str, **rollout: Any
+) -> tuple[dict[str, Any], str]:
     """A ModelDeployment on the tiny model, Ready and Stable; returns (object, stable bundle id)."""
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
@@ -58,15 +69,33 @@ def serve_tiny(cluster: E2ECluster, ns: str, tmp: Path, name: str, **rollout: An
     spec = manifest(name)["spec"]
     spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest}
     spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": digest}
-    spec["bundle"]["config"] = {"maxNumSeqs": 8, "maxQueue": 64, "device": "cpu", "servedModelName": "tiny-llama"}
+    spec["bundle"]["config"] = {
+        "maxNumSeqs": 8,
+        "maxQueue": 64,
+        "device": "cpu",
+        "servedModelName": "tiny-llama",
+    }
     spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
     spec["readiness"] = {"loadTimeoutSeconds": 180}
-    spec["rollout"] = {"steps": [{"weight": 50, "pauseSeconds": 5}], "analysis": ANALYSIS,
-                       "progressDeadlineSeconds": 600, "keepPrevious": {"replicas": 1, "seconds": 600}} | rollout
+    spec["rollout"] = {
+        "steps": [{"weight": 50, "pauseSeconds": 5}],
+        "analysis": ANALYSIS,
+        "progressDeadlineSeconds": 600,
+        "keepPrevious": {"replicas": 1, "seconds": 600},
+    } | rollout
     create(cluster, ns, manifest(name, **spec))
-    md = cluster.wait(lambda: (lambda m: m if m.get("status", {}).get("phase") == "Stable"
-                               and condition(m, "Ready").get("status") == "True" else None)(get_md(cluster, ns, name)),
-                      240, f"{name} Stable and Ready")
+    md = cluster.wait(
+        lambda: (
+            lambda m: (
+                m
+                if m.get("status", {}).get("phase") == "Stable"
+                and condition(m, "Ready").get("status") == "True"
+                else None
+            )
+        )(get_md(cluster, ns, name)),
+        240,
+        f"{name} Stable and Ready",
+    )
     return md, md["status"]["stable"]["bundle"]
 
 
@@ -76,9 +105,16 @@ def change_bundle(cluster: E2ECluster, ns: str, name: str, edit) -> None:
     cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
 
 
-def wait_phase(cluster: E2ECluster, ns: str, name: str, phases: tuple[str, ...], timeout: float) -> dict[str, Any]:
-    return cluster.wait(lambda: (lambda m: m if m.get("status", {}).get("phase") in phases else None)(
-        get_md(cluster, ns, name)), timeout, f"{name} phase in {phases}")
+def wait_phase(
+    cluster: E2ECluster, ns: str, name: str, phases: tuple[str, ...], timeout: float
+) -> dict[str, Any]:
+    return cluster.wait(
+        lambda: (lambda m: m if m.get("status", {}).get("phase") in phases else None)(
+            get_md(cluster, ns, name)
+        ),
+        timeout,
+        f"{name} phase in {phases}",
+    )
 
 
 def stable_errors(load: Load, stable_ips: set[str]) -> dict[str, Counter]:
@@ -93,70 +129,126 @@ def test_good_bundle_promoted_across_an_operator_kill_then_rollback_to(
     with Load(cluster.api, namespace, "chat") as load, Watch(cluster.api, namespace, "chat") as watch:
         change_bundle(cluster, namespace, "chat", lambda b: b["config"].update(maxNumSeqs=6))
         wait_phase(cluster, namespace, "chat", ("Canary",), 240)
-        operator.kill(signal.SIGKILL)                               # killed mid-step: state is in status
+        operator.kill(signal.SIGKILL)  # killed mid-step: state is in status
         operator.start()
         done = wait_phase(cluster, namespace, "chat", ("Stable", "Degraded"), 300)
         st = done["status"]
-        assert st["phase"] == "Stable" and st["stable"]["bundle"] != old, (st, events(cluster, namespace, "chat"))
+        assert st["phase"] == "Stable" and st["stable"]["bundle"] != old, (
+            st,
+            events(cluster, namespace, "chat"),
+        )
         new = st["stable"]["bundle"]
         assert st["history"][-1]["bundle"] == old and st["rollout"]["previous"] == old
         assert st["lastAnalysis"]["verdict"] == "Pass" and st["lastAnalysis"]["metrics"][0]["samples"] >= 8
         reasons = [r for r, _ in events(cluster, namespace, "chat")]
         for r in ("NewBundle", "CanaryReady", "ConformancePassed", "Promoted"):
             assert r in reasons, reasons
-        warm = cluster.apps.list_namespaced_deployment(namespace, label_selector=f"modeldeploy.dev/bundle={old}").items
-        assert len(warm) == 1 and warm[0].spec.replicas == 1       # prior bundle kept warm
+        warm = cluster.apps.list_namespaced_deployment(
+            namespace, label_selector=f"modeldeploy.dev/bundle={old}"
+        ).items
+        assert len(warm) == 1 and warm[0].spec.replicas == 1  # prior bundle kept warm
         # rollback-to the warm prior bundle: all traffic back without a cold start
         t0 = time.monotonic()
         cluster.custom.patch_namespaced_custom_object(
-            G, V, namespace, P, "chat", {"metadata": {"annotations": {"modeldeploy.dev/rollback-to": old}}})
-        back = cluster.wait(lambda: (lambda m: m if m["status"]["stable"]["bundle"] == old else None)(
-            get_md(cluster, namespace, "chat")), 60, "rollback-to applied")
-        svc = cluster.wait(lambda: cluster.core.read_namespaced_service("chat", namespace).spec.selector.get(
-            "modeldeploy.dev/bundle") == old, 30, "chat Service on the prior bundle")
-        all_old = cluster.wait(lambda: next((t for t, eps in watch.endpoints if t >= t0 and eps and eps <= old_ips), None),
-                               30, "all ready endpoints on the prior bundle")
-        print(f"rollback-to: status after {time.monotonic() - t0:.1f}s; all endpoints on the prior bundle "
-              f"{all_old - t0:.2f}s after the annotation (0.1 s polling)")
+            G, V, namespace, P, "chat", {"metadata": {"annotations": {"modeldeploy.dev/rollback-to": old}}}
+        )
+        back = cluster.wait(
+            lambda: (lambda m: m if m["status"]["stable"]["bundle"] == old else None)(
+                get_md(cluster, namespace, "chat")
+            ),
+            60,
+            "rollback-to applied",
+        )
+        svc = cluster.wait(
+            lambda: (
+                cluster.core.read_namespaced_service("chat", namespace).spec.selector.get(
+                    "modeldeploy.dev/bundle"
+                )
+                == old
+            ),
+            30,
+            "chat Service on the prior bundle",
+        )
+        all_old = cluster.wait(
+            lambda: next((t for t, eps in watch.endpoints if t >= t0 and eps and eps <= old_ips), None),
+            30,
+            "all ready endpoints on the prior bundle",
+        )
+        print(
+            f"rollback-to: status after {time.monotonic() - t0:.1f}s; all endpoints on the prior bundle "
+            f"{all_old - t0:.2f}s after the annotation (0.1 s polling)"
+        )
         assert svc and new in back["status"]["failedBundles"]
-        assert "modeldeploy.dev/rollback-to" not in (get_md(cluster, namespace, "chat")["metadata"].get("annotations") or {})
+        assert "modeldeploy.dev/rollback-to" not in (
+            get_md(cluster, namespace, "chat")["metadata"].get("annotations") or {}
+        )
     seen = load.by_ip()
     print(f"load during promotion and rollback-to, by pod ip (old {old_ips}): {seen}")
-    assert not {ip: c for ip, c in seen.items() if set(c) - {200}}, (seen, load.transport_errors)  # no cohort lost one
+    assert not {ip: c for ip, c in seen.items() if set(c) - {200}}, (
+        seen,
+        load.transport_errors,
+    )  # no cohort lost one
     assert sum(sum(c.values()) for c in seen.values()) > 20
 
 
 def test_slow_bundle_fails_analysis_and_rolls_back(
     cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
 ) -> None:
-    md, old = serve_tiny(cluster, namespace, tmp_path, "slow",
-                         analysis=ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10})
+    md, old = serve_tiny(
+        cluster, namespace, tmp_path, "slow", analysis=ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10}
+    )
     old_ips = pod_ips(cluster, namespace, old)
-    with Load(cluster.api, namespace, "slow", workers=8) as load, Watch(cluster.api, namespace, "slow") as watch:
+    with (
+        Load(cluster.api, namespace, "slow", workers=8) as load,
+        Watch(cluster.api, namespace, "slow") as watch,
+    ):
         change_bundle(cluster, namespace, "slow", lambda b: b["config"].update(maxNumSeqs=1))
         try:
-            done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
-                get_md(cluster, namespace, "slow")), 300, "slow bundle rolled back")
+            done = cluster.wait(
+                lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
+                    get_md(cluster, namespace, "slow")
+                ),
+                300,
+                "slow bundle rolled back",
+            )
         except AssertionError:
             print("status:", get_md(cluster, namespace, "slow")["status"], "\nload:", load.by_ip())
             raise
         failed_at = cluster.wait(lambda: watch.seen.get("AnalysisFailed"), 10, "AnalysisFailed Event seen")
-        out_at = cluster.wait(lambda: next((t for t, eps in watch.endpoints if t >= failed_at and eps and eps <= old_ips), None),
-                              30, "canary out of the Service's ready endpoints")
+        out_at = cluster.wait(
+            lambda: next(
+                (t for t, eps in watch.endpoints if t >= failed_at and eps and eps <= old_ips), None
+            ),
+            30,
+            "canary out of the Service's ready endpoints",
+        )
     st = done["status"]
     assert st["stable"]["bundle"] == old and st["phase"] == "Stable", st
     deg = condition(done, "Degraded")
     assert deg["status"] == "True" and deg["reason"] == "AnalysisFailed", deg
     ttft = next(m for m in st["lastAnalysis"]["metrics"] if m["metric"] == "ttft_p95_seconds")
     assert ttft["verdict"] == "Fail" and ttft["canary"] > ttft["threshold"], ttft
-    assert any(r == "AnalysisFailed" and "ttft_p95_seconds" in m for r, m in events(cluster, namespace, "slow"))
-    print(f"slow: AnalysisFailed Event seen -> canary out of the ready endpoints of the Service "
-          f"{out_at - failed_at:+.2f}s (0.1 s polling)")
-    print(f"load during the failed canary, by pod ip (old {old_ips}): {load.by_ip()}; analysis {st['lastAnalysis']}")
+    assert any(
+        r == "AnalysisFailed" and "ttft_p95_seconds" in m for r, m in events(cluster, namespace, "slow")
+    )
+    print(
+        f"slow: AnalysisFailed Event seen -> canary out of the ready endpoints of the Service "
+        f"{out_at - failed_at:+.2f}s (0.1 s polling)"
+    )
+    print(
+        f"load during the failed canary, by pod ip (old {old_ips}): {load.by_ip()}; analysis {st['lastAnalysis']}"
+    )
     assert not stable_errors(load, old_ips), (load.by_ip(), load.transport_errors)
     canary = st["failedBundles"][0]
-    cluster.wait(lambda: not cluster.apps.list_namespaced_deployment(
-        namespace, label_selector=f"modeldeploy.dev/bundle={canary}").items, 60, "canary Deployment removed")
+    cluster.wait(
+        lambda: (
+            not cluster.apps.list_namespaced_deployment(
+                namespace, label_selector=f"modeldeploy.dev/bundle={canary}"
+            ).items
+        ),
+        60,
+        "canary Deployment removed",
+    )
 
 
 def test_broken_digest_never_ready_rolls_back_with_reason(
@@ -164,9 +256,14 @@ def test_broken_digest_never_ready_rolls_back_with_reason(
 ) -> None:
     md, old = serve_tiny(cluster, namespace, tmp_path, "bad")
     change_bundle(cluster, namespace, "bad", lambda b: b["model"].update(digest="sha256:" + "0" * 64))
-    done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
-        get_md(cluster, namespace, "bad")), 240, "broken bundle rolled back")
+    done = cluster.wait(
+        lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
+            get_md(cluster, namespace, "bad")
+        ),
+        240,
+        "broken bundle rolled back",
+    )
     deg = condition(done, "Degraded")
     assert done["status"]["stable"]["bundle"] == old and deg["status"] == "True"
     assert deg["reason"] in ("CanaryFailed", "LoadTimeout") and "digest" in deg["message"].lower(), deg
-    assert condition(done, "Ready")["status"] == "True"            # the stable bundle kept serving
+    assert condition(done, "Ready")["status"] == "True"  # the stable bundle kept serving

@@ -32,8 +32,13 @@ AWAIT = {"steps": [{"weight": 50, "pauseSeconds": 3, "awaitPromotion": True}]}
 
 
 def rollout_cli(cluster: E2ECluster, *args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "modeldeploy", "rollout", *args, "--kubeconfig", cluster.kubeconfig],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
+    r = subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "rollout", *args, "--kubeconfig", cluster.kubeconfig],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "160"},
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     return r.stdout
 
@@ -60,16 +65,28 @@ def test_await_promotion_is_suspended_then_manual_promote_and_abort(
                 checked(seen[phase], "Progressing", f"progressing-{phase.lower()}")
         msg = checked(waiting, "Suspended", "suspended-awaiting-promotion")
         assert "modeldeploy rollout promote" in msg and "50%" in msg, msg
-        assert waiting["status"]["canaryWeight"] == 50 and waiting["status"]["lastAnalysis"]["verdict"] == "Pass"
+        assert (
+            waiting["status"]["canaryWeight"] == 50 and waiting["status"]["lastAnalysis"]["verdict"] == "Pass"
+        )
         shown = rollout_cli(cluster, "status", name, "-n", ns)
         assert "AwaitingPromotion" in shown and "Canary" in shown, shown
 
         new = waiting["status"]["canary"]["bundle"]
         out = rollout_cli(cluster, "promote", name, "-n", ns)
         assert "modeldeploy.dev/promote=" in out, out
-        promoted = cluster.wait(lambda: (lambda m: m if m["status"]["phase"] == "Stable" and m["status"]["stable"][
-            "bundle"] == new and condition(m, "Ready")["status"] == "True" else None)(get_md(cluster, ns, name)),
-            120, "manual promote done")
+        promoted = cluster.wait(
+            lambda: (
+                lambda m: (
+                    m
+                    if m["status"]["phase"] == "Stable"
+                    and m["status"]["stable"]["bundle"] == new
+                    and condition(m, "Ready")["status"] == "True"
+                    else None
+                )
+            )(get_md(cluster, ns, name)),
+            120,
+            "manual promote done",
+        )
         checked(promoted, "Healthy", "healthy-after-promote")
         assert "modeldeploy.dev/promote" not in (promoted["metadata"].get("annotations") or {})
         new_ips = pod_ips(cluster, ns, new)
@@ -77,8 +94,13 @@ def test_await_promotion_is_suspended_then_manual_promote_and_abort(
         change_bundle(cluster, ns, name, lambda b: b["config"].update(maxNumSeqs=5))
         canary = wait_phase(cluster, ns, name, ("Canary",), 240)["status"]["canary"]["bundle"]
         rollout_cli(cluster, "abort", name, "-n", ns)
-        aborted = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"]
-                                        == "Stable" else None)(get_md(cluster, ns, name)), 120, "abort rolled back")
+        aborted = cluster.wait(
+            lambda: (
+                lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
+            )(get_md(cluster, ns, name)),
+            120,
+            "abort rolled back",
+        )
     st = aborted["status"]
     assert st["stable"]["bundle"] == new and st["failedBundles"] == [canary], st
     assert condition(aborted, "Degraded")["reason"] == "Aborted"

@@ -38,10 +38,15 @@ def restart(op: Operator, failpoint: str | None = None) -> None:
     op.start({"MODELDEPLOY_FAILPOINT": f"kill-after-status:{failpoint}"} if failpoint else None)
 
 
-def killed_in(cluster: E2ECluster, ns: str, name: str, op: Operator, phase: str, timeout: float) -> dict[str, Any]:
+def killed_in(
+    cluster: E2ECluster, ns: str, name: str, op: Operator, phase: str, timeout: float
+) -> dict[str, Any]:
     """Wait for the failpoint to kill the operator; the persisted status must be in `phase`."""
-    cluster.wait(lambda: op.proc is not None and op.proc.poll() is not None, timeout,
-                 f"operator killed right after persisting phase {phase}")
+    cluster.wait(
+        lambda: op.proc is not None and op.proc.poll() is not None,
+        timeout,
+        f"operator killed right after persisting phase {phase}",
+    )
     assert op.proc is not None and op.proc.returncode == -signal.SIGKILL, op.proc.returncode
     md = get_md(cluster, ns, name)
     assert md["status"]["phase"] == phase, md["status"]
@@ -68,37 +73,59 @@ def test_operator_killed_in_every_phase_resumes_then_broken_contract_rolls_back_
         change_bundle(cluster, ns, name, lambda b: b["config"].update(maxNumSeqs=6))
         new = killed_in(cluster, ns, name, operator, "Deploying", 60)["status"]["canary"]["bundle"]
         for phase, timeout in (("Verifying", 240), ("Canary", 120), ("Promoting", 240)):
-            restart(operator, phase)                            # resumes from the persisted phase, dies in the next
+            restart(operator, phase)  # resumes from the persisted phase, dies in the next
             md = killed_in(cluster, ns, name, operator, phase, timeout)
             st = md["status"]
             assert st["canary"]["bundle"] == new and st["stable"]["bundle"] == old, st
             checked(md, "Progressing", f"progressing-{phase.lower()}-operator-down")
         restart(operator)
         st = wait_phase(cluster, ns, name, ("Stable",), 180)["status"]
-        assert st["stable"]["bundle"] == new and st["history"][-1]["bundle"] == old and not st.get("failedBundles"), st
+        assert (
+            st["stable"]["bundle"] == new
+            and st["history"][-1]["bundle"] == old
+            and not st.get("failedBundles")
+        ), st
         reasons = Counter(r for r, _ in events(cluster, ns, name))
         for r in ("NewBundle", "CanaryReady", "ConformancePassed", "Promoted"):
-            assert reasons[r] == 1, (r, reasons)               # resumed, never redone
-        deps = cluster.apps.list_namespaced_deployment(ns, label_selector=f"app.kubernetes.io/instance={name}").items
-        assert sorted(d.metadata.labels["modeldeploy.dev/bundle"] for d in deps) == sorted([old, new])  # no duplicates
+            assert reasons[r] == 1, (r, reasons)  # resumed, never redone
+        deps = cluster.apps.list_namespaced_deployment(
+            ns, label_selector=f"app.kubernetes.io/instance={name}"
+        ).items
+        assert sorted(d.metadata.labels["modeldeploy.dev/bundle"] for d in deps) == sorted(
+            [old, new]
+        )  # no duplicates
         new_ips = pod_ips(cluster, ns, new)
 
         # broken contract: killed right after deciding to roll back, then resumed
         uri, digest = nochat_model(tmp_path)
         restart(operator, "RollingBack")
-        change_bundle(cluster, ns, name, lambda b: (b["model"].update(uri=uri, revision="seed0-nochat", digest=digest),
-                                                     b["tokenizer"].update(revision="seed0-nochat", digest=digest)))
+        change_bundle(
+            cluster,
+            ns,
+            name,
+            lambda b: (
+                b["model"].update(uri=uri, revision="seed0-nochat", digest=digest),
+                b["tokenizer"].update(revision="seed0-nochat", digest=digest),
+            ),
+        )
         verifying = wait_phase(cluster, ns, name, ("Verifying", "RollingBack"), 240)
         broken = verifying["status"]["canary"]["bundle"]
         broken_ips = pod_ips(cluster, ns, broken)
         md = killed_in(cluster, ns, name, operator, "RollingBack", 120)
         checked(md, "Progressing", "progressing-rollingback-operator-down")
         st = md["status"]
-        assert st["rollout"]["reason"] == "ConformanceFailed" and "normal_response" in st["rollout"]["message"], st
+        assert (
+            st["rollout"]["reason"] == "ConformanceFailed" and "normal_response" in st["rollout"]["message"]
+        ), st
         assert st.get("canaryWeight", 0) == 0
         restart(operator)
-        done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable"
-                                     else None)(get_md(cluster, ns, name)), 120, "broken bundle rolled back")
+        done = cluster.wait(
+            lambda: (
+                lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
+            )(get_md(cluster, ns, name)),
+            120,
+            "broken bundle rolled back",
+        )
     st = done["status"]
     assert st["stable"]["bundle"] == new and st["failedBundles"] == [broken], st
     deg = condition(done, "Degraded")
@@ -110,5 +137,12 @@ def test_operator_killed_in_every_phase_resumes_then_broken_contract_rolls_back_
     assert broken_ips and not broken_ips & set(seen), "the broken bundle got traffic before its gate"
     assert not stable_errors(load, old_ips | new_ips), (seen, load.transport_errors)
     assert sum(seen.get(ip, Counter())[200] for ip in new_ips) > 0
-    cluster.wait(lambda: not cluster.apps.list_namespaced_deployment(
-        ns, label_selector=f"modeldeploy.dev/bundle={broken}").items, 60, "broken canary Deployment removed")
+    cluster.wait(
+        lambda: (
+            not cluster.apps.list_namespaced_deployment(
+                ns, label_selector=f"modeldeploy.dev/bundle={broken}"
+            ).items
+        ),
+        60,
+        "broken canary Deployment removed",
+    )

@@ -28,7 +28,9 @@ from .test_operator import (  # noqa: F401  (fixtures)
 )
 from .test_rollout import ANALYSIS, change_bundle, events, pod_ips, serve_tiny, stable_errors
 
-pytestmark = pytest.mark.skipif(not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build`")
+pytestmark = pytest.mark.skipif(
+    not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build`"
+)
 
 
 class PodTargets:
@@ -41,12 +43,17 @@ class PodTargets:
         write_targets(path, [], {"namespace": ns})
 
     def _run(self) -> None:
-        for _ in range(2400):                                     # at most 20 minutes
+        for _ in range(2400):  # at most 20 minutes
             if self._stop.is_set():
                 return
-            pods = self.cluster.core.list_namespaced_pod(self.ns, label_selector=f"app.kubernetes.io/instance={self.name}")
-            write_targets(self.path, [f"{p.status.pod_ip}:{PORT}" for p in pods.items if p.status.pod_ip],
-                          {"namespace": self.ns})
+            pods = self.cluster.core.list_namespaced_pod(
+                self.ns, label_selector=f"app.kubernetes.io/instance={self.name}"
+            )
+            write_targets(
+                self.path,
+                [f"{p.status.pod_ip}:{PORT}" for p in pods.items if p.status.pod_ip],
+                {"namespace": self.ns},
+            )
             self._stop.wait(0.5)
 
     def __enter__(self) -> PodTargets:
@@ -67,14 +74,23 @@ def test_slow_canary_caught_through_prometheus(
         prom = Prom(tmp_path, {}, file_sd=targets)
         try:
             prom.wait_ready()
-            analysis = ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10, "prometheus": {"address": prom.url}}
+            analysis = ANALYSIS | {
+                "maxTtftP95Ratio": 1.5,
+                "minSamples": 10,
+                "prometheus": {"address": prom.url},
+            }
             _, old = serve_tiny(cluster, ns, tmp_path, name, analysis=analysis)
             old_ips = pod_ips(cluster, ns, old)
             asked = prom.queries_served()
             with Load(cluster.api, ns, name, workers=8) as load:
                 change_bundle(cluster, ns, name, lambda b: b["config"].update(maxNumSeqs=1))
-                done = cluster.wait(lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
-                    get_md(cluster, ns, name)), 300, "slow bundle rolled back")
+                done = cluster.wait(
+                    lambda: (lambda m: m if m["status"].get("failedBundles") else None)(
+                        get_md(cluster, ns, name)
+                    ),
+                    300,
+                    "slow bundle rolled back",
+                )
             served = prom.queries_served() - asked
         finally:
             prom.stop()
@@ -84,5 +100,7 @@ def test_slow_canary_caught_through_prometheus(
     assert ttft["verdict"] == "Fail" and ttft["samples"] >= 10 and ttft["canary"] > ttft["threshold"], ttft
     analyses = [m for r, m in events(cluster, ns, name) if r == "Analysis"]
     print(f"prometheus answered {served:.0f} queries; analyses: {analyses}; load {load.by_ip()}")
-    assert served >= 6 and analyses and "ttft_p95_seconds Fail" in analyses[-1]   # 3 queries per cohort per analysis
+    assert (
+        served >= 6 and analyses and "ttft_p95_seconds Fail" in analyses[-1]
+    )  # 3 queries per cohort per analysis
     assert not stable_errors(load, old_ips), (load.by_ip(), load.transport_errors)

@@ -23,12 +23,17 @@ def weights(route: dict[str, Any]) -> dict[str, int]:
 
 
 class Watch:
-    def __init__(self, api: client.ApiClient, ns: str, name: str, route: bool = False,
-                 max_seconds: float = 600.0) -> None:
-        self.core, self.custom, self.disc = client.CoreV1Api(api), client.CustomObjectsApi(api), client.DiscoveryV1Api(api)
+    def __init__(
+        self, api: client.ApiClient, ns: str, name: str, route: bool = False, max_seconds: float = 600.0
+    ) -> None:
+        self.core, self.custom, self.disc = (
+            client.CoreV1Api(api),
+            client.CustomObjectsApi(api),
+            client.DiscoveryV1Api(api),
+        )
         self.ns, self.name, self.route, self.max_seconds = ns, name, route, max_seconds
-        self.seen: dict[str, float] = {}                       # Event reason -> first seen
-        self.weights: list[tuple[float, int]] = []             # (seen at, canary weight in the HTTPRoute)
+        self.seen: dict[str, float] = {}  # Event reason -> first seen
+        self.weights: list[tuple[float, int]] = []  # (seen at, canary weight in the HTTPRoute)
         self.endpoints: list[tuple[float, frozenset[str]]] = []  # (seen at, ready addresses of <name>)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -47,9 +52,16 @@ class Watch:
         for e in self.core.list_namespaced_event(self.ns).items:
             if e.involved_object.name == self.name:
                 self.seen.setdefault(e.reason, now)
-        slices = self.disc.list_namespaced_endpoint_slice(self.ns, label_selector=f"kubernetes.io/service-name={self.name}")
-        ready = frozenset(a for s in slices.items for e in s.endpoints or []
-                          if e.conditions is None or e.conditions.ready for a in e.addresses)
+        slices = self.disc.list_namespaced_endpoint_slice(
+            self.ns, label_selector=f"kubernetes.io/service-name={self.name}"
+        )
+        ready = frozenset(
+            a
+            for s in slices.items
+            for e in s.endpoints or []
+            if e.conditions is None or e.conditions.ready
+            for a in e.addresses
+        )
         if not self.endpoints or self.endpoints[-1][1] != ready:
             self.endpoints.append((now, ready))
         if self.route:

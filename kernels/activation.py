@@ -22,7 +22,12 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         return out
     x2 = rows(x)
     vec = vec_for(dt, inter, x2.stride(0), x2, out)
-    launch("activation", build.silu_and_mul_name(dt, vec), x.device,
-           grid=(x2.shape[0], -(-inter // (THREADS * vec))), block=(THREADS,),
-           args=(ptr(out), ptr(x2), i64(x2.stride(0)), i32(inter)))
+    launch(
+        "activation",
+        build.silu_and_mul_name(dt, vec),
+        x.device,
+        grid=(x2.shape[0], -(-inter // (THREADS * vec))),
+        block=(THREADS,),
+        args=(ptr(out), ptr(x2), i64(x2.stride(0)), i32(inter)),
+    )
     return out

@@ -21,7 +21,7 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 ATTN_HEAD_DIMS = (64, 128)
 ATTN_GROUPS = (1, 2, 4, 8, 16)  # query heads per kv head
-ATTN_UNROLL = 4                 # keys per warp per step (attention.cu's UNROLL)
+ATTN_UNROLL = 4  # keys per warp per step (attention.cu's UNROLL)
 # Extra instantiations with UNROLL=8 on the 8B-class hot path, for the GPU check to compare.
 ATTN_UNROLL8 = tuple((dt, 128, g) for dt in ("float16", "bfloat16") for g in (4, 8))
 

@@ -25,10 +25,10 @@ NAN = float("nan")
 
 @dataclass
 class Problem:
-    kernel: str                               # dispatch name
-    label: str                                # shape summary
+    kernel: str  # dispatch name
+    label: str  # shape summary
     dtype: torch.dtype
-    setup: Callable[[int], dict]              # seed -> inputs (on the device)
+    setup: Callable[[int], dict]  # seed -> inputs (on the device)
     # (inputs, check) -> outputs. check=True: poison outputs first, return comparable tensors;
     # check=False: just the call, for timing.
     cuda: Callable[..., list[torch.Tensor]]
@@ -52,8 +52,14 @@ def run(p: Problem, seed: int) -> dict:
     torch.cuda.synchronize()
     err = max(rel_err(g, w) for g, w in zip(got, want, strict=True))
     tol = 0.0 if p.kernel == "write_kv" else TOL[p.dtype]
-    return {"kernel": p.kernel, "label": p.label, "dtype": str(p.dtype).removeprefix("torch."),
-            "rel_err": err, "tol": tol, "ok": err == err and err <= tol}
+    return {
+        "kernel": p.kernel,
+        "label": p.label,
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "rel_err": err,
+        "tol": tol,
+        "ok": err == err and err <= tol,
+    }
 
 
 def _gen(seed: int, device: str) -> torch.Generator:
@@ -70,10 +76,11 @@ def rms_norm_problem(rows: int, hidden: int, dtype, residual: bool, device="cuda
 
     def setup(seed):
         g = _gen(seed, device)
-        return {"x": torch.randn(rows, hidden, generator=g, device=device).to(dtype),
-                "w": (1 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(dtype),
-                "r": (torch.randn(rows, hidden, generator=g, device=device).to(dtype)
-                      if residual else None)}
+        return {
+            "x": torch.randn(rows, hidden, generator=g, device=device).to(dtype),
+            "w": (1 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(dtype),
+            "r": (torch.randn(rows, hidden, generator=g, device=device).to(dtype) if residual else None),
+        }
 
     def cuda(d, check=True):
         out = _poison((rows, hidden), dtype, device) if check else None
@@ -86,22 +93,37 @@ def rms_norm_problem(rows: int, hidden: int, dtype, residual: bool, device="cuda
         return [o, r] if residual else [o]
 
     el = torch.tensor([], dtype=dtype).element_size()
-    return Problem("rms_norm", f"{rows}x{hidden}{'+res' if residual else ''}", dtype, setup, cuda, twin,
-                   lambda d: el * (rows * hidden * (4 if residual else 2) + hidden))
+    return Problem(
+        "rms_norm",
+        f"{rows}x{hidden}{'+res' if residual else ''}",
+        dtype,
+        setup,
+        cuda,
+        twin,
+        lambda d: el * (rows * hidden * (4 if residual else 2) + hidden),
+    )
 
 
 def silu_and_mul_problem(rows: int, inter: int, dtype, device="cuda") -> Problem:
     from modeldeploy.kernels import activation
 
     def setup(seed):
-        return {"x": (3 * torch.randn(rows, 2 * inter, generator=_gen(seed, device), device=device)).to(dtype)}
+        return {
+            "x": (3 * torch.randn(rows, 2 * inter, generator=_gen(seed, device), device=device)).to(dtype)
+        }
 
     el = torch.tensor([], dtype=dtype).element_size()
-    return Problem("silu_and_mul", f"{rows}x{inter}", dtype, setup,
-                   lambda d, check=True: [activation.silu_and_mul(
-                       d["x"], out=_poison((rows, inter), dtype, device) if check else None)],
-                   lambda d, check=True: [reference.silu_and_mul(d["x"])],
-                   lambda d: el * rows * inter * 3)
+    return Problem(
+        "silu_and_mul",
+        f"{rows}x{inter}",
+        dtype,
+        setup,
+        lambda d, check=True: [
+            activation.silu_and_mul(d["x"], out=_poison((rows, inter), dtype, device) if check else None)
+        ],
+        lambda d, check=True: [reference.silu_and_mul(d["x"])],
+        lambda d: el * rows * inter * 3,
+    )
 
 
 def rotary_problem(tokens: int, hq: int, hk: int, head_dim: int, dtype, device="cuda") -> Problem:
@@ -113,12 +135,15 @@ def rotary_problem(tokens: int, hq: int, hk: int, head_dim: int, dtype, device="
         inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=device).double() / head_dim))
         ang = torch.arange(8192, device=device).double()[:, None] * inv[None, :]
         qkv = torch.randn(tokens, (hq + 2 * hk) * head_dim, generator=g, device=device).to(dtype)
-        return {"pos": torch.randint(0, 8192, (tokens,), generator=g, device=device),
-                "qkv": qkv, "cache": torch.cat([ang.cos(), ang.sin()], -1).float()}
+        return {
+            "pos": torch.randint(0, 8192, (tokens,), generator=g, device=device),
+            "qkv": qkv,
+            "cache": torch.cat([ang.cos(), ang.sin()], -1).float(),
+        }
 
     def split(d):
         q = d["qkv"][:, : hq * head_dim].view(tokens, hq, head_dim)
-        k = d["qkv"][:, hq * head_dim: (hq + hk) * head_dim].view(tokens, hk, head_dim)
+        k = d["qkv"][:, hq * head_dim : (hq + hk) * head_dim].view(tokens, hk, head_dim)
         return q, k
 
     def call(fn):
@@ -126,12 +151,19 @@ def rotary_problem(tokens: int, hq: int, hk: int, head_dim: int, dtype, device="
             q, k = split(d)
             fn(d["pos"], q, k, d["cache"])
             return [q, k]
+
         return f
 
     el = torch.tensor([], dtype=dtype).element_size()
-    return Problem("rotary_embedding", f"{tokens}t {hq}/{hk}h d{head_dim}", dtype, setup,
-                   call(rotary.rotary_embedding), call(reference.rotary_embedding),
-                   lambda d: tokens * ((hq + hk) * head_dim * 2 * el + head_dim * 4 + 8))
+    return Problem(
+        "rotary_embedding",
+        f"{tokens}t {hq}/{hk}h d{head_dim}",
+        dtype,
+        setup,
+        call(rotary.rotary_embedding),
+        call(reference.rotary_embedding),
+        lambda d: tokens * ((hq + hk) * head_dim * 2 * el + head_dim * 4 + 8),
+    )
 
 
 def write_kv_problem(tokens: int, hkv: int, head_dim: int, dtype, device="cuda") -> Problem:
@@ -145,25 +177,35 @@ def write_kv_problem(tokens: int, hkv: int, head_dim: int, dtype, device="cuda")
         kv = torch.randn(tokens, 2 * hkv * head_dim + 64, generator=g, device=device).to(dtype)
         slots = torch.randperm(n_blocks * S, generator=g, device=device)[:tokens]
         slots[::7] = -1
-        return {"kv": kv, "slots": slots,
-                "kc": _poison((n_blocks, S, hkv, head_dim), dtype, device),
-                "vc": _poison((n_blocks, S, hkv, head_dim), dtype, device)}
+        return {
+            "kv": kv,
+            "slots": slots,
+            "kc": _poison((n_blocks, S, hkv, head_dim), dtype, device),
+            "vc": _poison((n_blocks, S, hkv, head_dim), dtype, device),
+        }
 
     def call(fn):
         def f(d, check=True):
             k = d["kv"][:, : hkv * head_dim].view(tokens, hkv, head_dim)
-            v = d["kv"][:, hkv * head_dim: 2 * hkv * head_dim].view(tokens, hkv, head_dim)
+            v = d["kv"][:, hkv * head_dim : 2 * hkv * head_dim].view(tokens, hkv, head_dim)
             fn(k, v, d["kc"], d["vc"], d["slots"])
             if not check:
                 return [d["kc"], d["vc"]]
             # Unwritten slots stay NaN in both: compare NaN-free through nan_to_num.
             return [d["kc"].nan_to_num(7.0), d["vc"].nan_to_num(7.0)]
+
         return f
 
     el = torch.tensor([], dtype=dtype).element_size()
-    return Problem("write_kv", f"{tokens}t {hkv}h d{head_dim}", dtype, setup,
-                   call(cache.write_kv), call(reference.write_kv),
-                   lambda d: int((d["slots"] >= 0).sum()) * 4 * hkv * head_dim * el + tokens * 8)
+    return Problem(
+        "write_kv",
+        f"{tokens}t {hkv}h d{head_dim}",
+        dtype,
+        setup,
+        call(cache.write_kv),
+        call(reference.write_kv),
+        lambda d: int((d["slots"] >= 0).sum()) * 4 * hkv * head_dim * el + tokens * 8,
+    )
 
 
 def _paged(lens, hkv, head_dim, dtype, g, device, S=16):
@@ -174,7 +216,7 @@ def _paged(lens, hkv, head_dim, dtype, g, device, S=16):
     tables = torch.full((len(lens), max(per_seq)), -1, dtype=torch.int32, device=device)
     used = 0
     for b, n in enumerate(per_seq):
-        tables[b, :n] = perm[used: used + n]
+        tables[b, :n] = perm[used : used + n]
         used += n
     kc = torch.randn(n_blocks, S, hkv, head_dim, generator=g, device=device).to(dtype)
     vc = torch.randn(n_blocks, S, hkv, head_dim, generator=g, device=device).to(dtype)
@@ -189,24 +231,37 @@ def decode_problem(lens: list[int], hkv: int, group: int, head_dim: int, dtype, 
     def setup(seed):
         g = _gen(seed, device)
         kc, vc, tables, ctx = _paged(lens, hkv, head_dim, dtype, g, device)
-        return {"q": torch.randn(B, H, head_dim, generator=g, device=device).to(dtype),
-                "kc": kc, "vc": vc, "tables": tables, "ctx": ctx}
+        return {
+            "q": torch.randn(B, H, head_dim, generator=g, device=device).to(dtype),
+            "kc": kc,
+            "vc": vc,
+            "tables": tables,
+            "ctx": ctx,
+        }
 
     def args(d):
-        return d["q"], d["kc"], d["vc"], d["tables"], d["ctx"], head_dim ** -0.5
+        return d["q"], d["kc"], d["vc"], d["tables"], d["ctx"], head_dim**-0.5
 
     el = torch.tensor([], dtype=dtype).element_size()
+
     def cuda(d, check=True):
         out = _poison((B, H, head_dim), dtype, device) if check else None
         return [attention.paged_attention_decode(*args(d), out=out)]
 
-    return Problem("paged_attention_decode", f"B{B} L{max(lens)} {H}/{hkv}h d{head_dim}", dtype, setup,
-                   cuda, lambda d, check=True: [reference.paged_attention_decode(*args(d))],
-                   lambda d: el * (sum(lens) * hkv * head_dim * 2 + 2 * B * H * head_dim))
+    return Problem(
+        "paged_attention_decode",
+        f"B{B} L{max(lens)} {H}/{hkv}h d{head_dim}",
+        dtype,
+        setup,
+        cuda,
+        lambda d, check=True: [reference.paged_attention_decode(*args(d))],
+        lambda d: el * (sum(lens) * hkv * head_dim * 2 + 2 * B * H * head_dim),
+    )
 
 
-def prefill_problem(lens: list[int], new: list[int], hkv: int, group: int, head_dim: int, dtype,
-                    device="cuda") -> Problem:
+def prefill_problem(
+    lens: list[int], new: list[int], hkv: int, group: int, head_dim: int, dtype, device="cuda"
+) -> Problem:
     from modeldeploy.kernels import attention
 
     H, T = hkv * group, sum(new)
@@ -215,20 +270,33 @@ def prefill_problem(lens: list[int], new: list[int], hkv: int, group: int, head_
         g = _gen(seed, device)
         kc, vc, tables, ctx = _paged(lens, hkv, head_dim, dtype, g, device)
         cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device=device)
-        return {"q": torch.randn(T, H, head_dim, generator=g, device=device).to(dtype),
-                "kc": kc, "vc": vc, "tables": tables, "cu": cu, "ctx": ctx}
+        return {
+            "q": torch.randn(T, H, head_dim, generator=g, device=device).to(dtype),
+            "kc": kc,
+            "vc": vc,
+            "tables": tables,
+            "cu": cu,
+            "ctx": ctx,
+        }
 
     def args(d):
-        return d["q"], d["kc"], d["vc"], d["tables"], d["cu"], d["ctx"], head_dim ** -0.5
+        return d["q"], d["kc"], d["vc"], d["tables"], d["cu"], d["ctx"], head_dim**-0.5
 
     el = torch.tensor([], dtype=dtype).element_size()
+
     def cuda(d, check=True):
         out = _poison((T, H, head_dim), dtype, device) if check else None
         return [attention.paged_attention_prefill(*args(d), out=out)]
 
-    return Problem("paged_attention_prefill", f"L{lens} new{new} {H}/{hkv}h d{head_dim}", dtype, setup,
-                   cuda, lambda d, check=True: [reference.paged_attention_prefill(*args(d))],
-                   lambda d: el * (sum(lens) * hkv * head_dim * 2 + 2 * T * H * head_dim))
+    return Problem(
+        "paged_attention_prefill",
+        f"L{lens} new{new} {H}/{hkv}h d{head_dim}",
+        dtype,
+        setup,
+        cuda,
+        lambda d, check=True: [reference.paged_attention_prefill(*args(d))],
+        lambda d: el * (sum(lens) * hkv * head_dim * 2 + 2 * T * H * head_dim),
+    )
 
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -239,31 +307,39 @@ def correctness_problems(device: str = "cuda") -> list[Problem]:
     both head dims, ragged lengths, split-K (small batch, long context) and single-pass."""
     ps: list[Problem] = []
     for dt in DTYPES:
-        ps += [rms_norm_problem(1, 4096, dt, False, device), rms_norm_problem(37, 4096, dt, True, device),
-               rms_norm_problem(5, 100, dt, True, device),                          # scalar path
-               silu_and_mul_problem(3, 14336, dt, device), silu_and_mul_problem(17, 100, dt, device),
-               rotary_problem(1, 32, 8, 128, dt, device), rotary_problem(50, 4, 2, 64, dt, device),
-               rotary_problem(7, 3, 1, 36, dt, device),                             # scalar path
-               write_kv_problem(33, 8, 128, dt, device), write_kv_problem(20, 1, 36, dt, device),
-               decode_problem([1, 17, 700, 33], 2, 4, 128, dt, device),             # split-K
-               decode_problem([5, 200] * 40, 8, 4, 128, dt, device),                # one pass
-               decode_problem([300, 64, 999], 1, 8, 64, dt, device),
-               decode_problem([40, 16, 3], 4, 1, 64, dt, device),
-               decode_problem([2000], 2, 16, 128, dt, device),
-               prefill_problem([37, 80, 5], [37, 20, 1], 2, 4, 128, dt, device),
-               prefill_problem([600, 50], [0, 50], 4, 2, 64, dt, device),
-               prefill_problem([19], [19], 1, 1, 64, dt, device)]
+        ps += [
+            rms_norm_problem(1, 4096, dt, False, device),
+            rms_norm_problem(37, 4096, dt, True, device),
+            rms_norm_problem(5, 100, dt, True, device),  # scalar path
+            silu_and_mul_problem(3, 14336, dt, device),
+            silu_and_mul_problem(17, 100, dt, device),
+            rotary_problem(1, 32, 8, 128, dt, device),
+            rotary_problem(50, 4, 2, 64, dt, device),
+            rotary_problem(7, 3, 1, 36, dt, device),  # scalar path
+            write_kv_problem(33, 8, 128, dt, device),
+            write_kv_problem(20, 1, 36, dt, device),
+            decode_problem([1, 17, 700, 33], 2, 4, 128, dt, device),  # split-K
+            decode_problem([5, 200] * 40, 8, 4, 128, dt, device),  # one pass
+            decode_problem([300, 64, 999], 1, 8, 64, dt, device),
+            decode_problem([40, 16, 3], 4, 1, 64, dt, device),
+            decode_problem([2000], 2, 16, 128, dt, device),
+            prefill_problem([37, 80, 5], [37, 20, 1], 2, 4, 128, dt, device),
+            prefill_problem([600, 50], [0, 50], 4, 2, 64, dt, device),
+            prefill_problem([19], [19], 1, 1, 64, dt, device),
+        ]
     return ps
 
 
 def bench_problems(device: str = "cuda") -> list[Problem]:
     """Llama-3-8B shapes in bf16, each input well past the 50-60 MB L2, for roofline timing."""
     bf = torch.bfloat16
-    return [rms_norm_problem(16384, 4096, bf, True, device),
-            silu_and_mul_problem(16384, 14336, bf, device),
-            rotary_problem(65536, 32, 8, 128, bf, device),
-            write_kv_problem(65536, 8, 128, bf, device),
-            decode_problem([1024] * 64, 8, 4, 128, bf, device),
-            decode_problem([4096] * 8, 8, 4, 128, bf, device),
-            decode_problem([32768], 8, 4, 128, bf, device),                     # split-K
-            prefill_problem([1024] * 4, [1024] * 4, 8, 4, 128, bf, device)]    # compute-bound
+    return [
+        rms_norm_problem(16384, 4096, bf, True, device),
+        silu_and_mul_problem(16384, 14336, bf, device),
+        rotary_problem(65536, 32, 8, 128, bf, device),
+        write_kv_problem(65536, 8, 128, bf, device),
+        decode_problem([1024] * 64, 8, 4, 128, bf, device),
+        decode_problem([4096] * 8, 8, 4, 128, bf, device),
+        decode_problem([32768], 8, 4, 128, bf, device),  # split-K
+        prefill_problem([1024] * 4, [1024] * 4, 8, 4, 128, bf, device),
+    ]  # compute-bound

@@ -52,5 +52,6 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
 
 
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    return _impl("paged_attention_prefill", q)(q, k_cache, v_cache, block_tables, cu_seqlens_q,
-                                               context_lens, scale)
+    return _impl("paged_attention_prefill", q)(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+    )

@@ -109,8 +109,11 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 """
 
-_KERNEL = re.compile(r"template\s*<([^>]*)>\s*__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?"
-                     r"(\w+)\s*\(([^)]*)\)", re.S)
+_KERNEL = re.compile(
+    r"template\s*<([^>]*)>\s*__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?"
+    r"(\w+)\s*\(([^)]*)\)",
+    re.S,
+)
 
 
 def available() -> bool:
@@ -142,36 +145,52 @@ def _glue(family: str, names: tuple[str, ...]) -> str:
             concrete.append(t)
         decl = ", ".join(f"{t} p{j}" for j, t in enumerate(concrete))
         call = ", ".join(f"p{j}" for j in range(len(concrete)))
-        parts.append(f'extern "C" void emu_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {decl}) '
-                     f"{{ emu::launch(dim3{{gx, gy, gz}}, dim3{{bx, 1, 1}}, [=] {{ {name}({call}); }}); }}")
+        parts.append(
+            f'extern "C" void emu_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {decl}) '
+            f"{{ emu::launch(dim3{{gx, gy, gz}}, dim3{{bx, 1, 1}}, [=] {{ {name}({call}); }}); }}"
+        )
     return "\n".join(parts)
 
 
 @cache
 def _library(family: str) -> ctypes.CDLL:
     names = build.name_expressions(family)
-    src = PRELUDE + re.sub(r"#include <cuda_(fp16|bf16)\.h>", "", build.source(family)) + "\n" + \
-        _glue(family, names)
+    src = (
+        PRELUDE
+        + re.sub(r"#include <cuda_(fp16|bf16)\.h>", "", build.source(family))
+        + "\n"
+        + _glue(family, names)
+    )
     key = hashlib.sha256(src.encode()).hexdigest()[:16]
     d = Path(tempfile.gettempdir()) / "modeldeploy-emu"
     d.mkdir(exist_ok=True)
     lib = d / f"{family}-{key}.so"
-    if not lib.exists():                      # per-process temp names: parallel test runs are safe
+    if not lib.exists():  # per-process temp names: parallel test runs are safe
         cpp = d / f"{family}-{key}.{os.getpid()}.cpp"
         cpp.write_text(src)
         tmp = d / f"{family}-{key}.{os.getpid()}.so"
-        subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(tmp)],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(tmp)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         tmp.replace(lib)
         cpp.unlink()
     return ctypes.CDLL(str(lib))
 
 
-_CTYPES = {np.uint64: ctypes.c_void_p, np.int64: ctypes.c_longlong, np.int32: ctypes.c_int,
-           np.float32: ctypes.c_float}
+_CTYPES = {
+    np.uint64: ctypes.c_void_p,
+    np.int64: ctypes.c_longlong,
+    np.int32: ctypes.c_int,
+    np.float32: ctypes.c_float,
+}
 
 
-def launch(family: str, name: str, device, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
+def launch(
+    family: str, name: str, device, grid: tuple[int, ...], block: tuple[int, ...], args: tuple
+) -> None:
     """Drop-in for `kernels.launch.launch` on CPU tensors (pointers are host addresses)."""
     fn = getattr(_library(family), f"emu_{build.name_expressions(family).index(name)}")
     g = (*grid, 1, 1)[:3]

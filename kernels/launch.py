@@ -28,10 +28,11 @@ def kernel(family: str, name: str, device: int) -> cupy.RawKernel:
     if name not in build.name_expressions(family):
         raise KeyError(f"{name} is not an instantiation of {family}.cu listed in kernels/build.py")
     with cupy.cuda.Device(device):
-        mod = cupy.RawModule(code=build.source(family), options=build.nvrtc_options(),
-                             name_expressions=(name,))
-        _modules.append(mod)            # keep the module (and its loaded binary) alive
-        return mod.get_function(name)   # compiles now: fail here, not mid-step
+        mod = cupy.RawModule(
+            code=build.source(family), options=build.nvrtc_options(), name_expressions=(name,)
+        )
+        _modules.append(mod)  # keep the module (and its loaded binary) alive
+        return mod.get_function(name)  # compiles now: fail here, not mid-step
 
 
 _streams: dict[int, cupy.cuda.Stream] = {}
@@ -42,16 +43,17 @@ def _stream(device: torch.device) -> cupy.cuda.Stream:
     ts = torch.cuda.current_stream(device)
     s = _streams.get(ts.cuda_stream)
     if s is None:
-        try:                                   # CuPy >= 14 with torch's __cuda_stream__
+        try:  # CuPy >= 14 with torch's __cuda_stream__
             s = cupy.cuda.Stream.from_external(ts)
-        except (AttributeError, TypeError):    # older CuPy or torch
+        except (AttributeError, TypeError):  # older CuPy or torch
             s = cupy.cuda.ExternalStream(ts.cuda_stream, device.index)
         _streams[ts.cuda_stream] = s
     return s
 
 
-def launch(family: str, name: str, device: torch.device, grid: tuple[int, ...],
-           block: tuple[int, ...], args: tuple) -> None:
+def launch(
+    family: str, name: str, device: torch.device, grid: tuple[int, ...], block: tuple[int, ...], args: tuple
+) -> None:
     """Launch `name` from `family` on `device`'s current torch stream."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     device = torch.device("cuda", index)

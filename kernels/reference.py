@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(x + residual) normalised by RMS then scaled; returns (out, new_residual).
 
     Matches HF LlamaRMSNorm: the statistics are taken in float32 and the result is
@@ -29,13 +30,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return weight * xf.to(dtype), residual
 
 
-def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                     cos_sin_cache: torch.Tensor) -> None:
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
     """Rotate q [T, H, D] and k [T, Hkv, D] in place (NeoX layout: halves, not pairs).
 
     cos_sin_cache [max_pos, D] float32 holds cos in [:, :D/2] and sin in [:, D/2:].
     """
-    cs = cos_sin_cache[positions]                      # [T, D]
+    cs = cos_sin_cache[positions]  # [T, D]
     half = cs.shape[-1] // 2
     cos = torch.cat([cs[:, :half], cs[:, :half]], -1).unsqueeze(1)  # [T, 1, D]
     sin = torch.cat([cs[:, half:], cs[:, half:]], -1).unsqueeze(1)
@@ -52,8 +54,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Scatter k, v [T, Hkv, D] into the caches at flat slots (block * S + offset); -1 skips."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -67,21 +70,32 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            mask: torch.Tensor | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None
+) -> torch.Tensor:
     """q [Q, H, D], k/v [L, Hkv, D], mask [Q, L] (True = attend) -> [Q, H, D].
 
     torch's fused SDPA in float32 (one pass over K/V; GQA without repeating K/V).
     """
     out = F.scaled_dot_product_attention(
-        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
-        attn_mask=None if mask is None else mask[None, None], scale=scale, enable_gqa=True)
+        q.float().transpose(0, 1)[None],
+        k.float().transpose(0, 1)[None],
+        v.float().transpose(0, 1)[None],
+        attn_mask=None if mask is None else mask[None, None],
+        scale=scale,
+        enable_gqa=True,
+    )
     return out[0].transpose(0, 1).to(q.dtype)
 
 
-def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] over its first context_lens[b] cached tokens."""
     B, H, D = q.shape
     if B == 0:
@@ -89,17 +103,29 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     nblk = (int(context_lens.max()) + S - 1) // S
     tables = block_tables[:, :nblk]
-    k = k_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
+    k = k_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)  # [B, Hkv, L, D]
     v = v_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)
-    valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]   # [B, L]
-    out = F.scaled_dot_product_attention(q.float()[:, :, None], k.float(), v.float(),
-                                         attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
-    return out[:, :, 0].to(q.dtype)                                      # [B, H, D]
+    valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
+    out = F.scaled_dot_product_attention(
+        q.float()[:, :, None],
+        k.float(),
+        v.float(),
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[:, :, 0].to(q.dtype)  # [B, H, D]
 
 
-def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Causal attention of new tokens over cached prefix + themselves.
 
     q [T, H, D] packs the new tokens of B sequences (cu_seqlens_q [B+1]); sequence b's new
@@ -115,6 +141,6 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k = _gather(k_cache, block_tables[b], L)
         v = _gather(v_cache, block_tables[b], L)
         qpos = torch.arange(L - (e - s), L, device=q.device)
-        mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]   # [Q, L]
+        mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]  # [Q, L]
         out[s:e] = _attend(q[s:e], k, v, scale, mask)
     return out

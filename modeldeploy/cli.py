@@ -16,14 +16,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("modeldeploy.runtime.tiny_model", "write a small random-weight HF model + tokenizer"),
     "generate": ("modeldeploy.runtime.generate_cli", "generate offline from a model directory"),
     "digest": ("modeldeploy.digest", "print the sha256 manifest digest of a model directory"),
-    "operator": ("modeldeploy.operator.cli", "run the ModelDeployment operator (kopf) against the current kubeconfig"),
+    "operator": (
+        "modeldeploy.operator.cli",
+        "run the ModelDeployment operator (kopf) against the current kubeconfig",
+    ),
     "crd": ("modeldeploy.operator.crd", "generate the ModelDeployment CRD from the API types"),
     "fetch": ("modeldeploy.fetch", "download a model over http(s) and verify its digest (init container)"),
     "serve": ("modeldeploy.runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
     "conformance": ("modeldeploy.conformance.cli", "run the serving-contract suite against a server URL"),
-    "rollout": ("modeldeploy.operator.rollout_cli", "rollout controls: status|promote|abort|rollback NAME [-n NS] [--to BUNDLE]"),
-    "cluster": ("modeldeploy.e2e.cluster.cli", "local Kubernetes for tests/demo: up|down|status|kubeconfig|build"),
-    "demo": ("modeldeploy.demo_cli", "the rollout story on a local cluster: good bundle promoted, slow one rolled back"),
+    "rollout": (
+        "modeldeploy.operator.rollout_cli",
+        "rollout controls: status|promote|abort|rollback NAME [-n NS] [--to BUNDLE]",
+    ),
+    "cluster": (
+        "modeldeploy.e2e.cluster.cli",
+        "local Kubernetes for tests/demo: up|down|status|kubeconfig|build",
+    ),
+    "demo": (
+        "modeldeploy.demo_cli",
+        "the rollout story on a local cluster: good bundle promoted, slow one rolled back",
+    ),
 }
 
 

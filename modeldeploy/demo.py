@@ -35,8 +35,15 @@ from modeldeploy.operator.rollout_cli import VERDICT_STYLE, cohort_text, num_tex
 
 NAME = "chat"
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64  # the process node runs `modeldeploy serve`
-ANALYSIS = {"intervalSeconds": 5, "minSamples": 8, "maxTtftP95Ratio": 3.0, "maxInterTokenP95Ratio": 3.0,
-            "maxErrorRate": 0.05, "minGoodputRatio": 0.5, "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0}}
+ANALYSIS = {
+    "intervalSeconds": 5,
+    "minSamples": 8,
+    "maxTtftP95Ratio": 3.0,
+    "maxInterTokenP95Ratio": 3.0,
+    "maxErrorRate": 0.05,
+    "minGoodputRatio": 0.5,
+    "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0},
+}
 SLOW_ANALYSIS = {"maxTtftP95Ratio": 1.5, "minSamples": 10}  # tighter, so one slot under 8-way load fails
 DEMO_LABEL = "modeldeploy.dev/demo"
 
@@ -47,11 +54,11 @@ class DemoFailed(Exception):
 
 @dataclass
 class Cohort:
-    label: str            # base / good / slow, or the bundle id when unknown
+    label: str  # base / good / slow, or the bundle id when unknown
     bundle: str
-    role: str             # stable, canary, prior (kept warm), failed, or "" (gone)
+    role: str  # stable, canary, prior (kept warm), failed, or "" (gone)
     ok: int = 0
-    errors: int = 0       # non-200 answers and transport errors
+    errors: int = 0  # non-200 answers and transport errors
 
 
 @dataclass
@@ -67,13 +74,15 @@ class Snapshot:
 
 @dataclass
 class Outcome:
-    bundles: dict[str, str] = field(default_factory=dict)   # label -> bundle id
+    bundles: dict[str, str] = field(default_factory=dict)  # label -> bundle id
     seconds: dict[str, float] = field(default_factory=dict)  # milestone -> duration
     promoted: bool = False
     rollback_reason: str = ""
     rollback_message: str = ""
     cohorts: list[Cohort] = field(default_factory=list)
-    base_during_slow: int = -1   # requests the retired base bundle answered during the slow canary step (want 0)
+    base_during_slow: int = (
+        -1
+    )  # requests the retired base bundle answered during the slow canary step (want 0)
     failure: str = ""
 
     @property
@@ -84,16 +93,26 @@ class Outcome:
 def spec_for(digest: str) -> dict[str, Any]:
     """The base ModelDeployment spec: tiny model from the `models` PVC, one replica on the process node."""
     return {
-        "bundle": {"engine": {"image": IMAGE},
-                   "model": {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest},
-                   "tokenizer": {"revision": "seed0", "digest": digest},
-                   "config": {"maxNumSeqs": 8, "maxQueue": 64, "device": "cpu", "servedModelName": "tiny-llama"}},
+        "bundle": {
+            "engine": {"image": IMAGE},
+            "model": {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest},
+            "tokenizer": {"revision": "seed0", "digest": digest},
+            "config": {"maxNumSeqs": 8, "maxQueue": 64, "device": "cpu", "servedModelName": "tiny-llama"},
+        },
         "replicas": 1,
-        "topology": {"gpusPerReplica": 1, "gpuType": "NVIDIA-H200", "nodeSelector": {"modeldeploy.dev/node-kind": "process"}},
+        "topology": {
+            "gpusPerReplica": 1,
+            "gpuType": "NVIDIA-H200",
+            "nodeSelector": {"modeldeploy.dev/node-kind": "process"},
+        },
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readiness": {"loadTimeoutSeconds": 180},
-        "rollout": {"steps": [{"weight": 50, "pauseSeconds": 5}], "analysis": copy.deepcopy(ANALYSIS),
-                    "progressDeadlineSeconds": 600, "keepPrevious": {"replicas": 1, "seconds": 600}},
+        "rollout": {
+            "steps": [{"weight": 50, "pauseSeconds": 5}],
+            "analysis": copy.deepcopy(ANALYSIS),
+            "progressDeadlineSeconds": 600,
+            "keepPrevious": {"replicas": 1, "seconds": 600},
+        },
     }
 
 
@@ -113,21 +132,28 @@ def role_of(status: dict[str, Any], bundle: str) -> str:
 
 # ---- rendering (pure) ----
 
+
 def phase_line(s: Snapshot) -> str:
     """One line for logs and pipes: printed when the phase or the story's stage changes."""
     st = s.status
     a = st.get("lastAnalysis") or {}
     traffic = ", ".join(f"{c.label} {c.ok} ok/{c.errors} err" for c in s.cohorts) or "no load yet"
-    return (f"[{s.elapsed:6.1f}s] {st.get('phase') or 'Pending':<11} stable {(st.get('stable') or {}).get('bundle', '-')} "
-            f"canary {(st.get('canary') or {}).get('bundle', '-')} weight {st.get('canaryWeight', 0)}% "
-            f"analysis {a.get('verdict', '-')} | {traffic} | {s.stage}")
+    return (
+        f"[{s.elapsed:6.1f}s] {st.get('phase') or 'Pending':<11} stable {(st.get('stable') or {}).get('bundle', '-')} "
+        f"canary {(st.get('canary') or {}).get('bundle', '-')} weight {st.get('canaryWeight', 0)}% "
+        f"analysis {a.get('verdict', '-')} | {traffic} | {s.stage}"
+    )
 
 
 def view(s: Snapshot) -> Group:
     """The live view: rollout state, last analysis, traffic per cohort, the latest Events."""
     st = s.status
-    head = Table(title=f"modeldeploy demo  {s.elapsed:5.0f}s  {s.stage}", show_header=False, box=box.SIMPLE,
-                 title_justify="left")
+    head = Table(
+        title=f"modeldeploy demo  {s.elapsed:5.0f}s  {s.stage}",
+        show_header=False,
+        box=box.SIMPLE,
+        title_justify="left",
+    )
     head.add_column("field", style="bold")
     head.add_column("value")
     head.add_row("phase", Text(str(st.get("phase") or "Pending"), style="bold"))
@@ -141,20 +167,35 @@ def view(s: Snapshot) -> Group:
     parts: list[RenderableType] = [head]
     a = st.get("lastAnalysis") or {}
     verdict = a.get("verdict", "-")
-    t = Table(title=Text.assemble("last analysis: ", (verdict, VERDICT_STYLE.get(verdict, ""))), box=box.SIMPLE,
-              title_justify="left")
+    t = Table(
+        title=Text.assemble("last analysis: ", (verdict, VERDICT_STYLE.get(verdict, ""))),
+        box=box.SIMPLE,
+        title_justify="left",
+    )
     for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
         t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
     for m in a.get("metrics") or []:
         mv = m.get("verdict", "?")
-        t.add_row(m.get("metric", "?"), num_text(m.get("stable")), num_text(m.get("canary")), num_text(m.get("threshold")),
-                  num_text(m.get("samples")), Text(mv, style=VERDICT_STYLE.get(mv, "")))
+        t.add_row(
+            m.get("metric", "?"),
+            num_text(m.get("stable")),
+            num_text(m.get("canary")),
+            num_text(m.get("threshold")),
+            num_text(m.get("samples")),
+            Text(mv, style=VERDICT_STYLE.get(mv, "")),
+        )
     parts.append(t)
     t = Table(title="traffic (closed-loop load)", box=box.SIMPLE, title_justify="left")
     for col in ("cohort", "bundle", "role", "ok", "errors"):
         t.add_column(col, justify="right" if col in ("ok", "errors") else "left")
     for c in s.cohorts:
-        t.add_row(c.label, c.bundle, c.role or "gone", str(c.ok), Text(str(c.errors), style="red" if c.errors else ""))
+        t.add_row(
+            c.label,
+            c.bundle,
+            c.role or "gone",
+            str(c.ok),
+            Text(str(c.errors), style="red" if c.errors else ""),
+        )
     parts.append(t)
     t = Table(title="events (latest last)", box=box.SIMPLE, title_justify="left")
     t.add_column("reason", style="bold")
@@ -168,12 +209,22 @@ def view(s: Snapshot) -> Group:
 def summary(o: Outcome) -> list[str]:
     """What was promoted, what was rolled back and why, traffic per cohort, how long each part took."""
     b = o.bundles
-    out = [f"good bundle {b.get('good', '?')} (maxNumSeqs 6): " + ("promoted" if o.promoted else "NOT promoted")]
-    out.append(f"slow bundle {b.get('slow', '?')} (maxNumSeqs 1): "
-               + (f"rolled back, {o.rollback_reason}: {o.rollback_message}" if o.rollback_reason else "NOT rolled back"))
+    out = [
+        f"good bundle {b.get('good', '?')} (maxNumSeqs 6): " + ("promoted" if o.promoted else "NOT promoted")
+    ]
+    out.append(
+        f"slow bundle {b.get('slow', '?')} (maxNumSeqs 1): "
+        + (
+            f"rolled back, {o.rollback_reason}: {o.rollback_message}"
+            if o.rollback_reason
+            else "NOT rolled back"
+        )
+    )
     out += [f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed" for c in o.cohorts]
     if o.base_during_slow >= 0:
-        out.append(f"requests the retired base bundle answered during the slow canary step: {o.base_during_slow}")
+        out.append(
+            f"requests the retired base bundle answered during the slow canary step: {o.base_during_slow}"
+        )
     out += [f"time {k}: {v:.1f}s" for k, v in o.seconds.items()]
     if o.failure:
         out.append(f"failure: {o.failure}")
@@ -182,6 +233,7 @@ def summary(o: Outcome) -> list[str]:
 
 
 # ---- the story (real cluster, real operator, real runtime processes) ----
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -200,10 +252,25 @@ class OperatorProcess:
 
     def start(self, env: dict[str, str] | None = None) -> None:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5", **(env or {})}
-        argv = [sys.executable, "-m", "modeldeploy", "operator", "--namespace", self.namespace, "--standalone",
-                "--bind", "127.0.0.1", "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "modeldeploy",
+            "operator",
+            "--namespace",
+            self.namespace,
+            "--standalone",
+            "--bind",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--health-port",
+            str(self.health_port),
+        ]
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
@@ -254,14 +321,18 @@ def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
             raise
         return
     end = time.monotonic() + 60
-    while wait and time.monotonic() < end and any(p.metadata.name == f"{ns}-models"
-                                                  for p in core.list_persistent_volume().items):
+    while (
+        wait
+        and time.monotonic() < end
+        and any(p.metadata.name == f"{ns}-models" for p in core.list_persistent_volume().items)
+    ):
         time.sleep(0.5)
 
 
 class _Story:
-    def __init__(self, api: Any, ns: str, show: Callable[[Snapshot], None], deadline_s: float,
-                 op: OperatorProcess) -> None:
+    def __init__(
+        self, api: Any, ns: str, show: Callable[[Snapshot], None], deadline_s: float, op: OperatorProcess
+    ) -> None:
         from kubernetes import client
 
         self.api, self.ns, self.show, self.op = api, ns, show, op
@@ -269,7 +340,7 @@ class _Story:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + deadline_s
         self.loads: list[Any] = []
-        self.ips: dict[str, str] = {}   # pod ip -> bundle, accumulated (pods of a failed bundle go away)
+        self.ips: dict[str, str] = {}  # pod ip -> bundle, accumulated (pods of a failed bundle go away)
         self.out, self.stage = Outcome(), "starting"
 
     def get(self) -> dict[str, Any]:
@@ -288,13 +359,24 @@ class _Story:
 
     def tick(self, md: dict[str, Any]) -> None:
         st = md.get("status") or {}
-        for p in self.core.list_namespaced_pod(self.ns, label_selector=f"app.kubernetes.io/instance={NAME}").items:
+        for p in self.core.list_namespaced_pod(
+            self.ns, label_selector=f"app.kubernetes.io/instance={NAME}"
+        ).items:
             if p.status.pod_ip and (b := (p.metadata.labels or {}).get("modeldeploy.dev/bundle")):
                 self.ips[p.status.pod_ip] = b
-        evs = sorted((e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == NAME),
-                     key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
-        self.show(Snapshot(time.monotonic() - self.t0, self.stage, st, [(e.reason, e.message or "") for e in evs],
-                           self.cohorts(st)))
+        evs = sorted(
+            (e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == NAME),
+            key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp),
+        )
+        self.show(
+            Snapshot(
+                time.monotonic() - self.t0,
+                self.stage,
+                st,
+                [(e.reason, e.message or "") for e in evs],
+                self.cohorts(st),
+            )
+        )
 
     def watch(self, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
         end = min(time.monotonic() + timeout, self.deadline)
@@ -306,8 +388,10 @@ class _Story:
             if self.op.proc is not None and (rc := self.op.proc.poll()) is not None:
                 raise DemoFailed(f"the operator exited with {rc} (see its log): {self.stage}")
             if time.monotonic() > end:
-                raise DemoFailed(f"timed out ({timeout:.0f}s or the overall deadline): {self.stage}; "
-                                 f"phase {md.get('status', {}).get('phase')}")
+                raise DemoFailed(
+                    f"timed out ({timeout:.0f}s or the overall deadline): {self.stage}; "
+                    f"phase {md.get('status', {}).get('phase')}"
+                )
             time.sleep(0.5)
 
     def change(self, label: str, edit: Callable[[dict[str, Any]], None]) -> None:
@@ -323,25 +407,52 @@ class _Story:
     def load(self, workers: int) -> None:
         from modeldeploy.e2e.load import Load
 
-        self.loads.append(Load(self.api, self.ns, NAME, workers=workers,
-                               max_seconds=max(1.0, self.deadline - time.monotonic())).__enter__())
+        self.loads.append(
+            Load(
+                self.api,
+                self.ns,
+                NAME,
+                workers=workers,
+                max_seconds=max(1.0, self.deadline - time.monotonic()),
+            ).__enter__()
+        )
 
     def run(self, digest: str) -> None:
         o = self.out
         self.stage = "base bundle (maxNumSeqs 8): waiting for Stable and Ready"
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment", "metadata": {"name": NAME},
-            "spec": spec_for(digest)})
-        md = self.watch(lambda s: s.get("phase") == "Stable" and condition(s, "Ready").get("status") == "True", 300)
-        o.bundles["base"], o.seconds["base bundle Ready"] = md["status"]["stable"]["bundle"], time.monotonic() - self.t0
+        self.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.ns,
+            PLURAL,
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ModelDeployment",
+                "metadata": {"name": NAME},
+                "spec": spec_for(digest),
+            },
+        )
+        md = self.watch(
+            lambda s: s.get("phase") == "Stable" and condition(s, "Ready").get("status") == "True", 300
+        )
+        o.bundles["base"], o.seconds["base bundle Ready"] = (
+            md["status"]["stable"]["bundle"],
+            time.monotonic() - self.t0,
+        )
         self.load(4)
 
         t = time.monotonic()
         self.stage = "good bundle (maxNumSeqs 6) under 4-way load: expecting promotion"
         self.change("good", lambda s: s["bundle"]["config"].update(maxNumSeqs=6))
         good = o.bundles["good"]
-        st = self.watch(lambda s: s.get("phase") == "Stable" and s["stable"]["bundle"] == good
-                        or good in (s.get("failedBundles") or []), 300)["status"]
+        st = self.watch(
+            lambda s: (
+                s.get("phase") == "Stable"
+                and s["stable"]["bundle"] == good
+                or good in (s.get("failedBundles") or [])
+            ),
+            300,
+        )["status"]
         o.promoted, o.seconds["good rollout"] = st["stable"]["bundle"] == good, time.monotonic() - t
         if not o.promoted:
             raise DemoFailed(f"good bundle {good} was not promoted: {condition(st, 'Degraded')}")
@@ -349,13 +460,26 @@ class _Story:
         t = time.monotonic()
         self.stage = "slow bundle (maxNumSeqs 1) under 8-way load, TTFT p95 bound 1.5x: expecting rollback"
         self.load(4)  # 8 workers in all
-        self.change("slow", lambda s: (s["bundle"]["config"].update(maxNumSeqs=1),
-                                       s["rollout"]["analysis"].update(SLOW_ANALYSIS)))
+        self.change(
+            "slow",
+            lambda s: (
+                s["bundle"]["config"].update(maxNumSeqs=1),
+                s["rollout"]["analysis"].update(SLOW_ANALYSIS),
+            ),
+        )
         slow = o.bundles["slow"]
-        self.watch(lambda s: s.get("phase") in ("Canary", "Promoting") or slow in (s.get("failedBundles") or []), 300)
+        self.watch(
+            lambda s: s.get("phase") in ("Canary", "Promoting") or slow in (s.get("failedBundles") or []), 300
+        )
         canary_since = time.monotonic()  # from here stable and canary share `<name>`
-        st = self.watch(lambda s: slow in (s.get("failedBundles") or []) and s.get("phase") == "Stable"
-                        or s.get("stable", {}).get("bundle") == slow, 300)["status"]
+        st = self.watch(
+            lambda s: (
+                slow in (s.get("failedBundles") or [])
+                and s.get("phase") == "Stable"
+                or s.get("stable", {}).get("bundle") == slow
+            ),
+            300,
+        )["status"]
         o.seconds["slow rollout"] = time.monotonic() - t
         if slow in (st.get("failedBundles") or []):
             deg = condition(st, "Degraded")
@@ -365,12 +489,21 @@ class _Story:
         self.stage = "done: good promoted, slow rolled back"
         self.tick(self.get())
         base = o.bundles["base"]
-        o.base_during_slow = sum(1 for load in self.loads for at, ip, _ in list(load.results)
-                                 if at >= canary_since and self.ips.get(ip) == base)
+        o.base_during_slow = sum(
+            1
+            for load in self.loads
+            for at, ip, _ in list(load.results)
+            if at >= canary_since and self.ips.get(ip) == base
+        )
 
 
-def run_story(kubeconfig: str, namespace: str, workdir: Path, show: Callable[[Snapshot], None],
-              deadline_s: float = 840.0) -> Outcome:
+def run_story(
+    kubeconfig: str,
+    namespace: str,
+    workdir: Path,
+    show: Callable[[Snapshot], None],
+    deadline_s: float = 840.0,
+) -> Outcome:
     """Serve the tiny model from `workdir/models` in `namespace` (which must exist, the CRD installed),
     run the operator, promote a good bundle and roll back a slow one; never raises for a story failure
     (Outcome.failure says what went wrong). The operator log is `workdir/operator.log`."""
@@ -398,17 +531,25 @@ def run_story(kubeconfig: str, namespace: str, workdir: Path, show: Callable[[Sn
 
 # ---- diagnostics ----
 
+
 def diagnostics(api: Any, ns: str, workdir: Path) -> str:
     """The operator log tail and the namespace's events, for a failed run."""
     from kubernetes import client
 
     log = workdir / "operator.log"
-    out = ["--- operator log (tail)", *(log.read_text(errors="replace").splitlines()[-60:] if log.exists() else [])]
+    out = [
+        "--- operator log (tail)",
+        *(log.read_text(errors="replace").splitlines()[-60:] if log.exists() else []),
+    ]
     try:
-        evs = sorted(client.CoreV1Api(api).list_namespaced_event(ns).items,
-                     key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
-        out += [f"--- events in {ns}"] + [f"{e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: "
-                                          f"{e.message}" for e in evs[-40:]]
+        evs = sorted(
+            client.CoreV1Api(api).list_namespaced_event(ns).items,
+            key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp),
+        )
+        out += [f"--- events in {ns}"] + [
+            f"{e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: {e.message}"
+            for e in evs[-40:]
+        ]
     except Exception as e:  # diagnostics must not hide the failure they explain
         out.append(f"(events unavailable: {e})")
     return "\n".join(out)

@@ -41,10 +41,18 @@ def install_crd(api: Any) -> None:
     except client.ApiException as e:
         if e.status != 409:
             raise
-        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(name).metadata.resource_version
+        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
+            name
+        ).metadata.resource_version
         ext.replace_custom_resource_definition(name, body)
-    _until(lambda: any(c.type == "Established" and c.status == "True"
-                       for c in ext.read_custom_resource_definition(name).status.conditions or []), 60, "CRD Established")
+    _until(
+        lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition(name).status.conditions or []
+        ),
+        60,
+        "CRD Established",
+    )
 
 
 def create_namespace(api: Any, ns: str) -> None:
@@ -53,11 +61,23 @@ def create_namespace(api: Any, ns: str) -> None:
 
     core = client.CoreV1Api(api)
     delete_namespace(api, ns, wait=True)
-    core.create_namespace({"metadata": {"name": ns, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
-        DEMO_LABEL: "true"}}})
-    _until(lambda: any(a.metadata.name == "default" for a in core.list_namespaced_service_account(ns).items),
-           30, f"default ServiceAccount in {ns}")
+    core.create_namespace(
+        {
+            "metadata": {
+                "name": ns,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                    DEMO_LABEL: "true",
+                },
+            }
+        }
+    )
+    _until(
+        lambda: any(a.metadata.name == "default" for a in core.list_namespaced_service_account(ns).items),
+        30,
+        f"default ServiceAccount in {ns}",
+    )
 
 
 def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
@@ -67,13 +87,19 @@ def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
     core = client.CoreV1Api(api)
     try:
         if (core.read_namespace(ns).metadata.labels or {}).get(DEMO_LABEL) != "true":
-            raise DemoFailed(f"namespace {ns} exists and was not made by the demo: choose another --namespace")
+            raise DemoFailed(
+                f"namespace {ns} exists and was not made by the demo: choose another --namespace"
+            )
         core.delete_namespace(ns)
     except client.ApiException as e:
         if e.status != 404:
             raise
     if wait:
-        _until(lambda: ns not in {n.metadata.name for n in core.list_namespace().items}, 180, f"namespace {ns} gone")
+        _until(
+            lambda: ns not in {n.metadata.name for n in core.list_namespace().items},
+            180,
+            f"namespace {ns} gone",
+        )
     remove_volume(api, ns)
 
 
@@ -88,8 +114,12 @@ def _until(fn: Callable[[], bool], timeout: float, what: str) -> None:
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="leave the cluster and the demo namespace running")
     p.add_argument("--workdir", default="out/demo", help="tiny model and operator log (default out/demo)")
-    p.add_argument("--kubeconfig", default=None, help="use this cluster (needs a process node) instead of a "
-                   "demo cluster; only the demo namespace and the operator are removed afterwards")
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="use this cluster (needs a process node) instead of a "
+        "demo cluster; only the demo namespace and the operator are removed afterwards",
+    )
     p.add_argument("--namespace", default="demo", help="namespace of the story (default demo)")
 
 
@@ -99,10 +129,24 @@ def main(args: argparse.Namespace) -> int:
 
     from modeldeploy.e2e.cluster.local import LocalCluster, Settings
 
-    console, t0, workdir, ns, env = Console(), time.monotonic(), Path(args.workdir).resolve(), args.namespace, os.environ
-    cluster = None if args.kubeconfig else LocalCluster(Settings(
-        name=env.get("MODELDEPLOY_CLUSTER_NAME", "demo"), bridge=env.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr9"),
-        pod_cidr=env.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.9.0/24")))
+    console, t0, workdir, ns, env = (
+        Console(),
+        time.monotonic(),
+        Path(args.workdir).resolve(),
+        args.namespace,
+        os.environ,
+    )
+    cluster = (
+        None
+        if args.kubeconfig
+        else LocalCluster(
+            Settings(
+                name=env.get("MODELDEPLOY_CLUSTER_NAME", "demo"),
+                bridge=env.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr9"),
+                pod_cidr=env.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.9.0/24"),
+            )
+        )
+    )
     # a cluster that ran before the demo and is not the demo's own (e.g. the tests') is never taken down
     own = cluster is not None and (cluster.s.name == "demo" or not cluster.cluster_running())
     outcome, api, live = Outcome(failure="did not start"), None, None
@@ -122,9 +166,16 @@ def main(args: argparse.Namespace) -> int:
         api = config.new_client_from_config(config_file=kubeconfig)
         install_crd(api)
         create_namespace(api, ns)
-        console.print(f"namespace {ns}, ModelDeployment {NAME}, operator log {workdir / 'operator.log'}",
-                      soft_wrap=True, highlight=False)
-        with Live(console=console, refresh_per_second=2) if console.is_terminal else contextlib.nullcontext() as live:
+        console.print(
+            f"namespace {ns}, ModelDeployment {NAME}, operator log {workdir / 'operator.log'}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        with (
+            Live(console=console, refresh_per_second=2)
+            if console.is_terminal
+            else contextlib.nullcontext() as live
+        ):
             outcome = run_story(kubeconfig, ns, workdir, show)
     except Exception as e:
         outcome.failure = f"{type(e).__name__}: {e}"
@@ -135,8 +186,10 @@ def main(args: argparse.Namespace) -> int:
         if not outcome.ok and api is not None:
             console.print(diagnostics(api, ns, workdir), highlight=False, soft_wrap=True, markup=False)
         if args.keep:
-            console.print(f"--keep: namespace {ns} and the cluster left running; see `modeldeploy rollout status "
-                          f"{NAME} -n {ns}`" + (f" with KUBECONFIG={cluster.kubeconfig}" if cluster else ""))
+            console.print(
+                f"--keep: namespace {ns} and the cluster left running; see `modeldeploy rollout status "
+                f"{NAME} -n {ns}`" + (f" with KUBECONFIG={cluster.kubeconfig}" if cluster else "")
+            )
         elif cluster is not None and own:
             cluster.down(log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
         elif api is not None:

@@ -23,13 +23,14 @@ from modeldeploy.operator.api import Analysis, AnalysisResult, MetricVerdict
 TTFT = "modeldeploy_time_to_first_token_seconds"
 ITL = "modeldeploy_inter_token_latency_seconds"
 REQUESTS = "modeldeploy_requests_total"
-FAILED = ("error", "rejected")       # outcomes a user sees as failure (cancelled is the client's choice)
-INVALID = "invalid"                  # the request's own fault: a failure only beyond the stable bundle's rate
+FAILED = ("error", "rejected")  # outcomes a user sees as failure (cancelled is the client's choice)
+INVALID = "invalid"  # the request's own fault: a failure only beyond the stable bundle's rate
 
 
 @dataclass(frozen=True)
 class Histogram:
     """Cumulative buckets (le, count) sorted by le, the last one +Inf."""
+
     buckets: tuple[tuple[float, float], ...] = ()
     count: float = 0.0
     total: float = 0.0
@@ -41,8 +42,11 @@ class Histogram:
             if s.name == name + "_bucket" and s.labels.get("bundle") == bundle:
                 le = float(s.labels["le"])
                 rows[le] = rows.get(le, 0.0) + s.value
-        return cls(tuple(sorted(rows.items())), m.get(name + "_count", bundle=bundle) or 0.0,
-                   m.get(name + "_sum", bundle=bundle) or 0.0)
+        return cls(
+            tuple(sorted(rows.items())),
+            m.get(name + "_count", bundle=bundle) or 0.0,
+            m.get(name + "_sum", bundle=bundle) or 0.0,
+        )
 
     def __add__(self, other: Histogram) -> Histogram:
         if not self.buckets:
@@ -57,8 +61,11 @@ class Histogram:
         if earlier.count > self.count or not earlier.buckets:
             return self
         prev = dict(earlier.buckets)
-        return Histogram(tuple((le, c - prev.get(le, 0.0)) for le, c in self.buckets),
-                         self.count - earlier.count, self.total - earlier.total)
+        return Histogram(
+            tuple((le, c - prev.get(le, 0.0)) for le, c in self.buckets),
+            self.count - earlier.count,
+            self.total - earlier.total,
+        )
 
     def quantile(self, q: float) -> float | None:
         """PromQL histogram_quantile: linear within the bucket; +Inf bucket -> highest finite bound."""
@@ -91,6 +98,7 @@ class Histogram:
 @dataclass(frozen=True)
 class CohortSample:
     """What one cohort (or one pod) served, cumulative or over an interval."""
+
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     outcomes: dict[str, float] = field(default_factory=dict)
@@ -98,21 +106,28 @@ class CohortSample:
     @classmethod
     def from_text(cls, text: str, bundle: str) -> CohortSample:
         m = Metrics(text)
-        outcomes = {o: m.get(REQUESTS, bundle=bundle, outcome=o) or 0.0
-                    for o in m.label_values(REQUESTS, "outcome")}
+        outcomes = {
+            o: m.get(REQUESTS, bundle=bundle, outcome=o) or 0.0 for o in m.label_values(REQUESTS, "outcome")
+        }
         return cls(Histogram.from_metrics(m, TTFT, bundle), Histogram.from_metrics(m, ITL, bundle), outcomes)
 
     def __add__(self, other: CohortSample) -> CohortSample:
         keys = set(self.outcomes) | set(other.outcomes)
-        return CohortSample(self.ttft + other.ttft, self.itl + other.itl,
-                            {k: self.outcomes.get(k, 0.0) + other.outcomes.get(k, 0.0) for k in keys})
+        return CohortSample(
+            self.ttft + other.ttft,
+            self.itl + other.itl,
+            {k: self.outcomes.get(k, 0.0) + other.outcomes.get(k, 0.0) for k in keys},
+        )
 
     def since(self, earlier: CohortSample) -> CohortSample:
         reset = any(self.outcomes.get(k, 0.0) < v for k, v in earlier.outcomes.items())
         if reset:
             return self
-        return CohortSample(self.ttft.since(earlier.ttft), self.itl.since(earlier.itl),
-                            {k: v - earlier.outcomes.get(k, 0.0) for k, v in self.outcomes.items()})
+        return CohortSample(
+            self.ttft.since(earlier.ttft),
+            self.itl.since(earlier.itl),
+            {k: v - earlier.outcomes.get(k, 0.0) for k, v in self.outcomes.items()},
+        )
 
     @property
     def finished(self) -> float:
@@ -136,18 +151,38 @@ class CohortSample:
         return ok * (1.0 if ttft_ok is None else ttft_ok) * (1.0 if itl_ok is None else itl_ok)
 
 
-def _ratio_check(metric: str, stable: float | None, canary: float | None, ratio: float, samples: int,
-                 enough: bool, higher_is_worse: bool = True) -> MetricVerdict:
+def _ratio_check(
+    metric: str,
+    stable: float | None,
+    canary: float | None,
+    ratio: float,
+    samples: int,
+    enough: bool,
+    higher_is_worse: bool = True,
+) -> MetricVerdict:
     if not enough or stable is None or canary is None:
-        return MetricVerdict(metric=metric, stable=stable, canary=canary, samples=samples, verdict="Inconclusive")
+        return MetricVerdict(
+            metric=metric, stable=stable, canary=canary, samples=samples, verdict="Inconclusive"
+        )
     threshold = ratio * stable
     bad = canary > threshold if higher_is_worse else canary < threshold
-    return MetricVerdict(metric=metric, stable=stable, canary=canary, threshold=threshold, samples=samples,
-                         verdict="Fail" if bad else "Pass")
+    return MetricVerdict(
+        metric=metric,
+        stable=stable,
+        canary=canary,
+        threshold=threshold,
+        samples=samples,
+        verdict="Fail" if bad else "Pass",
+    )
 
 
-def analyze(stable: CohortSample, canary: CohortSample, cfg: Analysis, step: int | None = None,
-            time: str | None = None) -> AnalysisResult:
+def analyze(
+    stable: CohortSample,
+    canary: CohortSample,
+    cfg: Analysis,
+    step: int | None = None,
+    time: str | None = None,
+) -> AnalysisResult:
     """Per-metric verdicts and the overall one: any Fail fails; else any Inconclusive holds."""
     samples = int(min(stable.finished, canary.finished))
     enough = samples >= cfg.min_samples
@@ -158,16 +193,41 @@ def analyze(stable: CohortSample, canary: CohortSample, cfg: Analysis, step: int
     if err is not None and inv_c is not None:
         err += max(0.0, inv_c - (inv_s or 0.0))
     verdicts = [
-        _ratio_check("ttft_p95_seconds", stable.ttft.quantile(0.95), canary.ttft.quantile(0.95),
-                     cfg.max_ttft_p95_ratio, samples, enough),
-        _ratio_check("inter_token_latency_p95_seconds", stable.itl.quantile(0.95), canary.itl.quantile(0.95),
-                     cfg.max_inter_token_p95_ratio, samples, enough),
-        MetricVerdict(metric="error_rate", stable=stable.error_rate(), canary=err, threshold=cfg.max_error_rate,
-                      samples=samples, verdict="Inconclusive" if not enough or err is None
-                      else ("Fail" if err > cfg.max_error_rate else "Pass")),
-        _ratio_check("goodput", stable.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
-                     canary.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
-                     cfg.min_goodput_ratio, samples, enough, higher_is_worse=False),
+        _ratio_check(
+            "ttft_p95_seconds",
+            stable.ttft.quantile(0.95),
+            canary.ttft.quantile(0.95),
+            cfg.max_ttft_p95_ratio,
+            samples,
+            enough,
+        ),
+        _ratio_check(
+            "inter_token_latency_p95_seconds",
+            stable.itl.quantile(0.95),
+            canary.itl.quantile(0.95),
+            cfg.max_inter_token_p95_ratio,
+            samples,
+            enough,
+        ),
+        MetricVerdict(
+            metric="error_rate",
+            stable=stable.error_rate(),
+            canary=err,
+            threshold=cfg.max_error_rate,
+            samples=samples,
+            verdict="Inconclusive"
+            if not enough or err is None
+            else ("Fail" if err > cfg.max_error_rate else "Pass"),
+        ),
+        _ratio_check(
+            "goodput",
+            stable.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
+            canary.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
+            cfg.min_goodput_ratio,
+            samples,
+            enough,
+            higher_is_worse=False,
+        ),
     ]
     kinds = {v.verdict for v in verdicts}
     overall = "Fail" if "Fail" in kinds else "Inconclusive" if "Inconclusive" in kinds else "Pass"
@@ -182,7 +242,10 @@ def fmt(x: float | None) -> str:
 def describe(r: AnalysisResult) -> str:
     """One line for the Event each analysis posts: the verdict and every metric's figures."""
     step = f"step {r.step + 1}: " if r.step is not None else ""
-    figures = "; ".join(f"{m.metric} {m.verdict} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
-                        f" samples={m.samples}" for m in r.metrics)
+    figures = "; ".join(
+        f"{m.metric} {m.verdict} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
+        f" samples={m.samples}"
+        for m in r.metrics
+    )
     why = f" ({r.message})" if r.message else ""
     return f"{step}{r.verdict}{why}: {figures}" if figures else f"{step}{r.verdict}{why}"

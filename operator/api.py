@@ -290,6 +290,7 @@ MSG_PROM_WINDOW = "prometheus.window must be a PromQL duration in whole s, m or 
 
 def _full(pattern: str, message: str, contains: str = "") -> AfterValidator:
     """Like `_matches`, but the whole string (re.match's `$` accepts a trailing newline; RE2's does not)."""
+
     def check(v: str) -> str:
         if not re.fullmatch(pattern, v) or contains not in v:
             raise ValueError(f"{message} (got {v!r})")
@@ -342,7 +343,8 @@ class PrometheusQueries(_Model):
         default=None, description="Inter-token latency bucket increases, by le."
     )
     outcomes: PromQLTemplate | None = Field(
-        default=None, description="Finished requests by outcome (completed, error, rejected, invalid, cancelled)."
+        default=None,
+        description="Finished requests by outcome (completed, error, rejected, invalid, cancelled).",
     )
 
 
@@ -357,7 +359,8 @@ class PrometheusSource(_Model):
         description="Label matchers added to every query next to bundle=; placeholders {namespace}, {bundle}.",
     )
     window: PromWindow | None = Field(
-        default=None, description="Fixed PromQL range (e.g. 5m); default: since the current step began, at most 1h."
+        default=None,
+        description="Fixed PromQL range (e.g. 5m); default: since the current step began, at most 1h.",
     )
     queries: PrometheusQueries = Field(
         default_factory=PrometheusQueries, description="PromQL templates overriding the built-in ones."

@@ -56,7 +56,8 @@ class AnalysisResult(_Model):
     verdict: Literal["Pass", "Fail", "Inconclusive"] = Field(description="Overall verdict.")
     metrics: list[MetricVerdict] = Field(default_factory=list, description="Per-metric figures.")
     message: str | None = Field(
-        default=None, max_length=1024,
+        default=None,
+        max_length=1024,
         description="What could not be read this interval (unreachable pods, a Prometheus error naming the query).",
     )
 
@@ -65,11 +66,21 @@ class RolloutStatus(_Model):
     """What the rollout state machine needs beyond the fields above, so a restarted operator resumes."""
 
     started_at: str | None = Field(default=None, description="RFC 3339 time the current rollout began.")
-    phase_since: str | None = Field(default=None, description="RFC 3339 time the current phase or step began.")
-    reason: str = Field(default="", max_length=128, description="CamelCase reason of the last rollout decision.")
-    message: str = Field(default="", max_length=4096, description="The last rollout decision, with its figures.")
-    previous: str | None = Field(default=None, max_length=64, description="Prior bundle kept warm after a promotion.")
-    previous_until: str | None = Field(default=None, description="RFC 3339 time the prior bundle stops being warm.")
+    phase_since: str | None = Field(
+        default=None, description="RFC 3339 time the current phase or step began."
+    )
+    reason: str = Field(
+        default="", max_length=128, description="CamelCase reason of the last rollout decision."
+    )
+    message: str = Field(
+        default="", max_length=4096, description="The last rollout decision, with its figures."
+    )
+    previous: str | None = Field(
+        default=None, max_length=64, description="Prior bundle kept warm after a promotion."
+    )
+    previous_until: str | None = Field(
+        default=None, description="RFC 3339 time the prior bundle stops being warm."
+    )
 
 
 class ModelDeploymentStatus(_Model):

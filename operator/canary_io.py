@@ -30,9 +30,9 @@ from modeldeploy.operator.promql import prometheus_analysis
 
 log = logging.getLogger(__name__)
 
-MAX_PODS = 32                    # pods scraped per cohort and interval (the rest reported as skipped)
-MAX_PARALLEL = 8                 # concurrent scrapes: worst case ceil(32/8) * timeout per cohort
-MAX_BYTES = 4 * 1024 * 1024      # a /metrics page larger than this is an error, not an OOM
+MAX_PODS = 32  # pods scraped per cohort and interval (the rest reported as skipped)
+MAX_PARALLEL = 8  # concurrent scrapes: worst case ceil(32/8) * timeout per cohort
+MAX_BYTES = 4 * 1024 * 1024  # a /metrics page larger than this is an error, not an OOM
 
 
 def pod_url(target: str, port: int = PORT) -> str:
@@ -50,7 +50,9 @@ def ready_pod_ips(pods: Sequence[dict[str, Any]]) -> list[str]:
     out = []
     for p in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
         st = p.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+        )
         if ready and st.get("podIP"):
             out.append(st["podIP"])
     return out
@@ -63,7 +65,7 @@ class CohortScrape:
     bundle: str
     pods: dict[str, CohortSample] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    skipped: tuple[str, ...] = ()          # beyond MAX_PODS
+    skipped: tuple[str, ...] = ()  # beyond MAX_PODS
 
     @property
     def sample(self) -> CohortSample:
@@ -100,15 +102,16 @@ def _one(http: httpx.Client, ip: str, bundle: str, port: int) -> tuple[str, Coho
         sample = CohortSample.from_text(text, bundle)
     except httpx.HTTPError as e:
         return ip, None, f"unreachable ({type(e).__name__})"
-    except ValueError as e:                         # bad status, too large, unparsable exposition
+    except ValueError as e:  # bad status, too large, unparsable exposition
         return ip, None, f"bad /metrics: {e}"
-    if not sample.ttft.buckets:                     # the server creates its series at start: absent = wrong bundle
+    if not sample.ttft.buckets:  # the server creates its series at start: absent = wrong bundle
         return ip, None, f"no modeldeploy_* series labelled bundle={bundle}"
     return ip, sample, ""
 
 
-def scrape_cohort(pod_ips: Sequence[str], bundle: str, port: int = PORT, timeout: float = 1.0,
-                  max_pods: int = MAX_PODS) -> CohortScrape:
+def scrape_cohort(
+    pod_ips: Sequence[str], bundle: str, port: int = PORT, timeout: float = 1.0, max_pods: int = MAX_PODS
+) -> CohortScrape:
     """Scrape each pod's /metrics for `bundle` series, in parallel; a pod that fails is reported, not summed.
 
     `pod_ips`: pod IPs (the operator's case) or "host:port" targets (tests, several pods on one host).
@@ -119,8 +122,10 @@ def scrape_cohort(pod_ips: Sequence[str], bundle: str, port: int = PORT, timeout
     pods: dict[str, CohortSample] = {}
     errors: dict[str, str] = {}
     if ips:
-        with httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=MAX_PARALLEL)) as http, \
-                ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(ips))) as pool:
+        with (
+            httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=MAX_PARALLEL)) as http,
+            ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(ips))) as pool,
+        ):
             for ip, sample, err in pool.map(lambda ip: _one(http, ip, bundle, port), ips):
                 if sample is None:
                     errors[ip] = err
@@ -177,9 +182,18 @@ class Baselines:
 _NONE = object()
 
 
-def cohort_analysis(baselines: Baselines, md_uid: str, mark: Any, stable: tuple[str, Sequence[str]],
-                    canary: tuple[str, Sequence[str]], cfg: Analysis, step: int | None = None,
-                    time: str | None = None, port: int = PORT, timeout: float = 1.0) -> tuple[AnalysisResult, str]:
+def cohort_analysis(
+    baselines: Baselines,
+    md_uid: str,
+    mark: Any,
+    stable: tuple[str, Sequence[str]],
+    canary: tuple[str, Sequence[str]],
+    cfg: Analysis,
+    step: int | None = None,
+    time: str | None = None,
+    port: int = PORT,
+    timeout: float = 1.0,
+) -> tuple[AnalysisResult, str]:
     """One analysis interval: scrape both cohorts ((bundle, pod IPs) each), take the window deltas, analyze.
 
     Returns the result and a line naming unreadable pods ('' if none). The first call of a
@@ -194,9 +208,18 @@ def cohort_analysis(baselines: Baselines, md_uid: str, mark: Any, stable: tuple[
     return analyze(deltas[0], deltas[1], cfg, step=step, time=time), "; ".join(problems)
 
 
-def canary_analysis(baselines: Baselines, md_uid: str, namespace: str, mark: Any, since: float | None,
-                    stable: tuple[str, Sequence[str]], canary: tuple[str, Sequence[str]], cfg: Analysis,
-                    step: int | None = None, time: str | None = None) -> tuple[AnalysisResult, str]:
+def canary_analysis(
+    baselines: Baselines,
+    md_uid: str,
+    namespace: str,
+    mark: Any,
+    since: float | None,
+    stable: tuple[str, Sequence[str]],
+    canary: tuple[str, Sequence[str]],
+    cfg: Analysis,
+    step: int | None = None,
+    time: str | None = None,
+) -> tuple[AnalysisResult, str]:
     """One analysis interval from the source the spec names: Prometheus if `cfg.prometheus`, else pod scrapes.
 
     `since` (when the step began, epoch seconds) sizes the Prometheus window; `mark` keys the
@@ -225,7 +248,7 @@ def summarize(report: Report, limit: int = 1000) -> tuple[bool, str]:
     return report.passed, text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-Key = tuple[str, str]                     # (md uid, bundle id)
+Key = tuple[str, str]  # (md uid, bundle id)
 Runner = Callable[[ConformanceConfig], Report]
 
 
@@ -245,8 +268,14 @@ class ConformanceRunner:
     ends and its late result is dropped). Per-request time is bounded by `request_timeout_s`.
     """
 
-    def __init__(self, deadline_s: float = 300.0, request_timeout_s: float = 30.0, max_parallel: int = 4,
-                 run: Runner = run_conformance, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        deadline_s: float = 300.0,
+        request_timeout_s: float = 30.0,
+        max_parallel: int = 4,
+        run: Runner = run_conformance,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.deadline_s, self.request_timeout_s = deadline_s, request_timeout_s
         self._run, self._clock = run, clock
         self._slots = threading.BoundedSemaphore(max_parallel)
@@ -259,7 +288,9 @@ class ConformanceRunner:
             if key in self._runs:
                 return False
             cfg = ConformanceConfig(url=url, api_key=api_key, model=model, timeout_s=self.request_timeout_s)
-            t = threading.Thread(target=self._work, args=(key, cfg), name=f"conformance-{key[1]}", daemon=True)
+            t = threading.Thread(
+                target=self._work, args=(key, cfg), name=f"conformance-{key[1]}", daemon=True
+            )
             self._runs[key] = _Run(url, self._clock(), t)
         t.start()
         return True
@@ -276,7 +307,10 @@ class ConformanceRunner:
             if run is None:
                 return None
             if run.result is None and self._clock() - run.started > self.deadline_s:
-                run.result = (False, f"conformance against {run.url} did not finish within {self.deadline_s:.0f}s")
+                run.result = (
+                    False,
+                    f"conformance against {run.url} did not finish within {self.deadline_s:.0f}s",
+                )
             return run.result
 
     def running(self, key: Key) -> bool:

@@ -87,7 +87,11 @@ _child_seen: dict[str, tuple] = {}  # child uid -> what plan() reads of it, as l
 def _signature(body: kopf.Body) -> tuple:
     """What plan() reads of a child: spec (via generation), labels, annotations, readiness, failures."""
     status = body.get("status") or {}
-    failure = [c.get("message") for c in status.get("conditions") or [] if c.get("type") == "ReplicaFailure" and c.get("status") == "True"]
+    failure = [
+        c.get("message")
+        for c in status.get("conditions") or []
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True"
+    ]
     spec = body.get("spec") or {}
     return (
         body.metadata.get("generation"),

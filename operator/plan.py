@@ -188,9 +188,16 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         conformance=observed.conformance, analysis=observed.analysis, analysis_at=observed.analysis_at,
         command=observed.command,
     )  # fmt: skip
-    if observed.analysis_fresh and observed.analysis is not None:  # every analysis is an Event, with its figures
-        out.append(Event("Warning" if observed.analysis.verdict == "Fail" else "Normal", "Analysis",
-                         describe(observed.analysis)))
+    if (
+        observed.analysis_fresh and observed.analysis is not None
+    ):  # every analysis is an Event, with its figures
+        out.append(
+            Event(
+                "Warning" if observed.analysis.verdict == "Fail" else "Normal",
+                "Analysis",
+                describe(observed.analysis),
+            )
+        )
     step = advance(state, pol, sig, now_s)
     state = step.state
     if step.event is not None:
@@ -246,8 +253,13 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     )  # fmt: skip
     canary_c = None
     if canary_id:
-        canary_c = cohort(canary_id, revisions.get(canary_id), by_bundle.get(canary_id), sizes.get(canary_id, 0),
-                          observed.loading.get(canary_id, []))
+        canary_c = cohort(
+            canary_id,
+            revisions.get(canary_id),
+            by_bundle.get(canary_id),
+            sizes.get(canary_id, 0),
+            observed.loading.get(canary_id, []),
+        )
     ready_total = sum(_ready(by_bundle.get(b)) for b in sizes)
 
     failure = replica_failure(by_bundle.get(state.stable))
@@ -267,7 +279,13 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     stable_ready = stable_c.ready_replicas >= spec.replicas
     all_ready = canary_c is None and stable_ready and state.stable == bid
     rollout_failed = degraded is not None and degraded[0] in progression.FAILURE_REASONS
-    if degraded and not rollout_failed and not all_ready and state.phase not in ACTIVE and state.phase != "RollingBack":
+    if (
+        degraded
+        and not rollout_failed
+        and not all_ready
+        and state.phase not in ACTIVE
+        and state.phase != "RollingBack"
+    ):
         phase = "Degraded"  # a rollout that failed is Stable on the prior bundle, with Degraded=True
     elif state.phase == "Stable" and not stable_ready and state.stable == bid:
         phase = "Deploying"  # the bundle is loading with no canary involved (first deployment, scale-up)
@@ -288,8 +306,10 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
                   degraded[1] if degraded else "", generation, prior.conditions, now),
     ]  # fmt: skip
     old_degraded = next((c for c in prior.conditions if c.type == "Degraded"), None)
-    if degraded and degraded[0] not in progression.FAILURE_REASONS and (
-        old_degraded is None or old_degraded.reason != degraded[0] or old_degraded.status != "True"
+    if (
+        degraded
+        and degraded[0] not in progression.FAILURE_REASONS
+        and (old_degraded is None or old_degraded.reason != degraded[0] or old_degraded.status != "True")
     ):
         out.append(Event("Warning", degraded[0], degraded[1]))
     sel = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
@@ -311,8 +331,14 @@ def _ready(dep: dict[str, Any] | None) -> int:
     return int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
-def _routes(md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_canary: bool, observed: Observed,
-            out: list[Action]) -> str | None:
+def _routes(
+    md: dict[str, Any],
+    spec: ModelDeploymentSpec,
+    weight: int,
+    has_canary: bool,
+    observed: Observed,
+    out: list[Action],
+) -> str | None:
     """Reconcile the HTTPRoute under spec.rollout.trafficRouting.gatewayAPI; a problem message or None."""
     try:
         want = routing.http_route(md, spec, weight, has_canary)
@@ -329,8 +355,9 @@ def _routes(md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_cana
     return None
 
 
-def _revisions(by_bundle: dict[str, dict[str, Any]], prior: ModelDeploymentStatus, spec: ModelDeploymentSpec,
-               bid: str) -> dict[str, str | None]:
+def _revisions(
+    by_bundle: dict[str, dict[str, Any]], prior: ModelDeploymentStatus, spec: ModelDeploymentSpec, bid: str
+) -> dict[str, str | None]:
     """Model revision per bundle id: the spec's for the desired bundle, else what was recorded."""
     out: dict[str, str | None] = {h.bundle: h.revision for h in prior.history}
     for c in (prior.stable, prior.canary):

@@ -9,8 +9,18 @@ from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDep
 from modeldeploy.operator.rollout import Policy, RolloutState, Step
 
 # Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
-FAILURE_REASONS = ("AnalysisFailed", "LoadTimeout", "ConformanceFailed", "ConformanceTimeout", "CanaryFailed",
-                   "ProgressDeadlineExceeded", "PromotionTimeout", "Aborted", "RolledBackTo", "BundleFailed")
+FAILURE_REASONS = (
+    "AnalysisFailed",
+    "LoadTimeout",
+    "ConformanceFailed",
+    "ConformanceTimeout",
+    "CanaryFailed",
+    "ProgressDeadlineExceeded",
+    "PromotionTimeout",
+    "Aborted",
+    "RolledBackTo",
+    "BundleFailed",
+)
 
 
 def epoch(ts: str | None) -> float | None:
@@ -42,7 +52,9 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
 def load_state(st: ModelDeploymentStatus) -> RolloutState:
     """The machine's state from status; an object never reconciled starts empty."""
     ro = st.rollout or RolloutStatus()
-    phase = st.phase if st.phase in ("Deploying", "Verifying", "Canary", "Promoting", "RollingBack") else "Stable"
+    phase = (
+        st.phase if st.phase in ("Deploying", "Verifying", "Canary", "Promoting", "RollingBack") else "Stable"
+    )
     if st.canary is None and phase != "RollingBack":
         phase = "Stable"  # "Deploying" with no canary is the first bundle loading, shown but not a rollout
     return RolloutState(
@@ -54,15 +66,23 @@ def load_state(st: ModelDeploymentStatus) -> RolloutState:
     )  # fmt: skip
 
 
-def history_entries(state: RolloutState, prior: list[HistoryEntry], revisions: dict[str, str | None],
-                    now: str) -> list[HistoryEntry]:
+def history_entries(
+    state: RolloutState, prior: list[HistoryEntry], revisions: dict[str, str | None], now: str
+) -> list[HistoryEntry]:
     """status.history for the machine's history ids, keeping the timestamps already recorded."""
     known = {h.bundle: h for h in prior}
-    return [known.get(b) or HistoryEntry(bundle=b, revision=revisions.get(b), replaced_at=now)
-            for b in state.history][-50:]
+    return [
+        known.get(b) or HistoryEntry(bundle=b, revision=revisions.get(b), replaced_at=now)
+        for b in state.history
+    ][-50:]
 
 
 def rollout_status(state: RolloutState) -> RolloutStatus:
-    return RolloutStatus(started_at=iso(state.started_at), phase_since=iso(state.phase_since), reason=state.reason,
-                         message=state.message[:4096], previous=state.previous,
-                         previous_until=iso(state.previous_until))
+    return RolloutStatus(
+        started_at=iso(state.started_at),
+        phase_since=iso(state.phase_since),
+        reason=state.reason,
+        message=state.message[:4096],
+        previous=state.previous,
+        previous_until=iso(state.previous_until),
+    )

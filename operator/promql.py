@@ -39,9 +39,9 @@ import httpx
 from modeldeploy.operator.analysis import ITL, REQUESTS, TTFT, CohortSample, Histogram, analyze
 from modeldeploy.operator.api import Analysis, AnalysisResult, PrometheusSource
 
-TIMEOUT_S = 5.0                  # per HTTP phase; queries of one interval run in parallel
-MAX_BYTES = 1024 * 1024          # a query answer larger than this is an error
-MAX_WINDOW_S = 3600              # the default window never reaches further back than this
+TIMEOUT_S = 5.0  # per HTTP phase; queries of one interval run in parallel
+MAX_BYTES = 1024 * 1024  # a query answer larger than this is an error
+MAX_WINDOW_S = 3600  # the default window never reaches further back than this
 
 
 def _since(series: str) -> str:
@@ -120,7 +120,9 @@ def query(http: httpx.Client, address: str, promql: str, at: float) -> list[tupl
             raise QueryError(f"{where}: non-finite value {value} for {labels}")
         out.append((labels, value))
     if not out:
-        raise QueryError(f"{where}: no series (is Prometheus scraping the pods, and does the selector match?)")
+        raise QueryError(
+            f"{where}: no series (is Prometheus scraping the pods, and does the selector match?)"
+        )
     return out
 
 
@@ -133,7 +135,7 @@ def histogram(rows: list[tuple[dict[str, str], float]], where: str) -> Histogram
         le = float(labels["le"])
         buckets[le] = buckets.get(le, 0.0) + value
     if math.inf not in buckets:
-        raise QueryError(f"{where}: no le=\"+Inf\" bucket")
+        raise QueryError(f'{where}: no le="+Inf" bucket')
     return Histogram(tuple(sorted(buckets.items())), buckets[math.inf], 0.0)
 
 
@@ -146,8 +148,9 @@ def outcomes(rows: list[tuple[dict[str, str], float]], where: str) -> dict[str, 
     return out
 
 
-def cohort_samples(src: PrometheusSource, namespace: str, bundles: tuple[str, ...], window_: str,
-                   at: float) -> list[CohortSample]:
+def cohort_samples(
+    src: PrometheusSource, namespace: str, bundles: tuple[str, ...], window_: str, at: float
+) -> list[CohortSample]:
     """One CohortSample per bundle, all queries in parallel at instant `at`; QueryError on the first bad one."""
     jobs = [(b, k, q) for b in bundles for k, q in queries(src, b, namespace, window_).items()]
     with httpx.Client(timeout=TIMEOUT_S) as http, ThreadPoolExecutor(max_workers=len(jobs)) as pool:
@@ -158,7 +161,9 @@ def cohort_samples(src: PrometheusSource, namespace: str, bundles: tuple[str, ..
             raise rows
         where = f"Prometheus {src.address} query {q!r}"
         got[(b, k)] = outcomes(rows, where) if k == "outcomes" else histogram(rows, where)
-    return [CohortSample(got[(b, "ttft_buckets")], got[(b, "itl_buckets")], got[(b, "outcomes")]) for b in bundles]
+    return [
+        CohortSample(got[(b, "ttft_buckets")], got[(b, "itl_buckets")], got[(b, "outcomes")]) for b in bundles
+    ]
 
 
 def _answer(http: httpx.Client, address: str, promql: str, at: float) -> Any:
@@ -168,16 +173,25 @@ def _answer(http: httpx.Client, address: str, promql: str, at: float) -> Any:
         return e
 
 
-def prometheus_analysis(cfg: Analysis, namespace: str, stable: str, canary: str, since: float | None,
-                        step: int | None = None, time: str | None = None,
-                        now: float | None = None) -> tuple[AnalysisResult, str]:
+def prometheus_analysis(
+    cfg: Analysis,
+    namespace: str,
+    stable: str,
+    canary: str,
+    since: float | None,
+    step: int | None = None,
+    time: str | None = None,
+    now: float | None = None,
+) -> tuple[AnalysisResult, str]:
     """One analysis interval from Prometheus: (result, '' or why it is Inconclusive). Never raises QueryError."""
     src = cfg.prometheus
     if src is None:
         raise ValueError("analysis.prometheus is not set: use canary_io.cohort_analysis")
     now = _time.time() if now is None else now
     try:
-        s, c = cohort_samples(src, namespace, (stable, canary), window(src, since, now, cfg.interval_seconds), now)
+        s, c = cohort_samples(
+            src, namespace, (stable, canary), window(src, since, now, cfg.interval_seconds), now
+        )
     except QueryError as e:
         return analyze(CohortSample(), CohortSample(), cfg, step=step, time=time), str(e)
     return analyze(s, c, cfg, step=step, time=time), ""

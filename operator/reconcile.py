@@ -41,14 +41,16 @@ from modeldeploy.operator.progression import epoch
 from modeldeploy.operator.topology import NodeInfo
 
 NODE_TTL_S = 15.0
-ROLLOUT_TICK_S = 2.0                 # while a rollout is active, reconcile again this soon (gate, pauses)
+ROLLOUT_TICK_S = 2.0  # while a rollout is active, reconcile again this soon (gate, pauses)
 RUNNER = canary_io.ConformanceRunner()
 BASELINES = canary_io.Baselines()
 ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
 MAX_PROBES = 8
 COUNT = {"reconciles": 0}
 UNREACHABLE_S = 60.0
-_unreachable: dict[str, float] = {}  # pod uid -> when its /health/ready was last unreachable  # for the liveness probe body
+_unreachable: dict[
+    str, float
+] = {}  # pod uid -> when its /health/ready was last unreachable  # for the liveness probe body
 PROBE_TIMEOUT_S = 0.5
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 _nodes: dict[str, Any] = {"at": 0.0, "nodes": None}
@@ -148,10 +150,14 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
     stable = (st.get("stable") or {}).get("bundle")
     if phase not in ("Verifying", "Canary") or not canary:
         return
-    pods = _json(_core().list_namespaced_pod(meta["namespace"], label_selector=sel, _preload_content=False))["items"]
+    pods = _json(_core().list_namespaced_pod(meta["namespace"], label_selector=sel, _preload_content=False))[
+        "items"
+    ]
 
     def ips(bundle: str | None) -> list[str]:
-        return canary_io.ready_pod_ips([p for p in pods if (p["metadata"].get("labels") or {}).get(BUNDLE_LABEL) == bundle])
+        return canary_io.ready_pod_ips(
+            [p for p in pods if (p["metadata"].get("labels") or {}).get(BUNDLE_LABEL) == bundle]
+        )
 
     if phase == "Verifying":
         canary_ips = ips(canary)
@@ -166,9 +172,18 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
         since = (st.get("rollout") or {}).get("phaseSince")
         mark = (canary, step, since)
         stamp = datetime.fromtimestamp(round(now), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        result, problems = canary_io.canary_analysis(BASELINES, uid, meta["namespace"], mark, epoch(since),
-                                                     (stable, ips(stable)), (canary, ips(canary)), cfg,
-                                                     step=step, time=stamp)
+        result, problems = canary_io.canary_analysis(
+            BASELINES,
+            uid,
+            meta["namespace"],
+            mark,
+            epoch(since),
+            (stable, ips(stable)),
+            (canary, ips(canary)),
+            cfg,
+            step=step,
+            time=stamp,
+        )
         if problems:  # shown in status.lastAnalysis: why an interval is Inconclusive, not only in a log
             result = result.model_copy(update={"message": problems[:1024]})
         obs.analysis, obs.analysis_at, obs.analysis_fresh = result, epoch(stamp), True
@@ -178,8 +193,11 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
 def _routes(ns: str, sel: str) -> list[dict[str, Any]] | None:
     """HTTPRoutes of this object; None when the cluster does not serve the Gateway API."""
     try:
-        return _json(_custom().list_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], label_selector=sel,
-                                                              _preload_content=False))["items"]
+        return _json(
+            _custom().list_namespaced_custom_object(
+                *ROUTE_API[:2], ns, ROUTE_API[2], label_selector=sel, _preload_content=False
+            )
+        )["items"]
     except ApiException as e:
         if e.status == 404:
             return None
@@ -199,9 +217,7 @@ def _loading(ns: str, sel: str) -> tuple[dict[str, list[float]], dict[str, str]]
 
     Bounded: at most MAX_PROBES pods, PROBE_TIMEOUT_S each; an unreachable pod counts as 0.
     """
-    pods = _json(_core().list_namespaced_pod(ns, label_selector=sel, _preload_content=False))[
-        "items"
-    ]
+    pods = _json(_core().list_namespaced_pod(ns, label_selector=sel, _preload_content=False))["items"]
     out: dict[str, list[float]] = {}
     errors: dict[str, str] = {}
     probed = 0
@@ -222,9 +238,13 @@ def _loading(ns: str, sel: str) -> tuple[dict[str, list[float]], dict[str, str]]
                     body = http.get(f"http://{st['podIP']}:{PORT}/health/ready").json()
                     progress = float(body.get("progress", 0.0))
                     if body.get("status") == "failed" and body.get("error"):
-                        errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), str(body["error"])[:800])
+                        errors.setdefault(
+                            p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), str(body["error"])[:800]
+                        )
                 except httpx.TransportError:
-                    _unreachable[uid] = time.monotonic()  # not routable from here: don't wait on it every time
+                    _unreachable[uid] = (
+                        time.monotonic()
+                    )  # not routable from here: don't wait on it every time
                 except (httpx.HTTPError, ValueError, AttributeError):
                     pass
             out.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), []).append(progress)
@@ -234,7 +254,9 @@ def _loading(ns: str, sel: str) -> tuple[dict[str, list[float]], dict[str, str]]
 _guard = threading.Lock()
 _rerun: dict[tuple[str, str], bool] = {}  # objects being reconciled -> another pass requested meanwhile
 last_done: dict[tuple[str, str], float] = {}
-own_writes: dict[tuple[str, str], str] = {}  # resourceVersion of our last status write, per object  # monotonic time of each object's last completed reconcile
+own_writes: dict[
+    tuple[str, str], str
+] = {}  # resourceVersion of our last status write, per object  # monotonic time of each object's last completed reconcile
 
 
 def request(namespace: str, name: str) -> None:
@@ -278,7 +300,13 @@ def reconcile(namespace: str, name: str) -> list[Action]:
         actions = plan(md, observe(md), now)
         apply(md, actions, now)
         status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
-        if status.get("phase") in ("Deploying", "Verifying", "Canary", "Promoting", "RollingBack") and status.get("canary"):
+        if status.get("phase") in (
+            "Deploying",
+            "Verifying",
+            "Canary",
+            "Promoting",
+            "RollingBack",
+        ) and status.get("canary"):
             _tick(namespace, name)  # gate results, pauses and analysis intervals raise no watch event
         elif status.get("phase") == "Stable":
             _forget_rollout(md["metadata"]["uid"])
@@ -330,26 +358,52 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
                 metrics.DECISIONS.labels("create", routing.KIND).inc()
             elif isinstance(a, Patch | Delete) and a.kind == routing.KIND:
                 if isinstance(a, Patch):
-                    _custom().patch_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], a.name, a.body,
-                                                             _content_type="application/merge-patch+json", **raw)
+                    _custom().patch_namespaced_custom_object(
+                        *ROUTE_API[:2],
+                        ns,
+                        ROUTE_API[2],
+                        a.name,
+                        a.body,
+                        _content_type="application/merge-patch+json",
+                        **raw,
+                    )
                 else:
                     _custom().delete_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], a.name, **raw)
                 metrics.DECISIONS.labels(type(a).__name__.lower(), routing.KIND).inc()
             elif isinstance(a, Annotate):
-                _custom().patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                                         {"metadata": {"annotations": a.annotations}},
-                                                         _content_type="application/merge-patch+json", **raw)
+                _custom().patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    ns,
+                    PLURAL,
+                    name,
+                    {"metadata": {"annotations": a.annotations}},
+                    _content_type="application/merge-patch+json",
+                    **raw,
+                )
             elif isinstance(a, Create):
                 kind = a.obj["kind"]
-                create = apps.create_namespaced_deployment if kind == "Deployment" else core.create_namespaced_service
+                create = (
+                    apps.create_namespaced_deployment
+                    if kind == "Deployment"
+                    else core.create_namespaced_service
+                )
                 create(ns, a.obj, **raw)
                 metrics.DECISIONS.labels("create", kind).inc()
             elif isinstance(a, Patch):
-                patch = apps.patch_namespaced_deployment if a.kind == "Deployment" else core.patch_namespaced_service
+                patch = (
+                    apps.patch_namespaced_deployment
+                    if a.kind == "Deployment"
+                    else core.patch_namespaced_service
+                )
                 patch(a.name, ns, a.body, _content_type="application/merge-patch+json", **raw)
                 metrics.DECISIONS.labels("patch", a.kind).inc()
             elif isinstance(a, Delete):
-                delete = apps.delete_namespaced_deployment if a.kind == "Deployment" else core.delete_namespaced_service
+                delete = (
+                    apps.delete_namespaced_deployment
+                    if a.kind == "Deployment"
+                    else core.delete_namespaced_service
+                )
                 delete(a.name, ns, body={"propagationPolicy": "Background"}, **raw)
                 metrics.DECISIONS.labels("delete", a.kind).inc()
             elif isinstance(a, PatchStatus):
@@ -363,7 +417,10 @@ def apply(md: dict[str, Any], actions: list[Action], now: str) -> None:
             elif isinstance(a, Event):
                 post_event(md, a, now)
         except ApiException as e:
-            if e.status in (404, 409):  # raced with GC, another writer or a restarted operator: next event converges
+            if e.status in (
+                404,
+                409,
+            ):  # raced with GC, another writer or a restarted operator: next event converges
                 continue
             failures.append(f"{_describe(a)}: {_api_message(e)}")
     if failures:

@@ -21,19 +21,20 @@ from modeldeploy.operator.api import AnalysisResult
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE = ("Deploying", "Verifying", "Canary", "Promoting")
-AWAITING = "AwaitingPromotion"             # reason of a Canary step held for a manual promote
+AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual promote
 
 
 @dataclass(frozen=True)
 class Step:
     weight: int
     pause_seconds: int
-    await_promotion: bool = False          # hold after a passing analysis until a manual promote
+    await_promotion: bool = False  # hold after a passing analysis until a manual promote
 
 
 @dataclass(frozen=True)
 class Policy:
     """The parts of spec the machine reads (spec.replicas, .readiness, .rollout)."""
+
     replicas: int
     steps: tuple[Step, ...] = (Step(10, 60), Step(50, 60))
     conformance_gate: bool = True
@@ -41,7 +42,7 @@ class Policy:
     progress_deadline_seconds: int = 1800
     keep_previous_replicas: int = 1
     keep_previous_seconds: int = 3600
-    gateway: bool = False                  # Gateway API weights instead of replica ratio
+    gateway: bool = False  # Gateway API weights instead of replica ratio
 
 
 @dataclass(frozen=True)
@@ -50,35 +51,36 @@ class RolloutState:
     stable: str | None = None
     canary: str | None = None
     step: int | None = None
-    started_at: float | None = None        # rollout began
-    phase_since: float | None = None       # current phase / step began
+    started_at: float | None = None  # rollout began
+    phase_since: float | None = None  # current phase / step began
     reason: str = ""
     message: str = ""
     failed: tuple[str, ...] = ()
-    previous: str | None = None            # prior bundle kept warm after a promotion
+    previous: str | None = None  # prior bundle kept warm after a promotion
     previous_until: float | None = None
-    history: tuple[str, ...] = ()          # prior stable bundles, oldest first
+    history: tuple[str, ...] = ()  # prior stable bundles, oldest first
 
 
 @dataclass(frozen=True)
 class Signals:
-    desired: str                           # bundle id of spec.bundle now
+    desired: str  # bundle id of spec.bundle now
     canary_ready: int = 0
-    canary_failure: str | None = None      # e.g. CrashLoopBackOff / digest mismatch, from pod status
-    conformance: tuple[bool, str] | None = None   # (passed, summary) once the suite ran on the canary
+    canary_failure: str | None = None  # e.g. CrashLoopBackOff / digest mismatch, from pod status
+    conformance: tuple[bool, str] | None = None  # (passed, summary) once the suite ran on the canary
     analysis: AnalysisResult | None = None
-    analysis_at: float | None = None       # when `analysis` was computed
-    command: str | None = None             # "promote" | "abort" | "rollback-to:<bundle>"
+    analysis_at: float | None = None  # when `analysis` was computed
+    command: str | None = None  # "promote" | "abort" | "rollback-to:<bundle>"
 
 
 @dataclass(frozen=True)
 class Transition:
     state: RolloutState
-    event: tuple[str, str, str] | None = None    # (Normal|Warning, Reason, message)
+    event: tuple[str, str, str] | None = None  # (Normal|Warning, Reason, message)
 
 
-def _go(s: RolloutState, now: float, phase: Phase, reason: str, message: str, warn: bool = False,
-        **changes) -> Transition:
+def _go(
+    s: RolloutState, now: float, phase: Phase, reason: str, message: str, warn: bool = False, **changes
+) -> Transition:
     new = replace(s, phase=phase, phase_since=now, reason=reason, message=message, **changes)
     return Transition(new, ("Warning" if warn else "Normal", reason, message))
 
@@ -91,25 +93,56 @@ def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
     """One decision per call; call again until the returned event is None."""
     if s.previous and s.previous_until is not None and now >= s.previous_until:
         s = replace(s, previous=None, previous_until=None)
-    if s.stable is None:                                       # first deployment: no canary to compare
-        return _go(s, now, "Stable", "Initial", f"bundle {sig.desired} is the first stable bundle",
-                   stable=sig.desired)
+    if s.stable is None:  # first deployment: no canary to compare
+        return _go(
+            s,
+            now,
+            "Stable",
+            "Initial",
+            f"bundle {sig.desired} is the first stable bundle",
+            stable=sig.desired,
+        )
     manual = _manual(s, sig, now)
     if manual is not None:
         return manual
-    if s.phase in ACTIVE and sig.desired != s.canary:          # spec moved on mid-rollout
+    if s.phase in ACTIVE and sig.desired != s.canary:  # spec moved on mid-rollout
         if sig.desired == s.stable:
-            return _go(s, now, "Stable", "Superseded", f"spec returned to stable {s.stable}; canary "
-                       f"{s.canary} dropped", canary=None, step=None, started_at=None)
-        return _go(s, now, "Deploying", "Superseded", f"spec changed to {sig.desired} during the rollout of "
-                   f"{s.canary}", canary=sig.desired, step=None, started_at=now)
+            return _go(
+                s,
+                now,
+                "Stable",
+                "Superseded",
+                f"spec returned to stable {s.stable}; canary {s.canary} dropped",
+                canary=None,
+                step=None,
+                started_at=None,
+            )
+        return _go(
+            s,
+            now,
+            "Deploying",
+            "Superseded",
+            f"spec changed to {sig.desired} during the rollout of {s.canary}",
+            canary=sig.desired,
+            step=None,
+            started_at=now,
+        )
     elapsed = 0.0 if s.phase_since is None else now - s.phase_since
     if s.phase in ACTIVE and sig.canary_failure:
         return _rollback(s, now, "CanaryFailed", sig.canary_failure)
-    waiting = s.reason == AWAITING                             # a human's pace: no progress deadline
-    if s.phase in ACTIVE and not waiting and s.started_at is not None and now - s.started_at > p.progress_deadline_seconds:
-        return _rollback(s, now, "ProgressDeadlineExceeded",
-                         f"not promoted within {p.progress_deadline_seconds}s (phase {s.phase})")
+    waiting = s.reason == AWAITING  # a human's pace: no progress deadline
+    if (
+        s.phase in ACTIVE
+        and not waiting
+        and s.started_at is not None
+        and now - s.started_at > p.progress_deadline_seconds
+    ):
+        return _rollback(
+            s,
+            now,
+            "ProgressDeadlineExceeded",
+            f"not promoted within {p.progress_deadline_seconds}s (phase {s.phase})",
+        )
     return _PHASES[s.phase](s, p, sig, now, elapsed)
 
 
@@ -118,20 +151,43 @@ def _manual(s: RolloutState, sig: Signals, now: float) -> Transition | None:
     if cmd == "abort" and s.phase in ACTIVE:
         return _rollback(s, now, "Aborted", "aborted by annotation modeldeploy.dev/abort")
     if cmd == "promote" and s.phase in ("Deploying", "Verifying", "Canary"):
-        return _go(s, now, "Promoting", "ManualPromote", f"promoting {s.canary} by annotation modeldeploy.dev/promote")
+        return _go(
+            s,
+            now,
+            "Promoting",
+            "ManualPromote",
+            f"promoting {s.canary} by annotation modeldeploy.dev/promote",
+        )
     if cmd.startswith("rollback-to:"):
         target = cmd.split(":", 1)[1]
         if target == s.stable and s.phase == "Stable":
             return None
         if target not in s.history and target != s.previous:
-            return Transition(s, ("Warning", "UnknownRollbackTarget",
-                                  f"rollback-to {target}: not in status.history ({', '.join(s.history) or 'empty'})"))
+            return Transition(
+                s,
+                (
+                    "Warning",
+                    "UnknownRollbackTarget",
+                    f"rollback-to {target}: not in status.history ({', '.join(s.history) or 'empty'})",
+                ),
+            )
         failed = s.failed + ((sig.desired,) if sig.desired != target and sig.desired not in s.failed else ())
-        return _go(s, now, "Stable", "RolledBackTo", f"all traffic to {target} by rollback-to; "
-                   f"spec bundle {sig.desired} held as failed until the spec changes",
-                   warn=True, stable=target, canary=None, step=None, started_at=None,
-                   previous=s.stable if s.stable != target else s.previous,
-                   history=tuple(h for h in s.history if h != target) + (s.stable,), failed=failed)
+        return _go(
+            s,
+            now,
+            "Stable",
+            "RolledBackTo",
+            f"all traffic to {target} by rollback-to; "
+            f"spec bundle {sig.desired} held as failed until the spec changes",
+            warn=True,
+            stable=target,
+            canary=None,
+            step=None,
+            started_at=None,
+            previous=s.stable if s.stable != target else s.previous,
+            history=tuple(h for h in s.history if h != target) + (s.stable,),
+            failed=failed,
+        )
     return None
 
 
@@ -143,23 +199,40 @@ def _stable(s, p, sig, now, elapsed) -> Transition:
         if note in s.message:
             return Transition(s)
         # the reason stays the one that failed the bundle (e.g. AnalysisFailed), with its figures
-        held = replace(s, reason=s.reason or "BundleFailed", message=f"{s.message}; {note}" if s.message else note)
+        held = replace(
+            s, reason=s.reason or "BundleFailed", message=f"{s.message}; {note}" if s.message else note
+        )
         return Transition(held, ("Warning", "BundleFailed", note))
-    failed = tuple(f for f in s.failed if f == s.stable)         # a new bundle: forget older failures
+    failed = tuple(f for f in s.failed if f == s.stable)  # a new bundle: forget older failures
     # The warm prior bundle retires: once stable and canary share `<name>` (no bundle key in its
     # selector), its pods would match too and take live traffic. The stable is the rollback now.
     retired = f"; prior bundle {s.previous} no longer kept warm" if s.previous else ""
-    return _go(s, now, "Deploying", "NewBundle", f"deploying canary {sig.desired} next to stable {s.stable}{retired}",
-               canary=sig.desired, step=None, started_at=now, failed=failed, previous=None, previous_until=None)
+    return _go(
+        s,
+        now,
+        "Deploying",
+        "NewBundle",
+        f"deploying canary {sig.desired} next to stable {s.stable}{retired}",
+        canary=sig.desired,
+        step=None,
+        started_at=now,
+        failed=failed,
+        previous=None,
+        previous_until=None,
+    )
 
 
 def _deploying(s, p, sig, now, elapsed) -> Transition:
     if sig.canary_ready >= 1:
         if p.conformance_gate:
-            return _go(s, now, "Verifying", "CanaryReady", f"canary {s.canary} Ready; running the conformance gate")
+            return _go(
+                s, now, "Verifying", "CanaryReady", f"canary {s.canary} Ready; running the conformance gate"
+            )
         return _enter_step(s, p, now, 0, "CanaryReady")
     if elapsed > p.load_timeout_seconds:
-        return _rollback(s, now, "LoadTimeout", f"canary not Ready within loadTimeoutSeconds={p.load_timeout_seconds}")
+        return _rollback(
+            s, now, "LoadTimeout", f"canary not Ready within loadTimeoutSeconds={p.load_timeout_seconds}"
+        )
     return Transition(s)
 
 
@@ -176,53 +249,97 @@ def _verifying(s, p, sig, now, elapsed) -> Transition:
 
 def _enter_step(s, p, now, i, reason, detail="") -> Transition:
     st = p.steps[i]
-    msg = f"step {i + 1}/{len(p.steps)}: canary weight {st.weight}%, pause {st.pause_seconds}s" + (f" ({detail})" if detail else "")
+    msg = f"step {i + 1}/{len(p.steps)}: canary weight {st.weight}%, pause {st.pause_seconds}s" + (
+        f" ({detail})" if detail else ""
+    )
     return _go(s, now, "Canary", reason, msg, step=i)
 
 
 def _canary(s, p, sig, now, elapsed) -> Transition:
     i = s.step or 0
     a = sig.analysis
-    fresh = a is not None and a.step == i and sig.analysis_at is not None and sig.analysis_at >= (s.phase_since or 0)
+    fresh = (
+        a is not None
+        and a.step == i
+        and sig.analysis_at is not None
+        and sig.analysis_at >= (s.phase_since or 0)
+    )
     if fresh and a.verdict == "Fail":
-        figures = "; ".join(f"{m.metric} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
-                            for m in a.metrics if m.verdict == "Fail")
+        figures = "; ".join(
+            f"{m.metric} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
+            for m in a.metrics
+            if m.verdict == "Fail"
+        )
         return _rollback(s, now, "AnalysisFailed", f"step {i + 1}: {figures}")
     if elapsed < p.steps[i].pause_seconds or not fresh or a.verdict != "Pass":
-        return Transition(s)                                   # pausing, or Inconclusive: hold
+        return Transition(s)  # pausing, or Inconclusive: hold
     if p.steps[i].await_promotion:
         if s.reason == AWAITING:
             return Transition(s)
-        return _go(s, now, "Canary", AWAITING, f"step {i + 1}/{len(p.steps)} passed on {a.metrics[0].samples if a.metrics else 0}"
-                   f" samples; holding at {p.steps[i].weight}% until `modeldeploy rollout promote`", step=i)
+        return _go(
+            s,
+            now,
+            "Canary",
+            AWAITING,
+            f"step {i + 1}/{len(p.steps)} passed on {a.metrics[0].samples if a.metrics else 0}"
+            f" samples; holding at {p.steps[i].weight}% until `modeldeploy rollout promote`",
+            step=i,
+        )
     if i + 1 < len(p.steps):
-        return _enter_step(s, p, now, i + 1, "AnalysisPassed", f"step {i + 1} passed on {a.metrics[0].samples} samples"
-                           if a.metrics else "")
-    return _go(s, now, "Promoting", "AnalysisPassed", f"all {len(p.steps)} steps passed; promoting {s.canary}")
+        return _enter_step(
+            s,
+            p,
+            now,
+            i + 1,
+            "AnalysisPassed",
+            f"step {i + 1} passed on {a.metrics[0].samples} samples" if a.metrics else "",
+        )
+    return _go(
+        s, now, "Promoting", "AnalysisPassed", f"all {len(p.steps)} steps passed; promoting {s.canary}"
+    )
 
 
 def _promoting(s, p, sig, now, elapsed) -> Transition:
     if sig.canary_ready >= p.replicas:
         keep = p.keep_previous_replicas > 0 and p.keep_previous_seconds > 0
-        return _go(s, now, "Stable", "Promoted", f"{s.canary} promoted; {s.stable} kept warm"
-                   + (f" for {p.keep_previous_seconds}s" if keep else ": no (keepPrevious is 0)"),
-                   stable=s.canary, canary=None, step=None, started_at=None,
-                   previous=s.stable if keep else None, previous_until=now + p.keep_previous_seconds if keep else None,
-                   history=(s.history + (s.stable,))[-50:])
+        return _go(
+            s,
+            now,
+            "Stable",
+            "Promoted",
+            f"{s.canary} promoted; {s.stable} kept warm"
+            + (f" for {p.keep_previous_seconds}s" if keep else ": no (keepPrevious is 0)"),
+            stable=s.canary,
+            canary=None,
+            step=None,
+            started_at=None,
+            previous=s.stable if keep else None,
+            previous_until=now + p.keep_previous_seconds if keep else None,
+            history=(s.history + (s.stable,))[-50:],
+        )
     if elapsed > p.load_timeout_seconds:
-        return _rollback(s, now, "PromotionTimeout", f"canary not scaled to {p.replicas} Ready replicas in time")
+        return _rollback(
+            s, now, "PromotionTimeout", f"canary not scaled to {p.replicas} Ready replicas in time"
+        )
     return Transition(s)
 
 
 def _rolling_back(s, p, sig, now, elapsed) -> Transition:
     failed = (s.failed + (s.canary,))[-50:] if s.canary and s.canary not in s.failed else s.failed
-    return Transition(replace(s, phase="Stable", phase_since=now, canary=None, step=None, started_at=None,
-                              failed=failed), ("Warning", "RolledBack",
-                                               f"{s.canary} rolled back ({s.reason}); {s.stable} serves all traffic"))
+    return Transition(
+        replace(s, phase="Stable", phase_since=now, canary=None, step=None, started_at=None, failed=failed),
+        ("Warning", "RolledBack", f"{s.canary} rolled back ({s.reason}); {s.stable} serves all traffic"),
+    )
 
 
-_PHASES = {"Stable": _stable, "Deploying": _deploying, "Verifying": _verifying, "Canary": _canary,
-           "Promoting": _promoting, "RollingBack": _rolling_back}
+_PHASES = {
+    "Stable": _stable,
+    "Deploying": _deploying,
+    "Verifying": _verifying,
+    "Canary": _canary,
+    "Promoting": _promoting,
+    "RollingBack": _rolling_back,
+}
 
 
 def canary_weight(s: RolloutState, p: Policy) -> int:
@@ -262,6 +379,7 @@ def serving_bundles(s: RolloutState) -> list[str]:
 @dataclass
 class Story:
     """Helper for tests and the demo: run `advance` until it settles, keeping the events."""
+
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
     def settle(self, s: RolloutState, p: Policy, sig: Signals, now: float, limit: int = 10) -> RolloutState:
@@ -273,5 +391,5 @@ class Story:
                 return t.state
             self.events.append(t.event)
             s = t.state
-            sig = replace(sig, command=None)                    # a command acts once
+            sig = replace(sig, command=None)  # a command acts once
         return s

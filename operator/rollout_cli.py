@@ -25,7 +25,7 @@ from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 PROMOTE = "modeldeploy.dev/promote"
 ABORT = "modeldeploy.dev/abort"
 ROLLBACK_TO = "modeldeploy.dev/rollback-to"
-ANNOTATIONS = (ABORT, ROLLBACK_TO, PROMOTE)          # precedence when several are set
+ANNOTATIONS = (ABORT, ROLLBACK_TO, PROMOTE)  # precedence when several are set
 ACTIONS = ("status", "promote", "abort", "rollback")
 
 
@@ -78,8 +78,10 @@ def rollback_target(status: dict[str, Any], to: str | None) -> tuple[str, str]:
         raise RolloutError("status.history is empty: no prior bundle to roll back to")
     if to is None:
         h = history[-1]
-        return h["bundle"], (f"--to not given: rolling back to the newest history entry {h['bundle']} "
-                             f"(revision {h.get('revision') or 'n/a'}, replaced {h.get('replacedAt') or 'n/a'})")
+        return h["bundle"], (
+            f"--to not given: rolling back to the newest history entry {h['bundle']} "
+            f"(revision {h.get('revision') or 'n/a'}, replaced {h.get('replacedAt') or 'n/a'})"
+        )
     if to not in {h["bundle"] for h in history}:
         raise RolloutError(f"--to {to}: not in status.history; choose one of: {listing}")
     return to, f"rolling back to {to}"
@@ -110,8 +112,12 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
     meta, spec, st = md.get("metadata") or {}, md.get("spec") or {}, md.get("status") or {}
     steps = ((spec.get("rollout") or {}).get("steps")) or []
     out: list[RenderableType] = []
-    summary = Table(title=f"ModelDeployment {meta.get('namespace', '?')}/{meta.get('name', '?')}",
-                    show_header=False, box=box.SIMPLE, title_justify="left")
+    summary = Table(
+        title=f"ModelDeployment {meta.get('namespace', '?')}/{meta.get('name', '?')}",
+        show_header=False,
+        box=box.SIMPLE,
+        title_justify="left",
+    )
     summary.add_column("field", style="bold")
     summary.add_column("value")
     gen, seen = meta.get("generation"), st.get("observedGeneration")
@@ -124,8 +130,10 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
     step = st.get("currentStep")
     if step is not None:
         total = len(steps) or "?"
-        summary.add_row("step", f"{step + 1}/{total}" + (f" (weight {steps[step]['weight']}%)"
-                                                         if step < len(steps) else ""))
+        summary.add_row(
+            "step",
+            f"{step + 1}/{total}" + (f" (weight {steps[step]['weight']}%)" if step < len(steps) else ""),
+        )
     pending = {k: v for k, v in (meta.get("annotations") or {}).items() if k in ANNOTATIONS}
     for k, v in pending.items():
         summary.add_row("pending command", f"{k}={v}")
@@ -136,38 +144,65 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
         for col in ("type", "status", "reason", "message", "since"):
             t.add_column(col)
         for c in st["conditions"]:
-            t.add_row(c.get("type", ""), c.get("status", ""), c.get("reason", ""), c.get("message", ""),
-                      c.get("lastTransitionTime") or "-")
+            t.add_row(
+                c.get("type", ""),
+                c.get("status", ""),
+                c.get("reason", ""),
+                c.get("message", ""),
+                c.get("lastTransitionTime") or "-",
+            )
         out.append(t)
 
     a = st.get("lastAnalysis")
     if a:
         v = a.get("verdict", "?")
         step_s = f" step {a['step'] + 1}" if a.get("step") is not None else ""
-        t = Table(title=Text.assemble("last analysis", step_s, f" at {a.get('time') or '?'}: ",
-                                      (v, VERDICT_STYLE.get(v, ""))), box=box.SIMPLE, title_justify="left")
+        t = Table(
+            title=Text.assemble(
+                "last analysis", step_s, f" at {a.get('time') or '?'}: ", (v, VERDICT_STYLE.get(v, ""))
+            ),
+            box=box.SIMPLE,
+            title_justify="left",
+        )
         for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
-            t.add_column(col, justify="right" if col in ("stable", "canary", "threshold", "samples") else "left")
+            t.add_column(
+                col, justify="right" if col in ("stable", "canary", "threshold", "samples") else "left"
+            )
         for m in a.get("metrics") or []:
             mv = m.get("verdict", "?")
-            t.add_row(m.get("metric", "?"), num_text(m.get("stable")), num_text(m.get("canary")), num_text(m.get("threshold")),
-                      num_text(m.get("samples")), Text(mv, style=VERDICT_STYLE.get(mv, "")))
+            t.add_row(
+                m.get("metric", "?"),
+                num_text(m.get("stable")),
+                num_text(m.get("canary")),
+                num_text(m.get("threshold")),
+                num_text(m.get("samples")),
+                Text(mv, style=VERDICT_STYLE.get(mv, "")),
+            )
         out.append(t)
         if a.get("message"):
             out.append(Text(f"analysis could not read: {a['message']}", style="yellow"))
 
     history = _history(st)
     if history:
-        t = Table(title="history (newest last; rollback target without --to: the last)", box=box.SIMPLE,
-                  title_justify="left")
+        t = Table(
+            title="history (newest last; rollback target without --to: the last)",
+            box=box.SIMPLE,
+            title_justify="left",
+        )
         for col in ("bundle", "revision", "promoted", "replaced"):
             t.add_column(col)
         for h in history:
-            t.add_row(h["bundle"], h.get("revision") or "-", h.get("promotedAt") or "-", h.get("replacedAt") or "-")
+            t.add_row(
+                h["bundle"], h.get("revision") or "-", h.get("promotedAt") or "-", h.get("replacedAt") or "-"
+            )
         out.append(t)
     if st.get("failedBundles"):
-        out.append(Text("failed bundles (not retried until spec.bundle changes): " + ", ".join(st["failedBundles"]),
-                        style="red"))
+        out.append(
+            Text(
+                "failed bundles (not retried until spec.bundle changes): " + ", ".join(st["failedBundles"]),
+                style="red",
+            )
+        )
     if not st:
         out.append(Text("no status yet: the operator has not reconciled this object", style="yellow"))
     return out
@@ -181,11 +216,14 @@ def render_text(md: dict[str, Any], width: int = 120) -> str:
 
 # ---- I/O ----
 
+
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=ACTIONS, help="status, or a command the operator acts on")
     p.add_argument("name", help="ModelDeployment name")
     p.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)")
-    p.add_argument("--to", default=None, help="rollback: bundle id from status.history (default: newest entry)")
+    p.add_argument(
+        "--to", default=None, help="rollback: bundle id from status.history (default: newest entry)"
+    )
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or in-cluster)")
 
 
@@ -240,16 +278,21 @@ def main(args: argparse.Namespace) -> int:
             bundle, note = rollback_target(md.get("status") or {}, args.to)
         body = annotation_patch(args.action, now_stamp(), bundle)
         try:
-            api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, args.name, body,
-                                               _content_type="application/merge-patch+json")
+            api.patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, args.name, body, _content_type="application/merge-patch+json"
+            )
         except ApiException as e:
-            raise RolloutError(f"annotating ModelDeployment {ns}/{args.name}: HTTP {e.status} {e.reason}") from e
+            raise RolloutError(
+                f"annotating ModelDeployment {ns}/{args.name}: HTTP {e.status} {e.reason}"
+            ) from e
     except RolloutError as e:
         print(f"modeldeploy rollout: error: {e}", file=sys.stderr)
         return 1
     if note:
         print(note)
-    (key, value), = body["metadata"]["annotations"].items()
-    print(f"annotated {ns}/{args.name} {key}={value}; the operator acts on its next reconcile "
-          f"(watch: modeldeploy rollout status {args.name} -n {ns})")
+    ((key, value),) = body["metadata"]["annotations"].items()
+    print(
+        f"annotated {ns}/{args.name} {key}={value}; the operator acts on its next reconcile "
+        f"(watch: modeldeploy rollout status {args.name} -n {ns})"
+    )
     return 0

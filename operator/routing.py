@@ -70,7 +70,9 @@ def route_rules(name: str, cohort_header: str, weight: int, has_canary: bool) ->
     rules: list[dict[str, Any]] = []
     if has_canary:
         header = {"type": "Exact", "name": cohort_header, "value": CANARY_VALUE}
-        rules.append({"matches": [prefix | {"headers": [header]}], "backendRefs": [_backend(canary_service(name))]})
+        rules.append(
+            {"matches": [prefix | {"headers": [header]}], "backendRefs": [_backend(canary_service(name))]}
+        )
     backends = [_backend(stable_service(name), 100 - weight)]
     if has_canary:
         backends.append(_backend(canary_service(name), weight))
@@ -78,7 +80,9 @@ def route_rules(name: str, cohort_header: str, weight: int, has_canary: bool) ->
     return rules
 
 
-def http_route(md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_canary: bool) -> dict[str, Any] | None:
+def http_route(
+    md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_canary: bool
+) -> dict[str, Any] | None:
     """The HTTPRoute `<name>` for this MD, or None when the spec routes by replica ratio (no route wanted).
 
     `has_canary`: a canary cohort exists now (phase Deploying..Promoting); `weight` its percent.
@@ -93,8 +97,10 @@ def http_route(md: dict[str, Any], spec: ModelDeploymentSpec, weight: int, has_c
     }
     bad = [h for h in gw.hostnames if len(h) > 253 or not _HOSTNAME_RE.match(h)]
     if bad:
-        raise ValueError(f"spec.rollout.trafficRouting.gatewayAPI.hostnames: {bad} are not RFC 1123 hostnames "
-                         "(lowercase labels, optional leading '*.', no port)")
+        raise ValueError(
+            f"spec.rollout.trafficRouting.gatewayAPI.hostnames: {bad} are not RFC 1123 hostnames "
+            "(lowercase labels, optional leading '*.', no port)"
+        )
     if gw.hostnames:
         route_spec["hostnames"] = list(gw.hostnames)
     return {

@@ -15,24 +15,24 @@ LOAD_FORMATS = ("safetensors", "dummy")
 
 @dataclass
 class EngineConfig:
-    model: str = ""                       # local HF-format directory
-    tokenizer: str | None = None          # defaults to `model`
-    dtype: str = "auto"                   # auto: config's torch dtype on cuda, float32 on cpu
-    device: str = "auto"                  # auto: cuda when available
-    max_num_seqs: int = 16                # running sequences per step
-    max_num_batched_tokens: int = 2048    # token budget per step (prefill chunks + decodes)
-    max_model_len: int | None = None      # None: the model's max_position_embeddings
-    block_size: int = 16                  # tokens per KV block
-    num_kv_blocks: int | None = None      # None: sized from kv_cache_fraction (cuda) or kv_cache_cpu_bytes
-    kv_cache_fraction: float = 0.9        # share of free device memory given to the KV cache (cuda)
-    kv_cache_cpu_bytes: int = 256 << 20   # KV cache size on cpu when num_kv_blocks is None
+    model: str = ""  # local HF-format directory
+    tokenizer: str | None = None  # defaults to `model`
+    dtype: str = "auto"  # auto: config's torch dtype on cuda, float32 on cpu
+    device: str = "auto"  # auto: cuda when available
+    max_num_seqs: int = 16  # running sequences per step
+    max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + decodes)
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_fraction (cuda) or kv_cache_cpu_bytes
+    kv_cache_fraction: float = 0.9  # share of free device memory given to the KV cache (cuda)
+    kv_cache_cpu_bytes: int = 256 << 20  # KV cache size on cpu when num_kv_blocks is None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    model_digest: str | None = None       # expected sha256 manifest digest of `model`
-    tokenizer_digest: str | None = None   # expected digest of `tokenizer` (when separate)
-    bundle_id: str = ""                   # keys the prefix cache; labels every metric
-    load_format: str = "safetensors"      # dummy: random weights from config.json (benchmarks)
-    seed: int = 0                         # for dummy weights
+    model_digest: str | None = None  # expected sha256 manifest digest of `model`
+    tokenizer_digest: str | None = None  # expected digest of `tokenizer` (when separate)
+    bundle_id: str = ""  # keys the prefix cache; labels every metric
+    load_format: str = "safetensors"  # dummy: random weights from config.json (benchmarks)
+    seed: int = 0  # for dummy weights
     extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -58,7 +58,12 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and not (v.startswith("sha256:") and len(v) == 71):
                 raise ValueError(f"{name}: must be 'sha256:' + 64 hex digits, got {v!r}")
-        if (not self.enable_chunked_prefill and self.max_model_len is not None
-                and self.max_num_batched_tokens < self.max_model_len):
-            raise ValueError("max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
-                             f"({self.max_num_batched_tokens} < {self.max_model_len})")
+        if (
+            not self.enable_chunked_prefill
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                "max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
+                f"({self.max_num_batched_tokens} < {self.max_model_len})"
+            )

@@ -32,12 +32,22 @@ def main(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     for prompt, out in zip(args.prompt, outs, strict=True):
         if args.json:
-            print(json.dumps({"prompt": prompt, "token_ids": out.token_ids, "text": out.text,
-                              "finish_reason": out.finish_reason}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "token_ids": out.token_ids,
+                        "text": out.text,
+                        "finish_reason": out.finish_reason,
+                    }
+                )
+            )
         else:
             print(f"{prompt!r} -> {out.text!r}  [{len(out.token_ids)} tokens, {out.finish_reason}]")
     n = sum(len(o.token_ids) for o in outs)
     info = llm.engine.info()
-    print(f"# {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s) on {info['device']}/{info['dtype']}, "
-          f"{info['architecture']}, model digest {info['model_digest'][:19]}...")
+    print(
+        f"# {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s) on {info['device']}/{info['dtype']}, "
+        f"{info['architecture']}, model digest {info['model_digest'][:19]}..."
+    )
     return 0

@@ -65,7 +65,9 @@ def load(config: EngineConfig, progress: Progress = lambda phase, frac: None) ->
     if config.tokenizer_digest:
         verify(tok_dir, config.tokenizer_digest)
     model_digest = config.model_digest or dir_digest(model_dir)
-    tokenizer_digest = config.tokenizer_digest or (model_digest if tok_dir == model_dir else dir_digest(tok_dir))
+    tokenizer_digest = config.tokenizer_digest or (
+        model_digest if tok_dir == model_dir else dir_digest(tok_dir)
+    )
 
     hf = AutoConfig.from_pretrained(model_dir)
     args = ModelArgs.from_hf(hf)
@@ -76,8 +78,10 @@ def load(config: EngineConfig, progress: Progress = lambda phase, frac: None) ->
     if args.sliding_window:
         max_len = min(max_len, args.sliding_window)
     if max_len > args.max_position_embeddings:
-        raise ValueError(f"max_model_len: {max_len} exceeds the model's max_position_embeddings "
-                         f"{args.max_position_embeddings}")
+        raise ValueError(
+            f"max_model_len: {max_len} exceeds the model's max_position_embeddings "
+            f"{args.max_position_embeddings}"
+        )
 
     progress("loading weights", 0.05)
     if config.load_format == "dummy":
@@ -94,8 +98,9 @@ def load(config: EngineConfig, progress: Progress = lambda phase, frac: None) ->
     return Loaded(args, weights, tokenizer, dtype, device, max_len, model_digest, tokenizer_digest, eos_ids)
 
 
-def _read_safetensors(model_dir: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device,
-                      progress: Progress) -> dict[str, torch.Tensor]:
+def _read_safetensors(
+    model_dir: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, progress: Progress
+) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -111,21 +116,32 @@ def _read_safetensors(model_dir: Path, args: ModelArgs, dtype: torch.dtype, devi
         progress("loading weights", 0.05 + 0.85 * (i + 1) / len(files))
     missing = [n for n in want if n not in weights]
     if missing:
-        raise ValueError(f"model: weights missing from {model_dir}: {', '.join(missing[:5])}"
-                         + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        raise ValueError(
+            f"model: weights missing from {model_dir}: {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
     for name, shape in want.items():
         if tuple(weights[name].shape) != shape:
-            raise ValueError(f"model: weight {name} has shape {tuple(weights[name].shape)}, config implies {shape}")
+            raise ValueError(
+                f"model: weight {name} has shape {tuple(weights[name].shape)}, config implies {shape}"
+            )
     return weights
 
 
-def _dummy_weights(args: ModelArgs, dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+def _dummy_weights(
+    args: ModelArgs, dtype: torch.dtype, device: torch.device, seed: int
+) -> dict[str, torch.Tensor]:
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for name, shape in expected_weight_shapes(args).items():
         if len(shape) == 1:
-            out[name] = torch.ones(shape, dtype=dtype, device=device) if "norm" in name else \
-                torch.zeros(shape, dtype=dtype, device=device)
+            out[name] = (
+                torch.ones(shape, dtype=dtype, device=device)
+                if "norm" in name
+                else torch.zeros(shape, dtype=dtype, device=device)
+            )
         else:
-            out[name] = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+            out[name] = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(
+                dtype
+            )
     return out

@@ -32,11 +32,20 @@ def train_tokenizer(vocab_size: int = 512):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS.read_text().splitlines(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                   pad_token="<|pad|>", additional_special_tokens=SPECIAL[3:5])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=SPECIAL[3:5],
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -45,33 +54,68 @@ def _config(arch: str, vocab: int, bos: int, eos: int, pad: int, sizes: dict[str
     import transformers as tf
 
     common = dict(
-        vocab_size=vocab, hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
-        num_hidden_layers=sizes["num_layers"], num_attention_heads=sizes["num_heads"],
-        num_key_value_heads=sizes["num_kv_heads"], max_position_embeddings=sizes["max_position_embeddings"],
-        rms_norm_eps=1e-6, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
-        initializer_range=0.1, tie_word_embeddings=arch == "qwen2",
+        vocab_size=vocab,
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_layers"],
+        num_attention_heads=sizes["num_heads"],
+        num_key_value_heads=sizes["num_kv_heads"],
+        max_position_embeddings=sizes["max_position_embeddings"],
+        rms_norm_eps=1e-6,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        initializer_range=0.1,
+        tie_word_embeddings=arch == "qwen2",
     )
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
     if sizes.get("rope_scaling") == "llama3":
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
     if arch == "llama":
-        return tf.LlamaConfig(**common, rope_parameters=rope, head_dim=sizes["hidden_size"] // sizes["num_heads"])
+        return tf.LlamaConfig(
+            **common, rope_parameters=rope, head_dim=sizes["hidden_size"] // sizes["num_heads"]
+        )
     if arch == "qwen2":
         return tf.Qwen2Config(**common, rope_parameters=rope, use_sliding_window=False)
     if arch == "qwen3":
-        return tf.Qwen3Config(**common, rope_parameters=rope, head_dim=sizes["hidden_size"] // sizes["num_heads"],
-                              use_sliding_window=False)
+        return tf.Qwen3Config(
+            **common,
+            rope_parameters=rope,
+            head_dim=sizes["hidden_size"] // sizes["num_heads"],
+            use_sliding_window=False,
+        )
     if arch == "mistral":
-        return tf.MistralConfig(**common, rope_parameters=rope, sliding_window=None,
-                                head_dim=sizes["hidden_size"] // sizes["num_heads"])
+        return tf.MistralConfig(
+            **common,
+            rope_parameters=rope,
+            sliding_window=None,
+            head_dim=sizes["hidden_size"] // sizes["num_heads"],
+        )
     raise ValueError(f"unsupported --arch {arch!r}; choose from {', '.join(ARCHS)}")
 
 
-def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, *, hidden_size: int = 64,
-                    intermediate_size: int | None = None, num_layers: int = 2, num_heads: int = 4,
-                    num_kv_heads: int = 2, max_position_embeddings: int = 1024, vocab_size: int = 512,
-                    rope_scaling: str | None = None, shards: int = 1) -> Path:
+def make_tiny_model(
+    out_dir: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    *,
+    hidden_size: int = 64,
+    intermediate_size: int | None = None,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    max_position_embeddings: int = 1024,
+    vocab_size: int = 512,
+    rope_scaling: str | None = None,
+    shards: int = 1,
+) -> Path:
     """Write a random-weight model + tokenizer to `out_dir` and return it."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -81,14 +125,24 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, *, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(vocab_size)
-    sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
-                 num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                 max_position_embeddings=max_position_embeddings, rope_scaling=rope_scaling)
+    sizes = dict(
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        rope_scaling=rope_scaling,
+    )
     cfg = _config(arch, len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, sizes)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id, do_sample=False)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        do_sample=False,
+    )
     shard_size = None
     if shards > 1:
         total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -126,8 +180,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from modeldeploy.digest import dir_digest
 
-    out = make_tiny_model(args.out_dir, args.arch, args.seed, hidden_size=args.hidden_size,
-                          num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
-                          rope_scaling=args.rope_scaling, shards=args.shards)
+    out = make_tiny_model(
+        args.out_dir,
+        args.arch,
+        args.seed,
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        rope_scaling=args.rope_scaling,
+        shards=args.shards,
+    )
     print(f"wrote {args.arch} model to {out}  digest {dir_digest(out)}")
     return 0

@@ -55,7 +55,7 @@ def test_models_app_syncs_valid_model_deployments() -> None:
     for f in files:
         obj = load(f)
         assert obj["kind"] == KIND
-        ModelDeployment.model_validate(obj)           # the API types accept it as the CRD would
+        ModelDeployment.model_validate(obj)  # the API types accept it as the CRD would
 
 
 def test_application_health_snippet_reads_child_health() -> None:
@@ -71,4 +71,6 @@ def test_application_health_snippet_reads_child_health() -> None:
     assert run({"metadata": {"name": "x"}}) == ("Progressing", "")
     assert run({"status": {"health": {"status": "Healthy"}}}) == ("Healthy", "")
     assert run({"status": {"health": {"status": "Degraded", "message": "md chat rolled back"}}}) == (
-        "Degraded", "md chat rolled back")
+        "Degraded",
+        "md chat rolled back",
+    )

@@ -23,21 +23,36 @@ RECORDED = sorted((ROOT / "tests/data/argocd").glob("*.json"))
 SNIPPET = ROOT / "charts/modeldeploy-operator/argocd/argocd-cm-snippet.yaml"
 KEY = "resource.customizations.health.serving.modeldeploy.dev_ModelDeployment"
 
-STABLE = CohortStatus(bundle="aaaaaaaaaaaaaaaa", revision="r1", replicas=4, ready_replicas=4, load_progress=1.0)
-CANARY = CohortStatus(bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=1, ready_replicas=1, load_progress=1.0)
+STABLE = CohortStatus(
+    bundle="aaaaaaaaaaaaaaaa", revision="r1", replicas=4, ready_replicas=4, load_progress=1.0
+)
+CANARY = CohortStatus(
+    bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=1, ready_replicas=1, load_progress=1.0
+)
 
 
 def md(generation: int = 2, **status: Any) -> dict[str, Any]:
-    obj: dict[str, Any] = {"apiVersion": "serving.modeldeploy.dev/v1alpha1", "kind": "ModelDeployment",
-                           "metadata": {"name": "chat", "namespace": "llm", "generation": generation}}
+    obj: dict[str, Any] = {
+        "apiVersion": "serving.modeldeploy.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": "llm", "generation": generation},
+    }
     if status:
-        obj["status"] = ModelDeploymentStatus(**status).model_dump(mode="json", by_alias=True, exclude_none=True)
+        obj["status"] = ModelDeploymentStatus(**status).model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        )
     return obj
 
 
 def cond(ctype: str, status: bool, reason: str, message: str = "") -> Condition:
-    return Condition(type=ctype, status="True" if status else "False", reason=reason, message=message,
-                     observed_generation=2, last_transition_time="2026-01-01T00:00:00Z")
+    return Condition(
+        type=ctype,
+        status="True" if status else "False",
+        reason=reason,
+        message=message,
+        observed_generation=2,
+        last_transition_time="2026-01-01T00:00:00Z",
+    )
 
 
 READY = cond("Ready", True, "AllReplicasReady", "4/4 ready")
@@ -47,8 +62,10 @@ NOT_DEGRADED = cond("Degraded", False, "AsExpected")
 def test_snippet_embeds_the_same_script() -> None:
     cm = yaml.safe_load(SNIPPET.read_text())
     assert cm["kind"] == "ConfigMap" and cm["metadata"] == {
-        "name": "argocd-cm", "namespace": "argocd",
-        "labels": {"app.kubernetes.io/name": "argocd-cm", "app.kubernetes.io/part-of": "argocd"}}
+        "name": "argocd-cm",
+        "namespace": "argocd",
+        "labels": {"app.kubernetes.io/name": "argocd-cm", "app.kubernetes.io/part-of": "argocd"},
+    }
     assert cm["data"][KEY] == LUA.read_text()
 
 
@@ -57,51 +74,108 @@ def test_no_status_is_progressing() -> None:
 
 
 def test_stable_ready_is_healthy() -> None:
-    status, msg = health(md(observed_generation=2, phase="Stable", stable=STABLE, conditions=[READY, NOT_DEGRADED]))
+    status, msg = health(
+        md(observed_generation=2, phase="Stable", stable=STABLE, conditions=[READY, NOT_DEGRADED])
+    )
     assert status == "Healthy" and msg == "Stable aaaaaaaaaaaaaaaa 4/4 ready"
 
 
 @pytest.mark.parametrize("observed", [1, None])
 def test_stale_observed_generation_is_progressing_even_if_ready(observed) -> None:
-    status, msg = health(md(generation=2, observed_generation=observed, phase="Stable", stable=STABLE,
-                            conditions=[READY]))
-    assert status == "Progressing" and "observe generation 2" in msg and f"status is for {observed or 'none'}" in msg
+    status, msg = health(
+        md(generation=2, observed_generation=observed, phase="Stable", stable=STABLE, conditions=[READY])
+    )
+    assert (
+        status == "Progressing"
+        and "observe generation 2" in msg
+        and f"status is for {observed or 'none'}" in msg
+    )
 
 
 @pytest.mark.parametrize("phase", ["Deploying", "Verifying", "Canary", "Promoting", "RollingBack"])
 def test_rollout_phases_are_progressing(phase) -> None:
-    status, msg = health(md(observed_generation=2, phase=phase, stable=STABLE, canary=CANARY, canary_weight=10,
-                            current_step=0, conditions=[READY, NOT_DEGRADED,
-                                                        cond("Progressing", True, "AnalysisRunning", "step 1/2")]))
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase=phase,
+            stable=STABLE,
+            canary=CANARY,
+            canary_weight=10,
+            current_step=0,
+            conditions=[READY, NOT_DEGRADED, cond("Progressing", True, "AnalysisRunning", "step 1/2")],
+        )
+    )
     assert status == "Progressing"
-    assert msg == (f"{phase}: canary bbbbbbbbbbbbbbbb 1/1 ready at 10% step 1; stable aaaaaaaaaaaaaaaa 4/4 ready "
-                   "(AnalysisRunning: step 1/2)")
+    assert msg == (
+        f"{phase}: canary bbbbbbbbbbbbbbbb 1/1 ready at 10% step 1; stable aaaaaaaaaaaaaaaa 4/4 ready "
+        "(AnalysisRunning: step 1/2)"
+    )
 
 
 @pytest.mark.parametrize("reason", ["Paused", "AwaitingPromotion"])
 def test_paused_canary_step_is_suspended(reason) -> None:
-    status, msg = health(md(observed_generation=2, phase="Canary", stable=STABLE, canary=CANARY, canary_weight=50,
-                            current_step=1, conditions=[READY, cond("Progressing", True, reason, "waiting")]))
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Canary",
+            stable=STABLE,
+            canary=CANARY,
+            canary_weight=50,
+            current_step=1,
+            conditions=[READY, cond("Progressing", True, reason, "waiting")],
+        )
+    )
     assert status == "Suspended"
     assert "at 50% step 2" in msg and f"{reason}: waiting" in msg and "modeldeploy rollout promote" in msg
 
 
 def test_paused_reason_outside_canary_is_not_suspended() -> None:
-    status, _ = health(md(observed_generation=2, phase="Verifying", stable=STABLE, canary=CANARY,
-                          conditions=[cond("Progressing", True, "Paused")]))
+    status, _ = health(
+        md(
+            observed_generation=2,
+            phase="Verifying",
+            stable=STABLE,
+            canary=CANARY,
+            conditions=[cond("Progressing", True, "Paused")],
+        )
+    )
     assert status == "Progressing"
 
 
 def test_degraded_condition_after_rollback() -> None:
-    status, msg = health(md(observed_generation=2, phase="Stable", stable=STABLE, failed_bundles=["b" * 16],
-                            conditions=[READY, cond("Degraded", True, "AnalysisFailed",
-                                                    "ttft_p95_seconds canary=0.52 stable=0.21 threshold=0.252")]))
-    assert status == "Degraded" and msg == "AnalysisFailed: ttft_p95_seconds canary=0.52 stable=0.21 threshold=0.252"
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Stable",
+            stable=STABLE,
+            failed_bundles=["b" * 16],
+            conditions=[
+                READY,
+                cond(
+                    "Degraded",
+                    True,
+                    "AnalysisFailed",
+                    "ttft_p95_seconds canary=0.52 stable=0.21 threshold=0.252",
+                ),
+            ],
+        )
+    )
+    assert (
+        status == "Degraded"
+        and msg == "AnalysisFailed: ttft_p95_seconds canary=0.52 stable=0.21 threshold=0.252"
+    )
 
 
 def test_degraded_wins_over_a_rollout_phase() -> None:
-    status, msg = health(md(observed_generation=2, phase="RollingBack", stable=STABLE, canary=CANARY,
-                            conditions=[cond("Degraded", True, "ConformanceFailed", "streaming")]))
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="RollingBack",
+            stable=STABLE,
+            canary=CANARY,
+            conditions=[cond("Degraded", True, "ConformanceFailed", "streaming")],
+        )
+    )
     assert (status, msg) == ("Degraded", "ConformanceFailed: streaming")
 
 
@@ -110,23 +184,40 @@ def test_degraded_phase_without_condition() -> None:
 
 
 def test_unschedulable_is_degraded() -> None:
-    status, msg = health(md(observed_generation=2, phase="Degraded", conditions=[
-        cond("Ready", False, "Unschedulable"), cond("Degraded", True, "Unschedulable", "no node has NVIDIA-B200")]))
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Degraded",
+            conditions=[
+                cond("Ready", False, "Unschedulable"),
+                cond("Degraded", True, "Unschedulable", "no node has NVIDIA-B200"),
+            ],
+        )
+    )
     assert status == "Degraded" and "NVIDIA-B200" in msg
 
 
 def test_not_ready_stable_is_progressing() -> None:
-    status, msg = health(md(observed_generation=2, phase="Stable", stable=STABLE.model_copy(update={"ready_replicas": 1}),
-                            conditions=[cond("Ready", False, "Loading", "1/4 ready, load 40%"), NOT_DEGRADED]))
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Stable",
+            stable=STABLE.model_copy(update={"ready_replicas": 1}),
+            conditions=[cond("Ready", False, "Loading", "1/4 ready, load 40%"), NOT_DEGRADED],
+        )
+    )
     assert (status, msg) == ("Progressing", "Not ready: Loading: 1/4 ready, load 40%")
-    assert health(md(observed_generation=2, phase="Stable")) == ("Progressing", "Waiting for the Ready condition")
+    assert health(md(observed_generation=2, phase="Stable")) == (
+        "Progressing",
+        "Waiting for the Ready condition",
+    )
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_objects_recorded_in_the_rollout_e2e(path: Path) -> None:
     rec = json.loads(path.read_text())
     assert health(rec["object"]) == tuple(rec["expected"])
-    assert path.stem.split("-")[0] == rec["expected"][0].lower()      # the file name says the health
+    assert path.stem.split("-")[0] == rec["expected"][0].lower()  # the file name says the health
 
 
 def test_recordings_cover_every_health_state() -> None:

@@ -19,12 +19,12 @@ def test_prefix_hits_need_computed_blocks_and_same_bundle():
     bm.grow(s, 10)
     assert len(s.block_table) == 3 and bm.num_free == 13
     t = seq("t", 10)
-    assert bm.match_prefix(t) == []              # nothing computed yet, nothing registered
+    assert bm.match_prefix(t) == []  # nothing computed yet, nothing registered
     s.num_computed = 10
     bm.commit(s)
     assert bm.match_prefix(t) == s.block_table[:2]
     other = BlockManager(16, 4, bundle_id="b")
-    assert other.root_hash != bm.root_hash       # another bundle never shares a hash chain
+    assert other.root_hash != bm.root_hash  # another bundle never shares a hash chain
     bm.release(s)
     assert bm.num_free == 16
     # a freed block keeps its hash until reused: still a hit, and taking it removes it from the free list
@@ -43,7 +43,7 @@ def test_last_token_is_never_a_hit():
     bm.grow(s, 8)
     s.num_computed = 8
     bm.commit(s)
-    assert len(bm.match_prefix(seq("t", 8))) == 1     # 8 tokens: only the first block may hit
+    assert len(bm.match_prefix(seq("t", 8))) == 1  # 8 tokens: only the first block may hit
     assert len(bm.match_prefix(seq("u", 9))) == 2
 
 
@@ -57,7 +57,7 @@ def test_reused_block_drops_its_stale_hash():
     bm.release(s)
     u = seq("u", 8, start=100)
     bm.admit(u, [])
-    bm.grow(u, 8)                                     # evicts both cached blocks
+    bm.grow(u, 8)  # evicts both cached blocks
     assert bm.match_prefix(seq("t", 9)) == []
 
 
@@ -68,11 +68,14 @@ def test_scheduler_budget_chunks_and_order():
     sch.add(a)
     sch.add(b)
     batch = sch.schedule()
-    assert [s.request_id for s in batch.seqs] == ["a", "b"] and batch.num_tokens == [7, 3]   # b chunked
+    assert [s.request_id for s in batch.seqs] == ["a", "b"] and batch.num_tokens == [7, 3]  # b chunked
     a.num_computed, b.num_computed = 7, 3
     a.token_ids.append(1)
     batch = sch.schedule()
-    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)] == [("a", 1), ("b", 4)]
+    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)] == [
+        ("a", 1),
+        ("b", 4),
+    ]
 
 
 def test_scheduler_respects_max_num_seqs_and_preempts_newest():

@@ -45,9 +45,27 @@ class Serve:
     def spawn(self, *flags: str) -> None:
         self.flags = flags
         log = open(self.tmp / f"serve-{self.port}-{time.monotonic_ns()}.log", "w")
-        cmd = [sys.executable, "-m", "modeldeploy", "serve", "--model", str(self.model), "--port", str(self.port),
-               "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny", "--bundle-id", self.bundle,
-               "--log-level", "warning", *(flags or ("--max-num-seqs", "4"))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "modeldeploy",
+            "serve",
+            "--model",
+            str(self.model),
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--served-model-name",
+            "tiny",
+            "--bundle-id",
+            self.bundle,
+            "--log-level",
+            "warning",
+            *(flags or ("--max-num-seqs", "4")),
+        ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
@@ -72,12 +90,23 @@ class Serve:
         self.spawn(*flags)
         self.wait_ready()
 
-    def complete(self, n: int, headers: dict | None = None, workers: int = 1, max_tokens: int = 4) -> list[int]:
+    def complete(
+        self, n: int, headers: dict | None = None, workers: int = 1, max_tokens: int = 4
+    ) -> list[int]:
         """n completions from `workers` concurrent clients (bounded: n requests, 120 s each)."""
+
         def one(i: int) -> int:
             with httpx.Client(base_url=self.url, timeout=120, headers=headers or {}) as c:
-                return c.post("/v1/completions", json={"model": "tiny", "prompt": f"hello {i}",
-                                                       "max_tokens": max_tokens, "temperature": 0}).status_code
+                return c.post(
+                    "/v1/completions",
+                    json={
+                        "model": "tiny",
+                        "prompt": f"hello {i}",
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                    },
+                ).status_code
+
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(one, range(n)))
 
@@ -105,17 +134,21 @@ def test_scrape_sums_real_counts_and_baselines_give_the_window(pods) -> None:
     base = Baselines()
     first = scrape_cohort([a.target, b.target], BUNDLE)
     assert set(first.pods) == {a.target, b.target} and not first.errors and first.problems() == ""
-    assert base.delta(KEY[0], BUNDLE, ("step", 0), first).finished == 0     # window opens here
+    assert base.delta(KEY[0], BUNDLE, ("step", 0), first).finished == 0  # window opens here
 
     assert a.complete(3) == [200] * 3 and b.complete(2) == [200] * 2
-    bad = httpx.post(a.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "bogus_field": 1}, timeout=30)
+    bad = httpx.post(
+        a.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "bogus_field": 1}, timeout=30
+    )
     assert bad.status_code == 400
 
     dead = f"127.0.0.1:{_free_port()}"
     t0 = time.monotonic()
     now = scrape_cohort([a.target, b.target, dead], BUNDLE, timeout=1.0)
     assert time.monotonic() - t0 < 5
-    assert "unreachable" in now.errors[dead] and dead in now.problems() and set(now.pods) == {a.target, b.target}
+    assert (
+        "unreachable" in now.errors[dead] and dead in now.problems() and set(now.pods) == {a.target, b.target}
+    )
     # cumulative totals are exactly what the two servers export
     for outcome in ("completed", "invalid"):
         want = sum(_direct(s.url, "modeldeploy_requests_total", outcome=outcome) for s in pods)
@@ -125,8 +158,8 @@ def test_scrape_sums_real_counts_and_baselines_give_the_window(pods) -> None:
     # the window holds only what was sent since it opened, per pod
     d = base.delta(KEY[0], BUNDLE, ("step", 0), now)
     assert d.outcomes["completed"] == 5 and d.outcomes["invalid"] == 1 and d.outcomes["rejected"] == 0
-    assert d.ttft.count == 5 and d.itl.count >= 5          # 4 tokens each: >= 1 gap per request
-    assert d.error_rate() == 0.0 and d.invalid_rate() == pytest.approx(1 / 6)   # the 400 is the client's
+    assert d.ttft.count == 5 and d.itl.count >= 5  # 4 tokens each: >= 1 gap per request
+    assert d.error_rate() == 0.0 and d.invalid_rate() == pytest.approx(1 / 6)  # the 400 is the client's
     assert now.pods[a.target].since(first.pods[a.target]).outcomes["completed"] == 3
     # a new mark (next step) starts a new window
     assert base.delta(KEY[0], BUNDLE, ("step", 1), now).finished == 0
@@ -149,11 +182,14 @@ def test_restarted_pod_counts_from_zero_in_the_window(pods) -> None:
     base = Baselines()
     base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE))
     assert b.complete(2) == [200, 200]
-    assert base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE)).outcomes["completed"] == 2
-    b.restart("--max-num-seqs", "4", "--api-key", "s3cret")   # same address, counters back to zero
+    assert (
+        base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE)).outcomes["completed"]
+        == 2
+    )
+    b.restart("--max-num-seqs", "4", "--api-key", "s3cret")  # same address, counters back to zero
     assert b.complete(1, headers={"Authorization": "Bearer s3cret"}) == [200]
     d = base.delta(KEY[0], BUNDLE, "w", scrape_cohort([a.target, b.target], BUNDLE))
-    assert d.outcomes["completed"] == 1                 # b's 1 since restart; a served nothing
+    assert d.outcomes["completed"] == 1  # b's 1 since restart; a served nothing
     base.forget(KEY[0])
     assert len(base) == 0
 
@@ -164,7 +200,7 @@ def test_conformance_runner_passes_on_a_real_server_without_blocking(pods) -> No
     t0 = time.monotonic()
     assert runner.start(KEY, a.url) is True
     assert time.monotonic() - t0 < 0.5 and runner.result(KEY) is None and runner.running(KEY)
-    assert runner.start(KEY, a.url) is False            # one run per (md uid, bundle)
+    assert runner.start(KEY, a.url) is False  # one run per (md uid, bundle)
     passed, summary = runner.wait(KEY, 290)
     assert passed, summary
     assert summary.startswith("conformance passed: 8 checks")
@@ -172,10 +208,10 @@ def test_conformance_runner_passes_on_a_real_server_without_blocking(pods) -> No
 
 def test_conformance_runner_names_failed_checks(pods) -> None:
     _, b = pods
-    if "--api-key" not in b.flags:                      # when run alone
+    if "--api-key" not in b.flags:  # when run alone
         b.restart("--max-num-seqs", "4", "--api-key", "s3cret")
     runner = ConformanceRunner(deadline_s=120, request_timeout_s=30)
-    runner.start(KEY, b.url, model="tiny")              # no key: every /v1 call is a 401
+    runner.start(KEY, b.url, model="tiny")  # no key: every /v1 call is a 401
     passed, summary = runner.wait(KEY, 130)
     assert not passed
     assert summary.startswith("conformance failed checks: ") and "normal_response" in summary
@@ -189,7 +225,7 @@ def test_conformance_runner_nothing_listening() -> None:
     runner.start(KEY, url)
     passed, summary = runner.wait(KEY, 40)
     assert not passed and url in summary and "could not run" in summary
-    runner.forget_md(KEY[0])                            # finished: dropped, so a new canary can run again
+    runner.forget_md(KEY[0])  # finished: dropped, so a new canary can run again
     assert runner.result(KEY) is None and runner.start(KEY, url) is True
     runner.wait(KEY, 40)
 
@@ -206,7 +242,7 @@ def test_conformance_runner_deadline_on_a_hung_pod() -> None:
         time.sleep(1.3)
         passed, summary = runner.result(KEY)
         assert not passed and "did not finish within 1s" in summary
-        runner.forget(KEY)                              # thread still waiting on the socket: key stays busy
+        runner.forget(KEY)  # thread still waiting on the socket: key stays busy
         assert runner.running(KEY) and runner.start(KEY, url) is False
 
 
@@ -221,10 +257,18 @@ def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path,
         dead = f"127.0.0.1:{_free_port()}"
 
         def interval():
-            return cohort_analysis(base, "uid-analysis", ("step", 0), (stable.bundle, [stable.target]),
-                                   (canary.bundle, [canary.target, dead]), cfg, step=0, time="t")
+            return cohort_analysis(
+                base,
+                "uid-analysis",
+                ("step", 0),
+                (stable.bundle, [stable.target]),
+                (canary.bundle, [canary.target, dead]),
+                cfg,
+                step=0,
+                time="t",
+            )
 
-        opening, _ = interval()                             # opens both windows: nothing counted yet
+        opening, _ = interval()  # opens both windows: nothing counted yet
         assert opening.verdict == "Inconclusive" and all(m.samples == 0 for m in opening.metrics)
         for s in (stable, canary):
             assert s.complete(24, workers=8, max_tokens=8) == [200] * 24

@@ -58,7 +58,17 @@ def test_helm_lint_clean() -> None:
 @needs_helm
 def test_helm_template_renders_least_privilege_role() -> None:
     r = subprocess.run(
-        [helm(), "template", "md", str(CHART), "--kube-version", "1.36.3", "-n", "modeldeploy-system", "--include-crds"],
+        [
+            helm(),
+            "template",
+            "md",
+            str(CHART),
+            "--kube-version",
+            "1.36.3",
+            "-n",
+            "modeldeploy-system",
+            "--include-crds",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

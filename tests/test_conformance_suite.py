@@ -30,35 +30,82 @@ def _sloppy_app() -> Starlette:
     async def completions(request: Request):
         body = await request.json()
         if body.get("stream"):
+
             async def gen():
                 for piece in ("a", "b"):
-                    yield "data: " + json.dumps({"id": "x", "object": "text_completion", "created": 1,
-                                                 "model": "sloppy", "choices": [{"index": 0, "text": piece,
-                                                                                 "finish_reason": "length"}]}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "id": "x",
+                                "object": "text_completion",
+                                "created": 1,
+                                "model": "sloppy",
+                                "choices": [{"index": 0, "text": piece, "finish_reason": "length"}],
+                            }
+                        )
+                        + "\n\n"
+                    )
+
             return StreamingResponse(gen(), media_type="text/event-stream")
-        return JSONResponse({"id": "x", "object": "text_completion", "created": 1, "model": "sloppy",
-                             "choices": [{"index": 0, "text": "ab", "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 9}})
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "text_completion",
+                "created": 1,
+                "model": "sloppy",
+                "choices": [{"index": 0, "text": "ab", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 9},
+            }
+        )
 
     async def chat(request: Request):
         body = await request.json()
         if body.get("stream"):
+
             async def gen():
                 for piece in ("a", "b"):
-                    yield "data: " + json.dumps({"id": piece, "object": "chat.completion.chunk", "created": 1,
-                                                 "model": "sloppy", "choices": [{"index": 0, "delta": {
-                                                     "content": piece}, "finish_reason": "stop"}]}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "id": piece,
+                                "object": "chat.completion.chunk",
+                                "created": 1,
+                                "model": "sloppy",
+                                "choices": [
+                                    {"index": 0, "delta": {"content": piece}, "finish_reason": "stop"}
+                                ],
+                            }
+                        )
+                        + "\n\n"
+                    )
+
             return StreamingResponse(gen(), media_type="text/event-stream")
-        return JSONResponse({"id": "y", "object": "chat.completion", "created": 1, "model": "sloppy",
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ab"},
-                                          "finish_reason": "stop"}],
-                             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        return JSONResponse(
+            {
+                "id": "y",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "sloppy",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ab"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        )
 
     async def ready(request: Request):
         return JSONResponse({"status": "ready"})
 
-    return Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"]),
-                             Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health/ready", ready)])
+    return Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/health/ready", ready),
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +127,14 @@ def test_suite_fails_a_sloppy_server(sloppy_url, tmp_path):
     report = run_conformance(ConformanceConfig(url=sloppy_url, requests=4, concurrency=2))
     verdicts = {c.name: c for c in report.checks}
     assert not report.passed
-    assert verdicts["normal_response"].verdict == "fail"          # total_tokens != prompt + completion
+    assert verdicts["normal_response"].verdict == "fail"  # total_tokens != prompt + completion
     assert any("total_tokens" in f for f in verdicts["normal_response"].failures)
     assert verdicts["streaming"].verdict == "fail"
     assert any("[DONE]" in f for f in verdicts["streaming"].failures)
-    assert verdicts["error_handling"].verdict == "fail"           # unknown field and model accepted
+    assert verdicts["error_handling"].verdict == "fail"  # unknown field and model accepted
     assert any("unsupported_parameter" in f for f in verdicts["error_handling"].failures)
     assert any("unknown_model" in f for f in verdicts["error_handling"].failures)
-    assert verdicts["readiness"].verdict == "skip"                # no /health/live
+    assert verdicts["readiness"].verdict == "skip"  # no /health/live
     assert any("no modeldeploy_* metrics" in c for c in report.caveats)
     assert report.bundle is None
     out = tmp_path / "ev.json"
@@ -98,21 +145,47 @@ def test_suite_fails_a_sloppy_server(sloppy_url, tmp_path):
 
 def test_cli_exit_codes(sloppy_url, tmp_path):
     out = tmp_path / "ev.json"
-    p = subprocess.run([sys.executable, "-m", "modeldeploy", "conformance", sloppy_url, "--json", str(out),
-                        "--requests", "2", "--concurrency", "2"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modeldeploy",
+            "conformance",
+            sloppy_url,
+            "--json",
+            str(out),
+            "--requests",
+            "2",
+            "--concurrency",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "FAIL" in p.stdout and json.loads(out.read_text())["passed"] is False
-    p = subprocess.run([sys.executable, "-m", "modeldeploy", "conformance", "localhost:1"], capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "conformance", "localhost:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "http://" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "modeldeploy", "conformance", "http://127.0.0.1:1"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "conformance", "http://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "cannot reach" in p.stderr
 
 
 def test_conformance_never_imports_torch_or_the_engine():
-    code = ("import sys, modeldeploy.conformance, modeldeploy.conformance.cli; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'fastapi') "
-            "or m.startswith('modeldeploy.runtime')]; print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, modeldeploy.conformance, modeldeploy.conformance.cli; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'fastapi') "
+        "or m.startswith('modeldeploy.runtime')]; print(bad); sys.exit(1 if bad else 0)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr

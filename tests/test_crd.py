@@ -61,11 +61,18 @@ def test_schema_is_structural_and_described() -> None:
 def test_defaults_are_in_schema() -> None:
     spec = schema()["properties"]["spec"]["properties"]
     assert spec["replicas"]["default"] == 1
-    assert spec["topology"]["default"]["gpusPerReplica"] == 1 and spec["topology"]["default"]["tensorParallel"] == 1
+    assert (
+        spec["topology"]["default"]["gpusPerReplica"] == 1
+        and spec["topology"]["default"]["tensorParallel"] == 1
+    )
     assert spec["topology"]["properties"]["tolerations"]["default"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
-    assert spec["rollout"]["properties"]["steps"]["default"][0] == {"weight": 10, "pauseSeconds": 60, "awaitPromotion": False}
+    assert spec["rollout"]["properties"]["steps"]["default"][0] == {
+        "weight": 10,
+        "pauseSeconds": 60,
+        "awaitPromotion": False,
+    }
 
 
 def rules(path: str) -> list[dict[str, str]]:

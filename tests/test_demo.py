@@ -39,15 +39,24 @@ CANARY = status(
         MetricVerdict(metric="error_rate", stable=0.0, canary=0.0, threshold=0.05, samples=42, verdict="Pass")]),
     conditions=[Condition(type="Degraded", status="False", reason="Progressing")],
 )  # fmt: skip
-COHORTS = [demo.Cohort("base", "base000000000000", "stable", ok=812, errors=0),
-           demo.Cohort("slow", "slow000000000000", "canary", ok=95, errors=3)]
+COHORTS = [
+    demo.Cohort("base", "base000000000000", "stable", ok=812, errors=0),
+    demo.Cohort("slow", "slow000000000000", "canary", ok=95, errors=3),
+]
 
 
 def snap() -> demo.Snapshot:
-    return demo.Snapshot(61.24, "slow bundle: expecting rollback", CANARY,
-                         [("NewBundle", "canary slow000000000000"), ("AnalysisFailed", "step 1: ttft_p95_seconds 0.93 > 0.315"),
-                          ("Updated", "updated Service chat to the desired state")],
-                         COHORTS)
+    return demo.Snapshot(
+        61.24,
+        "slow bundle: expecting rollback",
+        CANARY,
+        [
+            ("NewBundle", "canary slow000000000000"),
+            ("AnalysisFailed", "step 1: ttft_p95_seconds 0.93 > 0.315"),
+            ("Updated", "updated Service chat to the desired state"),
+        ],
+        COHORTS,
+    )
 
 
 def test_spec_is_valid_and_each_bundle_change_is_a_new_bundle_id() -> None:
@@ -60,19 +69,28 @@ def test_spec_is_valid_and_each_bundle_change_is_a_new_bundle_id() -> None:
     assert len(ids) == 3
     spec = ModelDeploymentSpec.model_validate(base)
     assert spec.rollout.analysis.min_samples == 8 and spec.bundle.model.uri == "pvc://models/tiny-llama"
-    assert demo.ANALYSIS["maxTtftP95Ratio"] == 3.0                                  # spec_for copied, not aliased
+    assert demo.ANALYSIS["maxTtftP95Ratio"] == 3.0  # spec_for copied, not aliased
 
 
 def test_roles_from_status() -> None:
-    assert [demo.role_of(CANARY, b) for b in ("base000000000000", "slow000000000000", "prior00000000000",
-                                              "bad0000000000000", "other")] == ["stable", "canary", "prior", "failed", ""]
+    assert [
+        demo.role_of(CANARY, b)
+        for b in ("base000000000000", "slow000000000000", "prior00000000000", "bad0000000000000", "other")
+    ] == ["stable", "canary", "prior", "failed", ""]
 
 
 def test_phase_line_names_phase_cohorts_weight_verdict_and_traffic() -> None:
     line = demo.phase_line(snap())
     assert line.startswith("[  61.2s] Canary")
-    for part in ("stable base000000000000", "canary slow000000000000", "weight 50%", "analysis Fail",
-                 "base 812 ok/0 err", "slow 95 ok/3 err", "expecting rollback"):
+    for part in (
+        "stable base000000000000",
+        "canary slow000000000000",
+        "weight 50%",
+        "analysis Fail",
+        "base 812 ok/0 err",
+        "slow 95 ok/3 err",
+        "expecting rollback",
+    ):
         assert part in line, (part, line)
 
 
@@ -80,18 +98,34 @@ def test_view_shows_analysis_figures_traffic_and_events() -> None:
     buf = io.StringIO()
     Console(file=buf, width=160, color_system=None).print(demo.view(snap()))
     text = buf.getvalue()
-    for part in ("Canary", "base000000000000 rev seed0  ready 1/1", "50%", "last analysis: Fail",
-                 "ttft_p95_seconds", "0.93", "0.315", "42", "812", "AnalysisFailed", "0.93 > 0.315"):
+    for part in (
+        "Canary",
+        "base000000000000 rev seed0  ready 1/1",
+        "50%",
+        "last analysis: Fail",
+        "ttft_p95_seconds",
+        "0.93",
+        "0.315",
+        "42",
+        "812",
+        "AnalysisFailed",
+        "0.93 > 0.315",
+    ):
         assert part in text, (part, text)
-    assert "updated Service" not in text                                          # child writes left out
+    assert "updated Service" not in text  # child writes left out
     ttft = next(ln for ln in text.splitlines() if "ttft_p95_seconds" in ln)
     assert ttft.split()[-1] == "Fail"
 
 
 def test_summary_passes_only_when_promoted_and_rolled_back_by_analysis() -> None:
-    out = demo.Outcome(bundles={"good": "g" * 16, "slow": "s" * 16}, promoted=True, rollback_reason="AnalysisFailed",
-                       rollback_message="step 1: ttft_p95_seconds 0.9 > 0.3", cohorts=COHORTS,
-                       seconds={"good rollout": 40.0})
+    out = demo.Outcome(
+        bundles={"good": "g" * 16, "slow": "s" * 16},
+        promoted=True,
+        rollback_reason="AnalysisFailed",
+        rollback_message="step 1: ttft_p95_seconds 0.9 > 0.3",
+        cohorts=COHORTS,
+        seconds={"good rollout": 40.0},
+    )
     lines = demo.summary(out)
     assert out.ok and lines[-1] == "result: PASS"
     assert lines[0] == f"good bundle {'g' * 16} (maxNumSeqs 6): promoted"

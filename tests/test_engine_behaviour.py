@@ -27,14 +27,16 @@ def test_blocks_all_free_after_random_aborts(llm):
         for i in range(12):
             rid = f"ab-{round_}-{i}"
             prompt = [rng.randrange(3, 500) for _ in range(rng.randrange(1, 90))]
-            eng.add_request(rid, prompt, SamplingParams(temperature=0.8, max_tokens=rng.randrange(4, 40), seed=i))
+            eng.add_request(
+                rid, prompt, SamplingParams(temperature=0.8, max_tokens=rng.randrange(4, 40), seed=i)
+            )
             ids.append(rid)
         steps = 0
         while eng.has_work():
             eng.step()
             steps += 1
             if rng.random() < 0.3:
-                eng.abort(rng.choice(ids))       # aborting a finished or unknown request is a no-op
+                eng.abort(rng.choice(ids))  # aborting a finished or unknown request is a no-op
             assert steps < 2000
         assert eng.stats().num_free_blocks == total
         assert eng.stats().num_running == eng.stats().num_waiting == 0
@@ -46,47 +48,61 @@ def test_seeded_sampling_is_reproducible(llm):
     a = llm.generate(["The quick brown fox", "A paged KV cache"], p)
     b = llm.generate(["The quick brown fox", "A paged KV cache"], p)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
-    c = llm.generate(["The quick brown fox"], SamplingParams(temperature=1.0, max_tokens=24, seed=99, ignore_eos=True))
+    c = llm.generate(
+        ["The quick brown fox"], SamplingParams(temperature=1.0, max_tokens=24, seed=99, ignore_eos=True)
+    )
     assert c[0].token_ids != a[0].token_ids
 
 
 def test_top_k_one_is_greedy(llm):
-    greedy = llm.generate(["Kubernetes schedules"], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
-    topk1 = llm.generate(["Kubernetes schedules"], SamplingParams(temperature=1.5, top_k=1, max_tokens=16,
-                                                                  seed=3, ignore_eos=True))
+    greedy = llm.generate(
+        ["Kubernetes schedules"], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    )
+    topk1 = llm.generate(
+        ["Kubernetes schedules"],
+        SamplingParams(temperature=1.5, top_k=1, max_tokens=16, seed=3, ignore_eos=True),
+    )
     assert greedy[0].token_ids == topk1[0].token_ids
 
 
 def test_stop_string_cuts_output_exactly(llm):
-    base = llm.generate(["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))[0]
+    base = llm.generate(
+        ["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    )[0]
     text = base.text
     assert len(text) > 12
     stop = text[6:10]
     cut = text.find(stop)
-    out = llm.generate(["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
-                                                               stop=[stop]))[0]
+    out = llm.generate(
+        ["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop])
+    )[0]
     assert out.finish_reason == "stop"
     assert out.text == text[:cut]
-    assert out.token_ids == base.token_ids[:len(out.token_ids)]
+    assert out.token_ids == base.token_ids[: len(out.token_ids)]
 
 
 def test_stop_token_ids_and_max_tokens(llm):
     base = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
     assert base.finish_reason == "length" and len(base.token_ids) == 10
     stop_tok = base.token_ids[4]
-    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
-                                                   stop_token_ids=[stop_tok]))[0]
+    out = llm.generate(
+        [[5, 6, 7]],
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, stop_token_ids=[stop_tok]),
+    )[0]
     assert out.finish_reason == "stop"
-    assert out.token_ids == base.token_ids[:base.token_ids.index(stop_tok) + 1]
+    assert out.token_ids == base.token_ids[: base.token_ids.index(stop_tok) + 1]
 
 
-@pytest.mark.parametrize("params,field", [
-    (SamplingParams(max_tokens=0), "max_tokens"),
-    (SamplingParams(temperature=-1), "temperature"),
-    (SamplingParams(top_p=0), "top_p"),
-    (SamplingParams(top_k=-5), "top_k"),
-    (SamplingParams(stop=[""]), "stop"),
-])
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        (SamplingParams(max_tokens=0), "max_tokens"),
+        (SamplingParams(temperature=-1), "temperature"),
+        (SamplingParams(top_p=0), "top_p"),
+        (SamplingParams(top_k=-5), "top_k"),
+        (SamplingParams(stop=[""]), "stop"),
+    ],
+)
 def test_bad_sampling_params_name_the_field(llm, params, field):
     with pytest.raises(ValueError, match=field):
         llm.generate(["x"], params)
@@ -116,7 +132,7 @@ def test_unsupported_architecture_named(llama_dir, tmp_path):
 
 def test_digest_mismatch_names_the_file(llama_dir, tmp_path):
     good = dir_digest(llama_dir)
-    LLM(llama_dir, model_digest=good, max_model_len=64)        # the right digest loads
+    LLM(llama_dir, model_digest=good, max_model_len=64)  # the right digest loads
     d = tmp_path / "tampered"
     shutil.copytree(llama_dir, d)
     (d / "generation_config.json").write_text("{}\n")
@@ -162,7 +178,8 @@ async def test_async_engine_stream_and_abort_frees_blocks(llama_dir):
         async for _ in eng.generate(rid, "A paged KV cache", SamplingParams(max_tokens=200, ignore_eos=True)):
             n += 1
             if n == 2:
-                break                                             # client walks away mid-stream
+                break  # client walks away mid-stream
+
     await asyncio.gather(*(consume_two(f"c{i}") for i in range(4)))
     for _ in range(100):
         if eng.stats().num_free_blocks == total and eng.stats().num_running == 0:

@@ -17,9 +17,15 @@ TEXT_PROMPTS = [
     "measures how smooth the stream feels after that, and goodput counts only the requests that met",
     "Numbers: 0 1 2 3 4 5 6 7 8 9 10 16 32 64",
 ]
-TOKEN_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 20 + 53))]   # 8 prompts in all, 1..~70 tokens
+TOKEN_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 20 + 53))]  # 8 prompts in all, 1..~70 tokens
 
-VARIANTS = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {}), ("llama", {"rope_scaling": "llama3"})]
+VARIANTS = [
+    ("llama", {}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("mistral", {}),
+    ("llama", {"rope_scaling": "llama3"}),
+]
 
 
 def hf_greedy(model_dir, prompts_ids: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -32,11 +38,13 @@ def hf_greedy(model_dir, prompts_ids: list[list[int]]) -> tuple[list[list[int]],
             x = torch.tensor([ids])
             first_logits.append(hf(x).logits[0, -1].float())
             g = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=MAX_NEW)
-            outs.append(g[0, len(ids):].tolist())
+            outs.append(g[0, len(ids) :].tolist())
     return outs, first_logits
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v[0] + ("-" + "-".join(v[1].values()) if v[1] else ""))
+@pytest.fixture(
+    scope="module", params=VARIANTS, ids=lambda v: v[0] + ("-" + "-".join(v[1].values()) if v[1] else "")
+)
 def reference(request, tiny_model):
     arch, sizes = request.param
     model_dir = tiny_model(arch, **sizes)
@@ -81,8 +89,14 @@ def test_chunked_prefill_same_tokens(reference):
 
 def test_no_chunked_prefill_same_tokens(reference):
     model_dir, prompts, expected, _ = reference
-    llm = LLM(model_dir, dtype="float32", enable_chunked_prefill=False, max_num_batched_tokens=256,
-              max_model_len=256, max_num_seqs=3)
+    llm = LLM(
+        model_dir,
+        dtype="float32",
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+        max_num_seqs=3,
+    )
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 

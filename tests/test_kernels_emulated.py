@@ -13,25 +13,27 @@ import torch
 
 from modeldeploy.kernels import activation, attention, cache, checks, emulate, norm, rotary
 
-pytestmark = pytest.mark.skipif(not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU")
+pytestmark = pytest.mark.skipif(
+    not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU"
+)
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 PROBLEMS = [
-    checks.rms_norm_problem(3, 512, f32, True, "cpu"),                  # 16-byte vector path
-    checks.rms_norm_problem(4, 100, bf16, True, "cpu"),                 # scalar path
+    checks.rms_norm_problem(3, 512, f32, True, "cpu"),  # 16-byte vector path
+    checks.rms_norm_problem(4, 100, bf16, True, "cpu"),  # scalar path
     checks.rms_norm_problem(2, 256, f16, False, "cpu"),
     checks.silu_and_mul_problem(3, 256, bf16, "cpu"),
     checks.silu_and_mul_problem(2, 36, f32, "cpu"),
     checks.rotary_problem(3, 4, 2, 64, f32, "cpu"),
     checks.rotary_problem(2, 2, 1, 128, bf16, "cpu"),
-    checks.rotary_problem(3, 2, 2, 36, f16, "cpu"),                     # scalar path (D/2 = 18)
+    checks.rotary_problem(3, 2, 2, 36, f16, "cpu"),  # scalar path (D/2 = 18)
     checks.write_kv_problem(9, 2, 64, f16, "cpu"),
     checks.write_kv_problem(5, 1, 36, f32, "cpu"),
-    checks.decode_problem([1, 17, 300, 33], 2, 4, 128, f32, "cpu"),     # split-K (see fixture)
+    checks.decode_problem([1, 17, 300, 33], 2, 4, 128, f32, "cpu"),  # split-K (see fixture)
     checks.decode_problem([40, 16, 3], 4, 1, 64, bf16, "cpu"),
     checks.decode_problem([20, 70], 1, 8, 64, f16, "cpu"),
     checks.prefill_problem([37, 30, 5], [7, 20, 1], 2, 4, 64, f32, "cpu"),
-    checks.prefill_problem([18, 9], [0, 9], 1, 2, 128, bf16, "cpu"),    # a sequence with no new tokens
+    checks.prefill_problem([18, 9], [0, 9], 1, 2, 128, bf16, "cpu"),  # a sequence with no new tokens
 ]
 
 
@@ -45,12 +47,13 @@ def emulated(monkeypatch):
 
     for mod in (activation, attention, cache, norm, rotary):
         monkeypatch.setattr(mod, "launch", record)
-    monkeypatch.setattr(attention, "_sm_count", lambda device: 16)   # small "GPU": split-K kicks in
+    monkeypatch.setattr(attention, "_sm_count", lambda device: 16)  # small "GPU": split-K kicks in
     return launches
 
 
-@pytest.mark.parametrize("index", range(len(PROBLEMS)),
-                         ids=[f"{p.kernel}-{str(p.dtype)[6:]}-{p.label}" for p in PROBLEMS])
+@pytest.mark.parametrize(
+    "index", range(len(PROBLEMS)), ids=[f"{p.kernel}-{str(p.dtype)[6:]}-{p.label}" for p in PROBLEMS]
+)
 def test_emulated_kernel_matches_twin(index, emulated):
     p = PROBLEMS[index]
     d = p.setup(index)
@@ -83,22 +86,33 @@ def test_engine_with_emulated_kernels_matches_transformers(emulated, monkeypatch
     monkeypatch.setattr(dispatch, "_impl", lambda name, t: cuda_ops.KERNELS[name])
     model_dir = tiny_model("llama", hidden_size=256, num_heads=4, num_kv_heads=2)
     prompts = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 60))]
-    outs = LLM(model_dir, dtype="float32", device="cpu").generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    outs = LLM(model_dir, dtype="float32", device="cpu").generate(
+        prompts, SamplingParams(temperature=0, max_tokens=8)
+    )
     kinds = {n.split("<")[0] for n in emulated}
-    assert kinds >= {"rms_norm_kernel", "silu_and_mul_kernel", "rotary_kernel", "write_kv_kernel",
-                     "paged_attention_kernel"}, kinds
+    assert kinds >= {
+        "rms_norm_kernel",
+        "silu_and_mul_kernel",
+        "rotary_kernel",
+        "write_kv_kernel",
+        "paged_attention_kernel",
+    }, kinds
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for p, o in zip(prompts, outs, strict=True):
         x = torch.tensor([p])
         with torch.no_grad():
             g = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8)
-        assert o.token_ids == g[0, len(p):].tolist()
+        assert o.token_ids == g[0, len(p) :].tolist()
 
 
-@pytest.mark.parametrize("make", [
-    lambda: checks.decode_problem([1, 17, 300, 33], 2, 4, 128, bf16, "cpu"),
-    lambda: checks.prefill_problem([37, 21], [7, 21], 1, 8, 128, f16, "cpu"),
-], ids=["decode", "prefill"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: checks.decode_problem([1, 17, 300, 33], 2, 4, 128, bf16, "cpu"),
+        lambda: checks.prefill_problem([37, 21], [7, 21], 1, 8, 128, f16, "cpu"),
+    ],
+    ids=["decode", "prefill"],
+)
 def test_unroll8_variant_matches_twin(make, emulated, monkeypatch):
     """The UNROLL=8 instantiations the GPU check times against the default."""
     monkeypatch.setattr(attention, "UNROLL", 8)

@@ -64,7 +64,7 @@ def test_launch_follows_torch_current_stream():
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         x = torch.randn(256, 8192, device="cuda")
-        x.mul_(2.0)                                    # queued on s, before the kernel
+        x.mul_(2.0)  # queued on s, before the kernel
         out = activation.silu_and_mul(x)
     s.synchronize()
     torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :4096]) * x[:, 4096:])

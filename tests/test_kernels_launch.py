@@ -23,7 +23,7 @@ pytest.importorskip("cupy", reason="cupy is a dev dependency")
 
 def cpp_params(family: str, template: str) -> list[type]:
     """NumPy scalar type expected for each parameter of `template`'s __global__ function."""
-    src = re.sub(r"//[^\n]*", "", build.source(family))           # comments may hold ')'
+    src = re.sub(r"//[^\n]*", "", build.source(family))  # comments may hold ')'
     m = re.search(rf"__global__ void(?: __launch_bounds__\([^)]*\))?\s*{template}\(([^)]*)\)", src, re.S)
     assert m, template
     params = [p.strip() for p in m.group(1).split(",")]
@@ -65,14 +65,16 @@ def check_launch(call, dtype: torch.dtype):
     assert [type(a) for a in args] == expected, (name, [type(a) for a in args], expected)
 
 
-@pytest.mark.parametrize("p", checks.correctness_problems("cpu"), ids=lambda p: f"{p.kernel}-{str(p.dtype)[6:]}-{p.label}")
+@pytest.mark.parametrize(
+    "p", checks.correctness_problems("cpu"), ids=lambda p: f"{p.kernel}-{str(p.dtype)[6:]}-{p.label}"
+)
 def test_problem_launches_match_signatures(p, launches):
     inputs = p.setup(5)
     twin_in = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     want = p.twin(twin_in)
     assert all(torch.isfinite(w.double()).all() for w in want)
     assert p.nbytes(inputs) > 0
-    p.cuda(inputs)                                # recorded, not run
+    p.cuda(inputs)  # recorded, not run
     assert launches, "the wrapper fell back to the twin instead of launching"
     for call in launches:
         check_launch(call, p.dtype)
@@ -81,8 +83,11 @@ def test_problem_launches_match_signatures(p, launches):
 def test_split_k_launches_reduce(launches):
     p = checks.decode_problem([1, 17, 700, 33], 2, 4, 128, torch.bfloat16, device="cpu")
     p.cuda(p.setup(0))
-    assert [c[1].split("<")[0] for c in launches] == ["paged_attention_kernel", "paged_attention_reduce_kernel"]
-    assert launches[0][2][2] > 1                  # grid.z = partitions
+    assert [c[1].split("<")[0] for c in launches] == [
+        "paged_attention_kernel",
+        "paged_attention_reduce_kernel",
+    ]
+    assert launches[0][2][2] > 1  # grid.z = partitions
 
 
 def test_unaligned_rows_take_the_scalar_path(launches):
@@ -93,10 +98,11 @@ def test_unaligned_rows_take_the_scalar_path(launches):
 
 
 def test_unsupported_layouts_fall_back_to_twins(launches):
-    q = torch.randn(2, 6, 96)                     # head_dim 96: no instantiation
+    q = torch.randn(2, 6, 96)  # head_dim 96: no instantiation
     kc = torch.randn(4, 16, 2, 96)
-    out = attention.paged_attention_decode(q, kc, kc, torch.tensor([[0], [1]], dtype=torch.int32),
-                                           torch.tensor([3, 5], dtype=torch.int32), 0.1)
+    out = attention.paged_attention_decode(
+        q, kc, kc, torch.tensor([[0], [1]], dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32), 0.1
+    )
     assert out.shape == q.shape and not launches
 
 

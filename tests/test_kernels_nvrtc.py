@@ -37,7 +37,8 @@ def test_nvrtc_loads_and_headers_found():
     major, _ = nvrtc.getVersion()
     assert major >= 12
     assert build.cuda_include_dir() is not None, (
-        "cuda_fp16.h / cuda_bf16.h not found: install the nvidia-cuda-runtime wheel (make setup)")
+        "cuda_fp16.h / cuda_bf16.h not found: install the nvidia-cuda-runtime wheel (make setup)"
+    )
 
 
 def test_every_cu_file_is_a_known_family():
@@ -50,10 +51,10 @@ def test_family_compiles_for_compute_90(family):
     names = build.name_expressions(family)
     ptx, lowered = compile_ptx(build.source(family), f"{family}.cu", names)
     assert ".target sm_90" in ptx
-    assert len(names) >= 3                                   # one per dtype at least
+    assert len(names) >= 3  # one per dtype at least
     for dt in build.CTYPES.values():
         assert any(dt in n for n in names), f"{family}: no {dt} instantiation"
-    for n, mangled in lowered.items():                       # each instantiation really emitted
+    for n, mangled in lowered.items():  # each instantiation really emitted
         assert mangled.startswith("_Z") and f".entry {mangled}(" in ptx, n
 
 
@@ -64,7 +65,7 @@ def test_sources_inline_the_shared_header():
 
 
 def test_a_syntax_error_fails_the_compile():
-    broken = build.source("norm").replace("float ss = 0.f;", "float ss = 0.f")   # drop a ';'
+    broken = build.source("norm").replace("float ss = 0.f;", "float ss = 0.f")  # drop a ';'
     assert broken != build.source("norm")
     with pytest.raises(RuntimeError, match="error"):
         compile_ptx(broken, "broken.cu", build.name_expressions("norm"))

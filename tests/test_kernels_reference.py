@@ -84,10 +84,11 @@ def prefill64(q, k_cache, v_cache, tables, cu, lens, scale):
         ks = torch.stack([token_kv(k_cache, tables[b], t) for t in range(L)])
         vs = torch.stack([token_kv(v_cache, tables[b], t) for t in range(L)])
         for i in range(s, e):
-            pos = L - (e - i)                      # this query's own position: sees keys 0..pos
+            pos = L - (e - i)  # this query's own position: sees keys 0..pos
             for h in range(H):
-                out[i, h] = attend64(q[i, h].double(), ks[: pos + 1, h // group],
-                                     vs[: pos + 1, h // group], scale)
+                out[i, h] = attend64(
+                    q[i, h].double(), ks[: pos + 1, h // group], vs[: pos + 1, h // group], scale
+                )
     return out
 
 
@@ -102,7 +103,7 @@ def paged_problem(lens, hkv, group, d, block_size, dtype, gen, spare_blocks=5):
     tables = torch.full((len(lens), M), -1, dtype=torch.int32)
     used = 0
     for b, n in enumerate(per_seq):
-        tables[b, :n] = perm[used: used + n].to(torch.int32)
+        tables[b, :n] = perm[used : used + n].to(torch.int32)
         used += n
     k_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen).to(dtype)
     v_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen).to(dtype)
@@ -142,7 +143,7 @@ def test_rotary_in_place(dtype, T, hq, hk, d):
     q_exp, k_exp = rotary64(positions, q, cache), rotary64(positions, k, cache)
     q_ptr = q.data_ptr()
     assert reference.rotary_embedding(positions, q, k, cache) is None
-    assert q.data_ptr() == q_ptr                                   # really in place
+    assert q.data_ptr() == q_ptr  # really in place
     assert rel_err(q, q_exp) < TOL[dtype] and rel_err(k, k_exp) < TOL[dtype]
 
 
@@ -166,7 +167,7 @@ def test_write_kv_scatters_and_skips(T, hkv, d, block_size):
     v_cache = torch.randn(n_blocks, block_size, hkv, d, generator=gen)
     k0, v0 = k_cache.clone(), v_cache.clone()
     slots = torch.randperm(n_blocks * block_size, generator=gen)[:T]
-    slots[1::3] = -1                                               # padding tokens
+    slots[1::3] = -1  # padding tokens
     k = torch.randn(T, hkv, d, generator=gen)
     v = torch.randn(T, hkv, d, generator=gen)
     reference.write_kv(k, v, k_cache, v_cache, slots)
@@ -177,8 +178,8 @@ def test_write_kv_scatters_and_skips(T, hkv, d, block_size):
             exp_k[s // block_size, s % block_size] = k[t]
             exp_v[s // block_size, s % block_size] = v[t]
     assert torch.equal(k_cache, exp_k) and torch.equal(v_cache, exp_v)
-    assert not torch.equal(k_cache, k0)                            # something was written
-    assert T == 1 or (slots == -1).any()                           # and something skipped
+    assert not torch.equal(k_cache, k0)  # something was written
+    assert T == 1 or (slots == -1).any()  # and something skipped
 
 
 DECODE_CASES = [  # lens, hkv, group, d, block_size
@@ -195,16 +196,16 @@ def test_paged_attention_decode(dtype, lens, hkv, group, d, block_size):
     gen = torch.Generator().manual_seed(sum(lens) * group + d)
     k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, dtype, gen)
     q = torch.randn(len(lens), hkv * group, d, generator=gen).to(dtype)
-    scale = d ** -0.5
+    scale = d**-0.5
     out = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, scale)
     assert out.shape == q.shape and out.dtype == dtype
     assert rel_err(out, decode64(q, k_cache, v_cache, tables, ctx, scale)) < TOL[dtype]
 
 
 PREFILL_CASES = [  # lens, new tokens per sequence, hkv, group, d, block_size
-    ([5], [5], 1, 1, 64, 16),                      # plain prompt, no cached prefix
-    ([20, 37, 3], [4, 37, 1], 2, 4, 64, 16),        # prefix + chunk, full prompt, decode-like
-    ([40, 18], [0, 18], 2, 2, 128, 16),            # a sequence with no new tokens
+    ([5], [5], 1, 1, 64, 16),  # plain prompt, no cached prefix
+    ([20, 37, 3], [4, 37, 1], 2, 4, 64, 16),  # prefix + chunk, full prompt, decode-like
+    ([40, 18], [0, 18], 2, 2, 128, 16),  # a sequence with no new tokens
     ([23, 9], [7, 9], 1, 8, 32, 8),
 ]
 
@@ -216,7 +217,7 @@ def test_paged_attention_prefill(dtype, lens, new, hkv, group, d, block_size):
     k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, dtype, gen)
     cu = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.int32)
     q = torch.randn(int(cu[-1]), hkv * group, d, generator=gen).to(dtype)
-    scale = d ** -0.5
+    scale = d**-0.5
     out = reference.paged_attention_prefill(q, k_cache, v_cache, tables, cu, ctx, scale)
     assert out.shape == q.shape and out.dtype == dtype
     assert rel_err(out, prefill64(q, k_cache, v_cache, tables, cu, ctx, scale)) < TOL[dtype]
@@ -238,7 +239,8 @@ def test_dispatch_uses_twins_on_cpu():
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 16, generator=gen)
     w = torch.randn(16, generator=gen)
-    torch.testing.assert_close(dispatch.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        dispatch.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0], rtol=0, atol=0
+    )
     torch.testing.assert_close(dispatch.silu_and_mul(x), reference.silu_and_mul(x), rtol=0, atol=0)
     assert dispatch._impl("silu_and_mul", x) is reference.silu_and_mul

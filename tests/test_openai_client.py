@@ -25,25 +25,44 @@ def test_completions_plain_and_stream(client):
     r = client.completions.create(model="tiny", prompt="The quick brown", max_tokens=6, temperature=0)
     assert r.object == "text_completion" and r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    chunks = list(client.completions.create(model="tiny", prompt="The quick brown", max_tokens=6, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt="The quick brown",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
 def test_chat_plain_and_stream_with_usage(client):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
-    r = client.chat.completions.create(model="tiny", messages=msgs, max_completion_tokens=7, temperature=0, seed=3)
+    r = client.chat.completions.create(
+        model="tiny", messages=msgs, max_completion_tokens=7, temperature=0, seed=3
+    )
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert r.usage.completion_tokens <= 7
-    stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=7, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=7,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    )
     assert chunks[-1].usage.model_dump() == r.usage.model_dump() or (
         chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
-        and chunks[-1].usage.completion_tokens == r.usage.completion_tokens)
+        and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    )
 
 
 def test_responses_plain_and_stream(client):

@@ -12,8 +12,17 @@ from modeldeploy.runtime.server.metrics import ServerMetrics
 
 
 def server(bundle: str) -> ServerMetrics:
-    live = {"running": 0, "waiting": 0, "kv_usage": 0.0, "load_progress": 1.0, "load_seconds": 1.0,
-            "prompt_tokens": 0, "generation_tokens": 0, "preemptions": 0, "build_info": {"bundle": bundle}}
+    live = {
+        "running": 0,
+        "waiting": 0,
+        "kv_usage": 0.0,
+        "load_progress": 1.0,
+        "load_seconds": 1.0,
+        "prompt_tokens": 0,
+        "generation_tokens": 0,
+        "preemptions": 0,
+        "build_info": {"bundle": bundle},
+    }
     return ServerMetrics({"bundle": bundle, "engine_build": "test", "model_revision": "r1"}, lambda: live)
 
 
@@ -84,7 +93,7 @@ def test_client_errors_fail_a_canary_only_beyond_the_stable_share():
     by = {v.metric: v for v in r.metrics}
     assert r.verdict == "Pass" and by["error_rate"].canary == 0.0 and by["error_rate"].samples == 100
     for _ in range(30):
-        c.outcome("invalid")                       # 40/140 invalid on the canary vs 10/110 on stable
+        c.outcome("invalid")  # 40/140 invalid on the canary vs 10/110 on stable
     by = {v.metric: v for v in analyze(sample(s, "s"), sample(c, "c"), CFG).metrics}
     assert by["error_rate"].verdict == "Fail"
     assert by["error_rate"].canary == pytest.approx(40 / 140 - 10 / 110) and by["error_rate"].stable == 0.0
@@ -92,14 +101,14 @@ def test_client_errors_fail_a_canary_only_beyond_the_stable_share():
 
 def test_interval_delta_and_pod_restart():
     c = server("c")
-    serve(c, 50, 2.0, 0.02)                      # a slow past...
+    serve(c, 50, 2.0, 0.02)  # a slow past...
     before = sample(c, "c")
-    serve(c, 50, 0.1, 0.02, seed=3)              # ...then a fast interval
+    serve(c, 50, 0.1, 0.02, seed=3)  # ...then a fast interval
     delta = sample(c, "c").since(before)
     assert delta.finished == 50 and delta.ttft.quantile(0.95) < 0.25
     restarted = server("c")
     serve(restarted, 10, 0.1, 0.02)
-    assert sample(restarted, "c").since(before).finished == 10      # counts went down: counted from zero
+    assert sample(restarted, "c").since(before).finished == 10  # counts went down: counted from zero
 
 
 def test_other_bundles_never_join():
@@ -112,7 +121,7 @@ def test_histogram_math():
     h = Histogram(((0.1, 10.0), (0.2, 30.0), (float("inf"), 40.0)), 40.0, 5.0)
     assert h.quantile(0.25) == pytest.approx(0.1)
     assert h.quantile(0.5) == pytest.approx(0.15)
-    assert h.quantile(0.99) == pytest.approx(0.2)                  # +Inf bucket: highest finite bound
+    assert h.quantile(0.99) == pytest.approx(0.2)  # +Inf bucket: highest finite bound
     assert h.share_le(0.15) == pytest.approx(0.5)
     assert h.share_le(5.0) == pytest.approx(0.75)
     assert (h + h).count == 80 and (h + h).since(h).buckets == h.buckets

@@ -17,5 +17,7 @@ def test_tiny_example_pins_the_generated_model(tmp_path: Path) -> None:
     assert cli(["tiny-model", str(tmp_path / "tiny-llama"), "--arch", "llama", "--seed", "0"]) == 0
     spec = yaml.safe_load((ROOT / "examples" / "modeldeployment-tiny.yaml").read_text())["spec"]
     digest = dir_digest(tmp_path / "tiny-llama")
-    assert spec["bundle"]["model"]["digest"] == digest, "regenerate: make example-model, then update the example's digests"
+    assert spec["bundle"]["model"]["digest"] == digest, (
+        "regenerate: make example-model, then update the example's digests"
+    )
     assert spec["bundle"]["tokenizer"]["digest"] == digest

@@ -119,8 +119,9 @@ def at(minute: int, second: int = 0) -> str:
     return f"2026-01-01T00:{minute:02d}:{second:02d}Z"
 
 
-def advance_to(obj: dict[str, Any], obs: Observed, now: str, ready: dict[str, int] | None = None,
-               **rollout: Any) -> tuple[dict[str, Any], Observed, list]:
+def advance_to(
+    obj: dict[str, Any], obs: Observed, now: str, ready: dict[str, int] | None = None, **rollout: Any
+) -> tuple[dict[str, Any], Observed, list]:
     """One reconcile at `now`; Deployments report `ready[bundle]` ready replicas (default: all)."""
     for d in obs.deployments:
         b = d["metadata"]["labels"]["modeldeploy.dev/bundle"]
@@ -142,8 +143,20 @@ def advance_to(obj: dict[str, Any], obs: Observed, now: str, ready: dict[str, in
 
 
 def analysis(verdict: str, step: int, canary_ttft: float = 0.1) -> AnalysisResult:
-    return AnalysisResult(step=step, verdict=verdict, metrics=[MetricVerdict(
-        metric="ttft_p95_seconds", stable=0.1, canary=canary_ttft, threshold=0.12, samples=60, verdict=verdict)])
+    return AnalysisResult(
+        step=step,
+        verdict=verdict,
+        metrics=[
+            MetricVerdict(
+                metric="ttft_p95_seconds",
+                stable=0.1,
+                canary=canary_ttft,
+                threshold=0.12,
+                samples=60,
+                verdict=verdict,
+            )
+        ],
+    )
 
 
 def stable_then_change() -> tuple[dict[str, Any], Observed, str, str]:
@@ -152,7 +165,9 @@ def stable_then_change() -> tuple[dict[str, Any], Observed, str, str]:
     old = obj["status"]["stable"]["bundle"]
     obj = copy.deepcopy(obj)
     obj["spec"]["bundle"]["config"]["maxNumSeqs"] = 4
-    obj["spec"]["rollout"] = {"steps": [{"weight": 25, "pauseSeconds": 30}, {"weight": 50, "pauseSeconds": 30}]}
+    obj["spec"]["rollout"] = {
+        "steps": [{"weight": 25, "pauseSeconds": 30}, {"weight": 50, "pauseSeconds": 30}]
+    }
     obj["metadata"]["generation"] = 2
     return obj, obs, old, ""
 
@@ -166,23 +181,24 @@ def test_bundle_change_canary_gate_steps_promotion_and_warm_prior() -> None:
     obj, obs, acts = advance_to(obj, obs, at(0), ready={})
     new = obj["status"]["canary"]["bundle"]
     assert obj["status"]["phase"] == "Deploying" and new != old
-    assert {d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments} \
-        == {old: 2, new: 1}                                            # canary next to a full stable
-    assert selector(obs, "chat")["modeldeploy.dev/bundle"] == old    # no traffic before the gate
+    assert {
+        d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments
+    } == {old: 2, new: 1}  # canary next to a full stable
+    assert selector(obs, "chat")["modeldeploy.dev/bundle"] == old  # no traffic before the gate
     obj, obs, _ = advance_to(obj, obs, at(0, 20), ready={new: 0})
-    assert obj["status"]["phase"] == "Deploying"                     # still loading: hold
+    assert obj["status"]["phase"] == "Deploying"  # still loading: hold
     obj, obs, _ = advance_to(obj, obs, at(1))
     assert obj["status"]["phase"] == "Verifying"
-    obj, obs, _ = advance_to(obj, obs, at(1, 10))                    # gate still running: hold
+    obj, obs, _ = advance_to(obj, obs, at(1, 10))  # gate still running: hold
     assert obj["status"]["phase"] == "Verifying"
     obj, obs, acts = advance_to(obj, obs, at(1, 20), conformance=(True, "8/8 checks passed"))
     st = obj["status"]
     assert (st["phase"], st["currentStep"], st["canaryWeight"]) == ("Canary", 0, 25)
-    assert "modeldeploy.dev/bundle" not in selector(obs, "chat")     # both cohorts serve now
+    assert "modeldeploy.dev/bundle" not in selector(obs, "chat")  # both cohorts serve now
     assert selector(obs, "chat-canary")["modeldeploy.dev/bundle"] == new
     res = analysis("Pass", 0)
     obj, obs, _ = advance_to(obj, obs, at(1, 40), analysis=res, analysis_at=_epoch(at(1, 40)))
-    assert obj["status"]["currentStep"] == 0                         # pause of 30 s not over
+    assert obj["status"]["currentStep"] == 0  # pause of 30 s not over
     obj, obs, _ = advance_to(obj, obs, at(1, 55), analysis=res, analysis_at=_epoch(at(1, 50)))
     assert obj["status"]["currentStep"] == 1 and obj["status"]["lastAnalysis"]["verdict"] == "Pass"
     obj, obs, _ = advance_to(obj, obs, at(2, 30), analysis=analysis("Pass", 1), analysis_at=_epoch(at(2, 30)))
@@ -191,11 +207,12 @@ def test_bundle_change_canary_gate_steps_promotion_and_warm_prior() -> None:
     st = obj["status"]
     assert (st["phase"], st["stable"]["bundle"], st.get("canary")) == ("Stable", new, None)
     assert st["history"][-1]["bundle"] == old and st["rollout"]["previous"] == old
-    assert {d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments} \
-        == {new: 2, old: 1}                                            # prior bundle kept warm
+    assert {
+        d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments
+    } == {new: 2, old: 1}  # prior bundle kept warm
     assert selector(obs, "chat")["modeldeploy.dev/bundle"] == new
     assert any(isinstance(a, Event) and a.reason == "Promoted" for a in acts)
-    obj, obs, _ = advance_to(obj, obs, "2026-01-01T02:00:00Z")     # keepPrevious.seconds (3600) over
+    obj, obs, _ = advance_to(obj, obs, "2026-01-01T02:00:00Z")  # keepPrevious.seconds (3600) over
     assert [d["metadata"]["labels"]["modeldeploy.dev/bundle"] for d in obs.deployments] == [new]
 
 
@@ -205,7 +222,9 @@ def test_failed_analysis_rolls_back_and_holds_the_bundle() -> None:
     obj, obs, _ = advance_to(obj, obs, at(0, 10))
     obj, obs, _ = advance_to(obj, obs, at(0, 20), conformance=(True, "ok"))
     new = obj["status"]["canary"]["bundle"]
-    obj, obs, acts = advance_to(obj, obs, at(0, 30), analysis=analysis("Fail", 0, 0.9), analysis_at=_epoch(at(0, 30)))
+    obj, obs, acts = advance_to(
+        obj, obs, at(0, 30), analysis=analysis("Fail", 0, 0.9), analysis_at=_epoch(at(0, 30))
+    )
     assert obj["status"]["phase"] == "RollingBack" and obj["status"]["canaryWeight"] == 0
     fail = [a for a in acts if isinstance(a, Event) and a.reason == "AnalysisFailed"]
     assert fail and "ttft_p95_seconds canary=0.9 stable=0.1" in fail[0].message
@@ -217,14 +236,15 @@ def test_failed_analysis_rolls_back_and_holds_the_bundle() -> None:
     assert cond["Degraded"]["status"] == "True" and cond["Degraded"]["reason"] == "AnalysisFailed"
     obj, obs, acts = advance_to(obj, obs, at(5))
     obj, obs, acts = advance_to(obj, obs, at(6))
-    assert not [a for a in acts if isinstance(a, Create)]            # same spec: never retried
+    assert not [a for a in acts if isinstance(a, Create)]  # same spec: never retried
 
 
 def test_manual_abort_is_consumed_once() -> None:
     obj, obs, old, _ = stable_then_change()
     obj, obs, _ = advance_to(obj, obs, at(0), ready={})
-    obj, obs, acts = advance_to(obj, obs, at(0, 5), ready={}, command="abort",
-                                command_annotations=("modeldeploy.dev/abort",))
+    obj, obs, acts = advance_to(
+        obj, obs, at(0, 5), ready={}, command="abort", command_annotations=("modeldeploy.dev/abort",)
+    )
     assert obj["status"]["phase"] == "RollingBack"
     assert [a.annotations for a in acts if isinstance(a, Annotate)] == [{"modeldeploy.dev/abort": None}]
 
@@ -355,8 +375,14 @@ def test_load_progress_counts_loading_pods() -> None:
 
 
 def test_transient_node_taints_do_not_make_a_replica_impossible() -> None:
-    nodes = [NodeInfo("gpu-0", {"nvidia.com/gpu.product": "NVIDIA-H200"}, 8,
-                      (("nvidia.com/gpu", "present", "NoSchedule"), ("node.kubernetes.io/not-ready", "", "NoSchedule")))]
+    nodes = [
+        NodeInfo(
+            "gpu-0",
+            {"nvidia.com/gpu.product": "NVIDIA-H200"},
+            8,
+            (("nvidia.com/gpu", "present", "NoSchedule"), ("node.kubernetes.io/not-ready", "", "NoSchedule")),
+        )
+    ]
     acts = plan(md(), Observed(nodes=nodes), NOW)
     assert any(isinstance(a, Create) and a.obj["kind"] == "Deployment" for a in acts)
 
@@ -364,7 +390,9 @@ def test_transient_node_taints_do_not_make_a_replica_impossible() -> None:
 def test_runtime_load_failure_is_degraded_with_its_error() -> None:
     obj, obs = converge(md(), Observed(nodes=gpu_nodes()), ready=0)
     bid = obj["status"]["stable"]["bundle"]
-    obs.load_errors = {bid: "DigestMismatch: digest mismatch for /models/model: expected sha256:bb.., got sha256:73.."}
+    obs.load_errors = {
+        bid: "DigestMismatch: digest mismatch for /models/model: expected sha256:bb.., got sha256:73.."
+    }
     acts = plan(obj, obs, NOW)
     st = status_of(acts)
     deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
@@ -377,12 +405,17 @@ def test_main_service_drops_the_bundle_pin_when_the_canary_joins() -> None:
     obj, obs, old, _ = stable_then_change()
     obj, obs, _ = advance_to(obj, obs, at(0))
     obj, obs, _ = advance_to(obj, obs, at(0, 10))
-    for s in obs.services:                                         # what the API server holds after Verifying
+    for s in obs.services:  # what the API server holds after Verifying
         if s["metadata"]["name"] == "chat":
             s["spec"]["selector"]["modeldeploy.dev/bundle"] = old
     _, _, acts = advance_to(obj, obs, at(0, 20), conformance=(True, "ok"))
-    drops = [a for a in acts if isinstance(a, Patch) and a.name == "chat"
-             and a.body["spec"]["selector"].get("modeldeploy.dev/bundle", "") is None]
+    drops = [
+        a
+        for a in acts
+        if isinstance(a, Patch)
+        and a.name == "chat"
+        and a.body["spec"]["selector"].get("modeldeploy.dev/bundle", "") is None
+    ]
     assert drops, acts
 
 
@@ -391,17 +424,40 @@ def test_every_fresh_analysis_is_an_event_with_its_figures() -> None:
     obj, obs, _ = advance_to(obj, obs, at(0))
     obj, obs, _ = advance_to(obj, obs, at(0, 10))
     obj, obs, _ = advance_to(obj, obs, at(0, 20), conformance=(True, "ok"))
-    held = AnalysisResult(step=0, verdict="Inconclusive", message="pod 10.0.0.9 unreachable", metrics=[MetricVerdict(
-        metric="ttft_p95_seconds", stable=0.1, canary=0.11, threshold=0.12, samples=3, verdict="Inconclusive")])
-    obj, obs, acts = advance_to(obj, obs, at(0, 25), analysis=held, analysis_at=_epoch(at(0, 25)), analysis_fresh=True)
+    held = AnalysisResult(
+        step=0,
+        verdict="Inconclusive",
+        message="pod 10.0.0.9 unreachable",
+        metrics=[
+            MetricVerdict(
+                metric="ttft_p95_seconds",
+                stable=0.1,
+                canary=0.11,
+                threshold=0.12,
+                samples=3,
+                verdict="Inconclusive",
+            )
+        ],
+    )
+    obj, obs, acts = advance_to(
+        obj, obs, at(0, 25), analysis=held, analysis_at=_epoch(at(0, 25)), analysis_fresh=True
+    )
     ev = [a for a in acts if isinstance(a, Event) and a.reason == "Analysis"]
     assert len(ev) == 1 and ev[0].type == "Normal" and obj["status"]["phase"] == "Canary"
-    assert ev[0].message == ("step 1: Inconclusive (pod 10.0.0.9 unreachable): ttft_p95_seconds Inconclusive "
-                             "canary=0.11 stable=0.1 threshold=0.12 samples=3")
+    assert ev[0].message == (
+        "step 1: Inconclusive (pod 10.0.0.9 unreachable): ttft_p95_seconds Inconclusive "
+        "canary=0.11 stable=0.1 threshold=0.12 samples=3"
+    )
     # the same result read back from status on the next reconcile is not a new analysis
     obj, obs, acts = advance_to(obj, obs, at(0, 26), analysis=held, analysis_at=_epoch(at(0, 25)))
     assert not [a for a in acts if isinstance(a, Event) and a.reason == "Analysis"]
-    obj, obs, acts = advance_to(obj, obs, at(0, 30), analysis=analysis("Fail", 0, 0.9), analysis_at=_epoch(at(0, 30)),
-                                analysis_fresh=True)
+    obj, obs, acts = advance_to(
+        obj,
+        obs,
+        at(0, 30),
+        analysis=analysis("Fail", 0, 0.9),
+        analysis_at=_epoch(at(0, 30)),
+        analysis_fresh=True,
+    )
     assert [a.type for a in acts if isinstance(a, Event) and a.reason == "Analysis"] == ["Warning"]
     assert obj["status"]["phase"] == "RollingBack"

@@ -17,15 +17,32 @@ from modeldeploy.operator.rollout import (
     serving_bundles,
 )
 
-P = Policy(replicas=4, steps=(Step(10, 60), Step(50, 60)), load_timeout_seconds=300,
-           progress_deadline_seconds=1800, keep_previous_replicas=1, keep_previous_seconds=600)
+P = Policy(
+    replicas=4,
+    steps=(Step(10, 60), Step(50, 60)),
+    load_timeout_seconds=300,
+    progress_deadline_seconds=1800,
+    keep_previous_replicas=1,
+    keep_previous_seconds=600,
+)
 STABLE = RolloutState(phase="Stable", stable="old", phase_since=0.0)
 
 
 def result(verdict: str, step: int) -> AnalysisResult:
-    return AnalysisResult(step=step, verdict=verdict, metrics=[MetricVerdict(
-        metric="ttft_p95_seconds", stable=0.1, canary=0.5 if verdict == "Fail" else 0.1, threshold=0.12,
-        samples=80, verdict=verdict)])
+    return AnalysisResult(
+        step=step,
+        verdict=verdict,
+        metrics=[
+            MetricVerdict(
+                metric="ttft_p95_seconds",
+                stable=0.1,
+                canary=0.5 if verdict == "Fail" else 0.1,
+                threshold=0.12,
+                samples=80,
+                verdict=verdict,
+            )
+        ],
+    )
 
 
 def test_first_bundle_becomes_stable():
@@ -38,7 +55,7 @@ def test_good_bundle_walks_every_phase_to_promotion():
     s = advance(STABLE, P, Signals(desired="new"), 10.0).state
     assert (s.phase, s.canary, s.started_at) == ("Deploying", "new", 10.0)
     assert cohort_replicas(s, P, 10.0) == {"old": 4, "new": 1} and canary_weight(s, P) == 0
-    assert serving_bundles(s) == ["old"]                          # no traffic before the gate
+    assert serving_bundles(s) == ["old"]  # no traffic before the gate
     assert advance(s, P, Signals(desired="new", canary_ready=0), 20.0).event is None
     s = advance(s, P, Signals(desired="new", canary_ready=1), 30.0).state
     assert s.phase == "Verifying"
@@ -46,18 +63,20 @@ def test_good_bundle_walks_every_phase_to_promotion():
     assert (s.phase, s.step, canary_weight(s, P)) == ("Canary", 0, 10)
     assert serving_bundles(s) == ["old", "new"]
     early = Signals(desired="new", canary_ready=1, analysis=result("Pass", 0), analysis_at=70.0)
-    assert advance(s, P, early, 70.0).event is None               # still in the 60 s pause
+    assert advance(s, P, early, 70.0).event is None  # still in the 60 s pause
     s = advance(s, P, replace(early, analysis_at=101.0), 101.0).state
     assert (s.phase, s.step) == ("Canary", 1)
     assert cohort_replicas(s, P, 101.0) == {"old": 4, "new": 4}
     stale = Signals(desired="new", canary_ready=4, analysis=result("Pass", 0), analysis_at=101.0)
-    assert advance(s, P, stale, 200.0).event is None              # step 0's verdict cannot pass step 1
-    s = advance(s, P, Signals(desired="new", canary_ready=4, analysis=result("Pass", 1), analysis_at=170.0), 170.0).state
+    assert advance(s, P, stale, 200.0).event is None  # step 0's verdict cannot pass step 1
+    s = advance(
+        s, P, Signals(desired="new", canary_ready=4, analysis=result("Pass", 1), analysis_at=170.0), 170.0
+    ).state
     assert s.phase == "Promoting"
     s = advance(s, P, Signals(desired="new", canary_ready=4), 180.0).state
     assert (s.phase, s.stable, s.canary, s.previous, s.history) == ("Stable", "new", None, "old", ("old",))
-    assert cohort_replicas(s, P, 181.0) == {"new": 4, "old": 1}   # prior bundle warm
-    assert cohort_replicas(s, P, 180.0 + 601) == {"new": 4}       # ...for keepPrevious.seconds
+    assert cohort_replicas(s, P, 181.0) == {"new": 4, "old": 1}  # prior bundle warm
+    assert cohort_replicas(s, P, 180.0 + 601) == {"new": 4}  # ...for keepPrevious.seconds
     assert advance(s, P, Signals(desired="new"), 800.0).state.previous is None
 
 
@@ -68,13 +87,13 @@ def canary_at_step0() -> RolloutState:
 def test_failed_analysis_rolls_back_and_is_not_retried():
     story = Story()
     sig = Signals(desired="bad", canary_ready=1, analysis=result("Fail", 0), analysis_at=130.0)
-    s = story.settle(canary_at_step0(), P, sig, 130.0)           # fails even before the pause ends
+    s = story.settle(canary_at_step0(), P, sig, 130.0)  # fails even before the pause ends
     assert [e[1] for e in story.events] == ["AnalysisFailed", "RolledBack", "BundleFailed"]
     assert "ttft_p95_seconds canary=0.5 stable=0.1 threshold=0.12" in story.events[0][2]
     assert (s.phase, s.stable, s.canary, s.failed) == ("Stable", "old", None, ("bad",))
     assert cohort_replicas(s, P, 131.0) == {"old": 4} and serving_bundles(s) == ["old"]
-    assert advance(s, P, Signals(desired="bad"), 500.0).event is None   # same spec: held, no retry
-    s = advance(s, P, Signals(desired="fixed"), 600.0).state              # the spec changed: go
+    assert advance(s, P, Signals(desired="bad"), 500.0).event is None  # same spec: held, no retry
+    s = advance(s, P, Signals(desired="fixed"), 600.0).state  # the spec changed: go
     assert (s.phase, s.canary) == ("Deploying", "fixed")
 
 
@@ -85,7 +104,9 @@ def test_load_timeout_crash_and_conformance_failures_roll_back():
     t = advance(dep, P, Signals(desired="c", canary_failure="digest mismatch for /models/m"), 5.0)
     assert t.event[1] == "CanaryFailed" and "digest mismatch" in t.event[2]
     ver = replace(dep, phase="Verifying")
-    t = advance(ver, P, Signals(desired="c", canary_ready=1, conformance=(False, "failed: unsupported_param")), 9.0)
+    t = advance(
+        ver, P, Signals(desired="c", canary_ready=1, conformance=(False, "failed: unsupported_param")), 9.0
+    )
     assert t.event[1] == "ConformanceFailed" and "unsupported_param" in t.event[2]
     assert canary_weight(t.state, P) == 0
 
@@ -108,7 +129,7 @@ def test_manual_controls():
     t = advance(promoted, P, Signals(desired="v3", command="rollback-to:v2"), 50.0)
     assert (t.state.stable, t.state.phase, t.event[1]) == ("v2", "Stable", "RolledBackTo")
     assert t.state.failed == ("v3",) and t.state.history == ("v1", "v3")
-    held = advance(t.state, P, Signals(desired="v3"), 51.0)                  # v3 not re-deployed
+    held = advance(t.state, P, Signals(desired="v3"), 51.0)  # v3 not re-deployed
     assert held.event[1] == "BundleFailed" and held.state.phase == "Stable" and held.state.canary is None
     assert advance(held.state, P, Signals(desired="v3"), 52.0).event is None
     t = advance(promoted, P, Signals(desired="v3", command="rollback-to:nope"), 50.0)
@@ -134,14 +155,22 @@ def test_replica_ratio_and_gateway_sizes():
 
 def test_await_promotion_step_holds_past_the_deadline_until_a_manual_promote():
     p = replace(P, steps=(Step(10, 60, await_promotion=True), Step(50, 60)), progress_deadline_seconds=300)
-    s = replace(STABLE, phase="Canary", canary="new", step=0, started_at=0.0, phase_since=0.0, reason="ConformancePassed")
+    s = replace(
+        STABLE,
+        phase="Canary",
+        canary="new",
+        step=0,
+        started_at=0.0,
+        phase_since=0.0,
+        reason="ConformancePassed",
+    )
     ok = Signals(desired="new", canary_ready=1, analysis=result("Pass", 0), analysis_at=61.0)
     t = advance(s, p, ok, 61.0)
     assert (t.state.phase, t.state.step, t.state.reason) == ("Canary", 0, "AwaitingPromotion"), t
     assert t.event[0] == "Normal" and "modeldeploy rollout promote" in t.event[2]
     held = t.state
     later = replace(ok, analysis_at=900.0)
-    assert advance(held, p, later, 900.0).event is None           # no deadline while a human decides
+    assert advance(held, p, later, 900.0).event is None  # no deadline while a human decides
     assert canary_weight(held, p) == 10
     bad = advance(held, p, replace(later, analysis=result("Fail", 0)), 901.0)
     assert (bad.state.phase, bad.state.reason) == ("RollingBack", "AnalysisFailed")  # analysis still guards
@@ -158,4 +187,4 @@ def test_a_new_rollout_retires_the_warm_prior_bundle():
     assert (t.state.phase, t.state.canary, t.state.previous) == ("Deploying", "newer", None)
     assert "prior bundle old no longer kept warm" in t.event[2]
     assert cohort_replicas(t.state, P, 10.0) == {"new": 4, "newer": 1}
-    assert t.state.history == ("old",)                            # still a rollback-to target (cold)
+    assert t.state.history == ("old",)  # still a rollback-to target (cold)

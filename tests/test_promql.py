@@ -36,7 +36,9 @@ def test_prometheus_block_parses_with_defaults() -> None:
     spec = ModelDeploymentSpec.model_validate(_spec({"address": "http://prometheus.monitoring.svc:9090"}))
     src = spec.rollout.analysis.prometheus
     assert src is not None and src.selector == 'namespace="{namespace}"' and src.window is None
-    assert src.queries.ttft_buckets is None and ModelDeploymentSpec.model_validate(_spec({"address": "https://[fd00::1]/p"}))
+    assert src.queries.ttft_buckets is None and ModelDeploymentSpec.model_validate(
+        _spec({"address": "https://[fd00::1]/p"})
+    )
     assert ModelDeploymentSpec.model_validate(md()["spec"]).rollout.analysis.prometheus is None
 
 
@@ -53,12 +55,21 @@ def test_prometheus_block_parses_with_defaults() -> None:
         ({"address": "http://p", "selector": '{job="x"}'}, "selector", "label matchers"),
         ({"address": "http://p", "window": "5"}, "window", "PromQL duration"),
         ({"address": "http://p", "window": "0s"}, "window", "PromQL duration"),
-        ({"address": "http://p", "queries": {"ttftBuckets": "sum(x{job=\"a\"})"}}, "queries.ttftBuckets",
-         "must contain {bundle}"),
-        ({"address": "http://p", "queries": {"outcomes": 'x{bundle="{bundle}"}[{Window}]'}}, "queries.outcomes",
-         "no placeholders other than"),
-        ({"address": "http://p", "queries": {"latency": 'x{bundle="{bundle}"}'}}, "queries.latency",
-         "Extra inputs are not permitted"),
+        (
+            {"address": "http://p", "queries": {"ttftBuckets": 'sum(x{job="a"})'}},
+            "queries.ttftBuckets",
+            "must contain {bundle}",
+        ),
+        (
+            {"address": "http://p", "queries": {"outcomes": 'x{bundle="{bundle}"}[{Window}]'}},
+            "queries.outcomes",
+            "no placeholders other than",
+        ),
+        (
+            {"address": "http://p", "queries": {"latency": 'x{bundle="{bundle}"}'}},
+            "queries.latency",
+            "Extra inputs are not permitted",
+        ),
         ({"selector": 'namespace="x"'}, "address", "Field required"),
     ],
 )
@@ -94,8 +105,12 @@ def test_crd_carries_the_same_rules() -> None:
 
 
 def test_render_substitutes_known_placeholders_only() -> None:
-    assert promql.render('x{a="{bundle}",{selector}}[{window}] {other}', bundle="b1", selector='ns="n"',
-                         window="30s") == 'x{a="b1",ns="n"}[30s] {other}'
+    assert (
+        promql.render(
+            'x{a="{bundle}",{selector}}[{window}] {other}', bundle="b1", selector='ns="n"', window="30s"
+        )
+        == 'x{a="b1",ns="n"}[30s] {other}'
+    )
 
 
 def test_default_queries_are_exact_window_differences() -> None:
@@ -104,17 +119,33 @@ def test_default_queries_are_exact_window_differences() -> None:
     s = 'modeldeploy_time_to_first_token_seconds_bucket{bundle="bundle-abc",namespace="team-a"}'
     assert q["ttft_buckets"] == f"sum by (le) (({s} - {s} offset 42s) >= 0 or {s})"
     assert q["itl_buckets"].startswith("sum by (le) ((modeldeploy_inter_token_latency_seconds_bucket{")
-    assert q["outcomes"].startswith('sum by (outcome) ((modeldeploy_requests_total{bundle="bundle-abc",namespace=')
-    assert all("{" + p + "}" not in v for v in q.values() for p in ("bundle", "namespace", "selector", "window"))
+    assert q["outcomes"].startswith(
+        'sum by (outcome) ((modeldeploy_requests_total{bundle="bundle-abc",namespace='
+    )
+    assert all(
+        "{" + p + "}" not in v for v in q.values() for p in ("bundle", "namespace", "selector", "window")
+    )
 
 
 def test_selector_and_overrides_are_rendered_per_cohort() -> None:
-    src = PrometheusSource(address="http://p", selector='namespace="{namespace}",pod=~"md-{bundle}-.*"',
-                           queries={"outcomes": 'sum by (outcome) (increase(r{bundle="{bundle}",{selector}}[{window}] anchored))'})
+    src = PrometheusSource(
+        address="http://p",
+        selector='namespace="{namespace}",pod=~"md-{bundle}-.*"',
+        queries={
+            "outcomes": 'sum by (outcome) (increase(r{bundle="{bundle}",{selector}}[{window}] anchored))'
+        },
+    )
     q = promql.queries(src, "b2", "ns", "5m")
-    assert q["outcomes"] == 'sum by (outcome) (increase(r{bundle="b2",namespace="ns",pod=~"md-b2-.*"}[5m] anchored))'
-    assert promql.queries(PrometheusSource(address="http://p", selector=""), "b", "n", "1s")["outcomes"].count(
-        'modeldeploy_requests_total{bundle="b",}') == 3
+    assert (
+        q["outcomes"]
+        == 'sum by (outcome) (increase(r{bundle="b2",namespace="ns",pod=~"md-b2-.*"}[5m] anchored))'
+    )
+    assert (
+        promql.queries(PrometheusSource(address="http://p", selector=""), "b", "n", "1s")["outcomes"].count(
+            'modeldeploy_requests_total{bundle="b",}'
+        )
+        == 3
+    )
 
 
 def test_window_since_step_start_bounded_or_fixed() -> None:
@@ -158,17 +189,27 @@ class FakeProm:
 
     def vector(self, key: str, series: list[tuple[dict[str, str], str]]) -> None:
         result = [{"metric": m, "value": [1700000000.0, v]} for m, v in series]
-        self.routes[key] = (200, json.dumps({"status": "success", "data": {"resultType": "vector",
-                                                                           "result": result}}).encode())
+        self.routes[key] = (
+            200,
+            json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode(),
+        )
 
     def healthy(self, bundle: str, fast: int, slow: int, completed: int, error: int = 0) -> None:
         """One cohort's answers: `fast` observations under 0.1 s, `slow` up to 5 s (both histograms)."""
         n = fast + slow
-        self.vector(f'seconds_bucket{{bundle="{bundle}"', [
-            ({"le": "0.1"}, str(fast)), ({"le": "5.0"}, str(n)), ({"le": "+Inf"}, str(n))])
-        self.vector(f'requests_total{{bundle="{bundle}"', [
-            ({"outcome": "completed"}, str(completed)), ({"outcome": "error"}, str(error)),
-            ({"outcome": "rejected"}, "0"), ({"outcome": "cancelled"}, "0")])
+        self.vector(
+            f'seconds_bucket{{bundle="{bundle}"',
+            [({"le": "0.1"}, str(fast)), ({"le": "5.0"}, str(n)), ({"le": "+Inf"}, str(n))],
+        )
+        self.vector(
+            f'requests_total{{bundle="{bundle}"',
+            [
+                ({"outcome": "completed"}, str(completed)),
+                ({"outcome": "error"}, str(error)),
+                ({"outcome": "rejected"}, "0"),
+                ({"outcome": "cancelled"}, "0"),
+            ],
+        )
 
     def close(self) -> None:
         self.server.shutdown()
@@ -189,8 +230,9 @@ def _cfg(address: str, **kw: object) -> Analysis:
 def test_answers_become_cohort_samples_and_the_same_verdicts(prom: FakeProm) -> None:
     prom.healthy("stable", fast=95, slow=5, completed=100)
     prom.healthy("canary", fast=60, slow=40, completed=99, error=1)
-    result, problem = promql.prometheus_analysis(_cfg(prom.address), "ns", "stable", "canary", since=None,
-                                                 step=1, time="t", now=1700000000.0)
+    result, problem = promql.prometheus_analysis(
+        _cfg(prom.address), "ns", "stable", "canary", since=None, step=1, time="t", now=1700000000.0
+    )
     assert problem == ""
     by = {m.metric: m for m in result.metrics}
     assert result.verdict == "Fail" and result.step == 1 and by["ttft_p95_seconds"].verdict == "Fail"
@@ -200,13 +242,15 @@ def test_answers_become_cohort_samples_and_the_same_verdicts(prom: FakeProm) -> 
     assert all(p["timeout"] == ["5s"] and "offset 30s" in p["query"][0] for p in prom.seen)
 
     src = PrometheusSource(address=prom.address)
-    stable, = promql.cohort_samples(src, "ns", ("stable",), "30s", 1700000000.0)
+    (stable,) = promql.cohort_samples(src, "ns", ("stable",), "30s", 1700000000.0)
     assert stable.ttft.buckets == ((0.1, 95.0), (5.0, 100.0), (math.inf, 100.0)) and stable.ttft.count == 100
     assert stable.outcomes == {"completed": 100.0, "error": 0.0, "rejected": 0.0, "cancelled": 0.0}
 
 
 def _problem(prom: FakeProm, **kw: object) -> str:
-    result, problem = promql.prometheus_analysis(_cfg(prom.address, **kw), "ns", "stable", "canary", since=None)
+    result, problem = promql.prometheus_analysis(
+        _cfg(prom.address, **kw), "ns", "stable", "canary", since=None
+    )
     assert result.verdict == "Inconclusive" and all(m.verdict == "Inconclusive" for m in result.metrics)
     assert prom.address in problem and "query '" in problem, problem
     return problem
@@ -215,8 +259,12 @@ def _problem(prom: FakeProm, **kw: object) -> str:
 def test_status_error_names_address_query_and_prometheus_error(prom: FakeProm) -> None:
     prom.healthy("stable", 10, 0, 10)
     prom.healthy("canary", 10, 0, 10)
-    prom.routes['requests_total{bundle="canary"'] = (400, json.dumps({
-        "status": "error", "errorType": "bad_data", "error": "1:10: parse error: unexpected <by>"}).encode())
+    prom.routes['requests_total{bundle="canary"'] = (
+        400,
+        json.dumps(
+            {"status": "error", "errorType": "bad_data", "error": "1:10: parse error: unexpected <by>"}
+        ).encode(),
+    )
     p = _problem(prom)
     assert "HTTP 400, bad_data: 1:10: parse error" in p and 'modeldeploy_requests_total{bundle="canary"' in p
 
@@ -224,7 +272,10 @@ def test_status_error_names_address_query_and_prometheus_error(prom: FakeProm) -
 def test_status_error_with_http_200_is_still_an_error(prom: FakeProm) -> None:
     prom.healthy("stable", 10, 0, 10)
     prom.healthy("canary", 10, 0, 10)
-    prom.routes['seconds_bucket{bundle="stable"'] = (200, b'{"status":"error","errorType":"timeout","error":"query timed out"}')
+    prom.routes['seconds_bucket{bundle="stable"'] = (
+        200,
+        b'{"status":"error","errorType":"timeout","error":"query timed out"}',
+    )
     assert "timeout: query timed out" in _problem(prom)
 
 
@@ -271,19 +322,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_and_hung_prometheus_are_inconclusive_in_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_and_hung_prometheus_are_inconclusive_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import time
 
     dead = f"http://127.0.0.1:{_free_port()}"
     result, problem = promql.prometheus_analysis(_cfg(dead), "ns", "s", "c", since=None)
-    assert result.verdict == "Inconclusive" and f"Prometheus {dead} query" in problem and "unreachable" in problem
+    assert (
+        result.verdict == "Inconclusive"
+        and f"Prometheus {dead} query" in problem
+        and "unreachable" in problem
+    )
     monkeypatch.setattr(promql, "TIMEOUT_S", 0.5)
-    with socket.socket() as hung:                   # accepts, never answers
+    with socket.socket() as hung:  # accepts, never answers
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         t0 = time.monotonic()
-        result, problem = promql.prometheus_analysis(_cfg(f"http://127.0.0.1:{hung.getsockname()[1]}"), "ns", "s", "c",
-                                                     since=None)
+        result, problem = promql.prometheus_analysis(
+            _cfg(f"http://127.0.0.1:{hung.getsockname()[1]}"), "ns", "s", "c", since=None
+        )
         assert time.monotonic() - t0 < 3 and result.verdict == "Inconclusive" and "ReadTimeout" in problem
 
 
@@ -291,15 +349,45 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     prom.healthy("stable", 20, 0, 20)
     prom.healthy("canary", 20, 0, 20)
     cfg = _cfg(prom.address)
-    result, problem = canary_analysis(Baselines(), "uid", "ns", ("canary", 0, None), None, ("stable", []),
-                                      ("canary", []), cfg, step=0, time="t")
+    result, problem = canary_analysis(
+        Baselines(),
+        "uid",
+        "ns",
+        ("canary", 0, None),
+        None,
+        ("stable", []),
+        ("canary", []),
+        cfg,
+        step=0,
+        time="t",
+    )
     assert result.verdict == "Pass" and problem == "" and len(prom.seen) == 6
     prom.vector('requests_total{bundle="canary"', [])
-    result, problem = canary_analysis(Baselines(), "uid", "ns", ("canary", 0, None), None, ("stable", []),
-                                      ("canary", []), cfg, step=0, time="t")
+    result, problem = canary_analysis(
+        Baselines(),
+        "uid",
+        "ns",
+        ("canary", 0, None),
+        None,
+        ("stable", []),
+        ("canary", []),
+        cfg,
+        step=0,
+        time="t",
+    )
     assert result.verdict == "Inconclusive" and "no series" in problem and "no series" in caplog.text
     # without analysis.prometheus the pods are scraped (none here: nothing to count, no query sent)
     seen = len(prom.seen)
-    result, problem = canary_analysis(Baselines(), "uid", "ns", ("canary", 0, None), None, ("stable", []),
-                                      ("canary", []), Analysis(min_samples=10), step=0, time="t")
+    result, problem = canary_analysis(
+        Baselines(),
+        "uid",
+        "ns",
+        ("canary", 0, None),
+        None,
+        ("stable", []),
+        ("canary", []),
+        Analysis(min_samples=10),
+        step=0,
+        time="t",
+    )
     assert result.verdict == "Inconclusive" and len(prom.seen) == seen

@@ -25,8 +25,13 @@ from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, PrometheusSource
 from modeldeploy.operator.canary_io import Baselines, scrape_cohort
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not PROMETHEUS.exists(),
+        reason=f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh)",
+    ),
+]
 NS = "team-a"
 
 
@@ -37,8 +42,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
     canary = Serve(tmp, llama_dir, "--max-num-seqs", "1", bundle="bundle-prom-canary")
     prom = None
     try:
-        prom = Prom(tmp, {"stable": (stable.target, NS), "canary": (canary.target, NS),
-                          "decoy": (stable.target, "team-b")})
+        prom = Prom(
+            tmp,
+            {
+                "stable": (stable.target, NS),
+                "canary": (canary.target, NS),
+                "decoy": (stable.target, "team-b"),
+            },
+        )
         stable.wait_ready()
         canary.wait_ready()
         prom.wait_ready()
@@ -56,10 +67,10 @@ class Window:
     def __init__(self, stable: Serve, canary: Serve, prom: Prom, cfg: Analysis) -> None:
         self.cohorts = ((stable.bundle, [stable.target]), (canary.bundle, [canary.target]))
         self.prom, self.cfg, self.base = prom, cfg, Baselines()
-        prom.scraped_after(time.time(), jobs=3)      # earlier traffic is in Prometheus...
-        time.sleep(1.5)                              # ...at the window start, which is up to 1 s before t0
+        prom.scraped_after(time.time(), jobs=3)  # earlier traffic is in Prometheus...
+        time.sleep(1.5)  # ...at the window start, which is up to 1 s before t0
         self.t0 = time.time()
-        self.direct()                                # opens the scrape windows: no traffic since
+        self.direct()  # opens the scrape windows: no traffic since
 
     def direct(self) -> list[CohortSample]:
         return [self.base.delta("uid", b, "w", scrape_cohort(ips, b)) for b, ips in self.cohorts]
@@ -85,18 +96,21 @@ def test_prometheus_counts_equal_the_pod_scrape_and_give_the_same_verdict(stack)
     cfg = _cfg(prom, min_samples=5)
     win = Window(stable, canary, prom, cfg)
     assert stable.complete(6) == [200] * 6 and canary.complete(6) == [200] * 6
-    bad = httpx.post(canary.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "bogus": 1}, timeout=30)
+    bad = httpx.post(
+        canary.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "bogus": 1}, timeout=30
+    )
     assert bad.status_code == 400
     direct, via_prom, now = win.both()
     assert direct[0].outcomes["completed"] == 6 and direct[1].outcomes["completed"] == 6
     assert direct[1].outcomes["invalid"] == 1 and direct[0].ttft.count == 6
     for d, p in zip(direct, via_prom, strict=True):
-        assert p.outcomes == d.outcomes                                  # exact: counters, no extrapolation
+        assert p.outcomes == d.outcomes  # exact: counters, no extrapolation
         assert p.ttft.buckets == d.ttft.buckets and p.ttft.count == d.ttft.count
         assert p.itl.buckets == d.itl.buckets and p.itl.count == d.itl.count > 0
     want = analyze(direct[0], direct[1], cfg, step=0, time="t")
-    got, problem = promql.prometheus_analysis(cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=0, time="t",
-                                              now=now)
+    got, problem = promql.prometheus_analysis(
+        cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=0, time="t", now=now
+    )
     assert problem == "" and got == want and got.verdict != "Inconclusive"
     assert {m.samples for m in got.metrics} == {6}
 
@@ -109,8 +123,9 @@ def test_one_slot_canary_fails_ttft_through_prometheus(stack) -> None:
         assert s.complete(24, workers=8, max_tokens=8) == [200] * 24
     direct, via_prom, now = win.both()
     assert [p.outcomes for p in via_prom] == [d.outcomes for d in direct]
-    result, problem = promql.prometheus_analysis(cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=1,
-                                                 time="t", now=now)
+    result, problem = promql.prometheus_analysis(
+        cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=1, time="t", now=now
+    )
     by = {m.metric: m for m in result.metrics}
     assert problem == "" and result.verdict == "Fail", result
     assert by["ttft_p95_seconds"].verdict == "Fail" and by["ttft_p95_seconds"].samples == 24
@@ -121,8 +136,16 @@ def test_one_slot_canary_fails_ttft_through_prometheus(stack) -> None:
 
 def test_real_prometheus_errors_are_inconclusive_naming_the_query(stack) -> None:
     stable, canary, prom = stack
-    broken = Analysis(min_samples=1, prometheus={"address": prom.url, "window": "30s", "queries": {
-        "outcomes": 'sum by (outcome) (modeldeploy_requests_total{bundle="{bundle}"}[{window}]'}})
+    broken = Analysis(
+        min_samples=1,
+        prometheus={
+            "address": prom.url,
+            "window": "30s",
+            "queries": {
+                "outcomes": 'sum by (outcome) (modeldeploy_requests_total{bundle="{bundle}"}[{window}]'
+            },
+        },
+    )
     result, problem = promql.prometheus_analysis(broken, NS, stable.bundle, canary.bundle, since=None)
     assert result.verdict == "Inconclusive" and prom.url in problem and "bad_data" in problem
     assert 'modeldeploy_requests_total{bundle="bundle-prom-stable"}[30s]' in problem

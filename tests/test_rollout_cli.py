@@ -16,10 +16,20 @@ from modeldeploy.operator.api import (
     ModelDeploymentStatus,
 )
 
-HISTORY = [HistoryEntry(bundle="aaaaaaaaaaaaaaaa", revision="r1", promoted_at="2026-01-01T00:00:00Z",
-                        replaced_at="2026-01-02T00:00:00Z"),
-           HistoryEntry(bundle="bbbbbbbbbbbbbbbb", revision="r2", promoted_at="2026-01-02T00:00:00Z",
-                        replaced_at="2026-01-03T00:00:00Z")]
+HISTORY = [
+    HistoryEntry(
+        bundle="aaaaaaaaaaaaaaaa",
+        revision="r1",
+        promoted_at="2026-01-01T00:00:00Z",
+        replaced_at="2026-01-02T00:00:00Z",
+    ),
+    HistoryEntry(
+        bundle="bbbbbbbbbbbbbbbb",
+        revision="r2",
+        promoted_at="2026-01-02T00:00:00Z",
+        replaced_at="2026-01-03T00:00:00Z",
+    ),
+]
 
 
 def status(**kw) -> dict:
@@ -28,16 +38,26 @@ def status(**kw) -> dict:
 
 
 def md(st: dict, annotations: dict | None = None, generation: int = 3) -> dict:
-    return {"metadata": {"name": "chat", "namespace": "llm", "generation": generation,
-                         "annotations": annotations or {}},
-            "spec": {"rollout": {"steps": [{"weight": 10}, {"weight": 50}]}}, "status": st}
+    return {
+        "metadata": {
+            "name": "chat",
+            "namespace": "llm",
+            "generation": generation,
+            "annotations": annotations or {},
+        },
+        "spec": {"rollout": {"steps": [{"weight": 10}, {"weight": 50}]}},
+        "status": st,
+    }
 
 
 def test_patch_bodies_touch_only_metadata_annotations() -> None:
-    assert rc.annotation_patch("promote", "T") == {"metadata": {"annotations": {"modeldeploy.dev/promote": "T"}}}
+    assert rc.annotation_patch("promote", "T") == {
+        "metadata": {"annotations": {"modeldeploy.dev/promote": "T"}}
+    }
     assert rc.annotation_patch("abort", "T") == {"metadata": {"annotations": {"modeldeploy.dev/abort": "T"}}}
     assert rc.annotation_patch("rollback", "T", "abc") == {
-        "metadata": {"annotations": {"modeldeploy.dev/rollback-to": "abc"}}}
+        "metadata": {"annotations": {"modeldeploy.dev/rollback-to": "abc"}}
+    }
     with pytest.raises(rc.RolloutError, match="--to BUNDLE"):
         rc.annotation_patch("rollback", "T")
     with pytest.raises(rc.RolloutError, match="unknown action 'status'"):
@@ -75,25 +95,70 @@ def test_rollback_target_errors_list_the_history() -> None:
 
 
 def test_render_canary_status_shows_every_figure() -> None:
-    analysis = AnalysisResult(time="2026-01-03T10:00:00Z", step=0, verdict="Fail", metrics=[
-        MetricVerdict(metric="ttft_p95_seconds", stable=0.21, canary=0.52, threshold=0.252, samples=120,
-                      verdict="Fail"),
-        MetricVerdict(metric="error_rate", stable=0.0, canary=0.0, threshold=0.01, samples=120, verdict="Pass"),
-    ])
-    st = status(phase="Canary", observed_generation=3, canary_weight=10, current_step=0,
-                stable=CohortStatus(bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=4, ready_replicas=4,
-                                    load_progress=1.0),
-                canary=CohortStatus(bundle="dddddddddddddddd", revision="r3", replicas=1, ready_replicas=0,
-                                    load_progress=0.4),
-                conditions=[Condition(type="Progressing", status="True", reason="AnalysisRunning",
-                                      message="step 1/2", last_transition_time="2026-01-03T09:59:00Z")],
-                history=HISTORY, last_analysis=analysis, failed_bundles=["eeeeeeeeeeeeeeee"])
+    analysis = AnalysisResult(
+        time="2026-01-03T10:00:00Z",
+        step=0,
+        verdict="Fail",
+        metrics=[
+            MetricVerdict(
+                metric="ttft_p95_seconds",
+                stable=0.21,
+                canary=0.52,
+                threshold=0.252,
+                samples=120,
+                verdict="Fail",
+            ),
+            MetricVerdict(
+                metric="error_rate", stable=0.0, canary=0.0, threshold=0.01, samples=120, verdict="Pass"
+            ),
+        ],
+    )
+    st = status(
+        phase="Canary",
+        observed_generation=3,
+        canary_weight=10,
+        current_step=0,
+        stable=CohortStatus(
+            bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=4, ready_replicas=4, load_progress=1.0
+        ),
+        canary=CohortStatus(
+            bundle="dddddddddddddddd", revision="r3", replicas=1, ready_replicas=0, load_progress=0.4
+        ),
+        conditions=[
+            Condition(
+                type="Progressing",
+                status="True",
+                reason="AnalysisRunning",
+                message="step 1/2",
+                last_transition_time="2026-01-03T09:59:00Z",
+            )
+        ],
+        history=HISTORY,
+        last_analysis=analysis,
+        failed_bundles=["eeeeeeeeeeeeeeee"],
+    )
     text = rc.render_text(md(st, {rc.PROMOTE: "2026-01-03T10:01:00Z"}), width=160)
-    for want in ("ModelDeployment llm/chat", "Canary", "bbbbbbbbbbbbbbbb rev r2  ready 4/4",
-                 "dddddddddddddddd rev r3  ready 0/1, load 40%", "10%", "1/2 (weight 10%)",
-                 "modeldeploy.dev/promote=2026-01-03T10:01:00Z", "AnalysisRunning", "last analysis step 1",
-                 "Fail", "ttft_p95_seconds", "0.21", "0.52", "0.252", "120", "aaaaaaaaaaaaaaaa",
-                 "2026-01-02T00:00:00Z", "failed bundles", "eeeeeeeeeeeeeeee"):
+    for want in (
+        "ModelDeployment llm/chat",
+        "Canary",
+        "bbbbbbbbbbbbbbbb rev r2  ready 4/4",
+        "dddddddddddddddd rev r3  ready 0/1, load 40%",
+        "10%",
+        "1/2 (weight 10%)",
+        "modeldeploy.dev/promote=2026-01-03T10:01:00Z",
+        "AnalysisRunning",
+        "last analysis step 1",
+        "Fail",
+        "ttft_p95_seconds",
+        "0.21",
+        "0.52",
+        "0.252",
+        "120",
+        "aaaaaaaaaaaaaaaa",
+        "2026-01-02T00:00:00Z",
+        "failed bundles",
+        "eeeeeeeeeeeeeeee",
+    ):
         assert want in text, want
     ttft_row = next(line for line in text.splitlines() if "ttft_p95_seconds" in line)
     assert ttft_row.split()[-1] == "Fail" and "0.52" in ttft_row
@@ -102,8 +167,12 @@ def test_render_canary_status_shows_every_figure() -> None:
 
 def test_render_inconclusive_analysis_says_what_could_not_be_read() -> None:
     why = "prometheus http://prom:9090: query 'sum by (le) (...)' returned no series"
-    st = status(phase="Canary", observed_generation=3, current_step=0,
-                last_analysis=AnalysisResult(step=0, verdict="Inconclusive", message=why))
+    st = status(
+        phase="Canary",
+        observed_generation=3,
+        current_step=0,
+        last_analysis=AnalysisResult(step=0, verdict="Inconclusive", message=why),
+    )
     text = rc.render_text(md(st), width=200)
     assert "Inconclusive" in text and f"analysis could not read: {why}" in text
 

@@ -11,8 +11,10 @@ from modeldeploy.operator.bundle import instance_labels
 from modeldeploy.operator.children import PORT, service
 
 GATEWAY = {
-    "parentRefs": [{"name": "inference-gateway", "namespace": "gateway-system", "sectionName": "https"},
-                   {"name": "internal"}],
+    "parentRefs": [
+        {"name": "inference-gateway", "namespace": "gateway-system", "sectionName": "https"},
+        {"name": "internal"},
+    ],
     "hostnames": ["llm.example.com"],
 }
 
@@ -36,14 +38,23 @@ def test_canary_step_route_shape() -> None:
     owner = r["metadata"]["ownerReferences"][0]
     assert owner["uid"] == "uid-1" and owner["kind"] == "ModelDeployment" and owner["controller"] is True
     assert r["spec"]["parentRefs"] == [
-        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway",
-         "namespace": "gateway-system", "sectionName": "https"},
+        {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": "inference-gateway",
+            "namespace": "gateway-system",
+            "sectionName": "https",
+        },
         {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "internal"},
     ]
     assert r["spec"]["hostnames"] == ["llm.example.com"]
     pin, split = r["spec"]["rules"]
-    assert pin["matches"] == [{"path": {"type": "PathPrefix", "value": "/"},
-                               "headers": [{"type": "Exact", "name": "x-modeldeploy-cohort", "value": "canary"}]}]
+    assert pin["matches"] == [
+        {
+            "path": {"type": "PathPrefix", "value": "/"},
+            "headers": [{"type": "Exact", "name": "x-modeldeploy-cohort", "value": "canary"}],
+        }
+    ]
     assert pin["backendRefs"] == [{"group": "", "kind": "Service", "name": "chat-canary", "port": PORT}]
     assert split["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
     assert routing.route_weights(r) == {"chat-stable": 90, "chat-canary": 10}
@@ -53,7 +64,10 @@ def test_canary_step_route_shape() -> None:
 def test_backends_are_the_cohort_services_children_makes() -> None:
     obj, r = build(50, True)
     names = {b["name"] for rule in r["spec"]["rules"] for b in rule["backendRefs"]}
-    cohort_services = {service(obj, "stable", "a")["metadata"]["name"], service(obj, "canary", "b")["metadata"]["name"]}
+    cohort_services = {
+        service(obj, "stable", "a")["metadata"]["name"],
+        service(obj, "canary", "b")["metadata"]["name"],
+    }
     assert names == cohort_services
     port = service(obj, "stable", "a")["spec"]["ports"][0]["port"]
     assert {b["port"] for rule in r["spec"]["rules"] for b in rule["backendRefs"]} == {port}
@@ -66,7 +80,7 @@ def test_no_canary_means_stable_only_and_no_pinning_rule() -> None:
 
 
 def test_canary_present_before_traffic_has_weight_zero_but_pinning_works() -> None:
-    _, r = build(0, True)       # Deploying / Verifying: canary exists, no weighted traffic yet
+    _, r = build(0, True)  # Deploying / Verifying: canary exists, no weighted traffic yet
     assert routing.route_weights(r) == {"chat-stable": 100, "chat-canary": 0}
     assert r["spec"]["rules"][0]["backendRefs"][0]["name"] == "chat-canary"
 
@@ -77,24 +91,33 @@ def test_promoting_sends_everything_to_canary() -> None:
 
 
 def test_custom_header_and_no_hostnames() -> None:
-    obj = md(rollout={"trafficRouting": {"gatewayAPI": {"parentRefs": [{"name": "gw"}], "cohortHeader": "x-cohort"}}})
+    obj = md(
+        rollout={
+            "trafficRouting": {"gatewayAPI": {"parentRefs": [{"name": "gw"}], "cohortHeader": "x-cohort"}}
+        }
+    )
     r = routing.http_route(obj, ModelDeploymentSpec.model_validate(obj["spec"]), 5, True)
     assert "hostnames" not in r["spec"]
     assert r["spec"]["rules"][0]["matches"][0]["headers"][0]["name"] == "x-cohort"
 
 
-@pytest.mark.parametrize(("weight", "has_canary", "header", "message"), [
-    (101, True, "x-modeldeploy-cohort", "within 0..100"),
-    (-1, True, "x-modeldeploy-cohort", "within 0..100"),
-    (10, False, "x-modeldeploy-cohort", "no canary cohort"),
-    (10, True, "bad header", "cohortHeader"),
-])
+@pytest.mark.parametrize(
+    ("weight", "has_canary", "header", "message"),
+    [
+        (101, True, "x-modeldeploy-cohort", "within 0..100"),
+        (-1, True, "x-modeldeploy-cohort", "within 0..100"),
+        (10, False, "x-modeldeploy-cohort", "no canary cohort"),
+        (10, True, "bad header", "cohortHeader"),
+    ],
+)
 def test_invalid_inputs_name_the_problem(weight, has_canary, header, message) -> None:
     with pytest.raises(ValueError, match=message):
         routing.route_rules("chat", header, weight, has_canary)
 
 
-@pytest.mark.parametrize("host", ["LLM.example.com", "llm.example.com:443", "*.*.example.com", "-x.example.com"])
+@pytest.mark.parametrize(
+    "host", ["LLM.example.com", "llm.example.com:443", "*.*.example.com", "-x.example.com"]
+)
 def test_invalid_hostnames_are_refused_naming_the_field(host) -> None:
     with pytest.raises(ValueError, match="gatewayAPI.hostnames"):
         build(10, True, hostnames=[host])

@@ -27,9 +27,16 @@ BUNDLE = "bundle-test-0001"
 
 
 def _cfg(model_dir, **kw) -> ServerConfig:
-    ecfg = EngineConfig(model=str(model_dir), device="cpu", dtype="float32", max_num_seqs=kw.pop("max_num_seqs", 2),
-                        bundle_id=BUNDLE)
-    return ServerConfig(engine=ecfg, served_model_name="tiny", engine_build="test-build", model_revision="r1", **kw)
+    ecfg = EngineConfig(
+        model=str(model_dir),
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=kw.pop("max_num_seqs", 2),
+        bundle_id=BUNDLE,
+    )
+    return ServerConfig(
+        engine=ecfg, served_model_name="tiny", engine_build="test-build", model_revision="r1", **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,44 +58,74 @@ def test_contract_eleven_requests(server):
     assert target.limit == 2 and target.has_metrics and target.model == "tiny"
     before = metrics(server)
     # 1 normal
-    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "The quick", "max_tokens": 6,
-                                                         "temperature": 0}, timeout=60)
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "The quick", "max_tokens": 6, "temperature": 0},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 6
     # 1 complete stream
-    rec = read_stream(target, "/v1/chat/completions", {"model": "tiny", "stream": True, "max_tokens": 6,
-                                                       "messages": [{"role": "user", "content": "hi"}]})
+    rec = read_stream(
+        target,
+        "/v1/chat/completions",
+        {"model": "tiny", "stream": True, "max_tokens": 6, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert rec["status"] == 200 and rec["events"][-1] == "[DONE]" and not rec["hung_up"]
     # 1 stream cancelled after its first delta
-    rec = read_stream(target, "/v1/chat/completions", {"model": "tiny", "stream": True, "max_tokens": 400,
-                                                       "ignore_eos": True,
-                                                       "messages": [{"role": "user", "content": "hi"}]},
-                      stop_after_first_delta=True)
+    rec = read_stream(
+        target,
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "stream": True,
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        stop_after_first_delta=True,
+    )
     assert rec["status"] == 200 and rec["hung_up"]
     # 8 requests from 4 workers on 2 slots
     obs = run_load(target, n=8, c=4, max_tokens=24)
     assert obs["statuses"] == {200: 8}
     assert obs["running_max"] <= 2, obs
     assert obs["waiting_max"] >= 1, obs
-    after, _ = target.wait_metrics(lambda m: outcome(m, "completed") - outcome(before, "completed") >= 10
-                                   and m.get("modeldeploy_requests_running") == 0)
+    after, _ = target.wait_metrics(
+        lambda m: (
+            outcome(m, "completed") - outcome(before, "completed") >= 10
+            and m.get("modeldeploy_requests_running") == 0
+        )
+    )
     assert outcome(after, "completed") - outcome(before, "completed") == 10
     assert outcome(after, "cancelled") - outcome(before, "cancelled") == 1
     assert outcome(after, "error") == outcome(before, "error")
     assert after.get("modeldeploy_requests_running") == 0 and after.get("modeldeploy_requests_waiting") == 0
     assert server.ctx.admission.max_running_seen <= 2
     stats = server.ctx.engine.stats()
-    assert stats.num_running == 0 and stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
+    assert (
+        stats.num_running == 0 and stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
+    )
 
 
 def test_every_series_carries_the_bundle_label(server):
     m = metrics(server)
     names = {s.name for s in m.samples}
-    for n in ("modeldeploy_requests_total", "modeldeploy_requests_running", "modeldeploy_requests_waiting",
-              "modeldeploy_time_to_first_token_seconds_bucket", "modeldeploy_inter_token_latency_seconds_bucket",
-              "modeldeploy_request_latency_seconds_bucket", "modeldeploy_queue_time_seconds_bucket",
-              "modeldeploy_prompt_tokens_total", "modeldeploy_generation_tokens_total",
-              "modeldeploy_preemptions_total", "modeldeploy_kv_cache_usage_ratio",
-              "modeldeploy_model_load_progress", "modeldeploy_model_load_seconds", "modeldeploy_build_info"):
+    for n in (
+        "modeldeploy_requests_total",
+        "modeldeploy_requests_running",
+        "modeldeploy_requests_waiting",
+        "modeldeploy_time_to_first_token_seconds_bucket",
+        "modeldeploy_inter_token_latency_seconds_bucket",
+        "modeldeploy_request_latency_seconds_bucket",
+        "modeldeploy_queue_time_seconds_bucket",
+        "modeldeploy_prompt_tokens_total",
+        "modeldeploy_generation_tokens_total",
+        "modeldeploy_preemptions_total",
+        "modeldeploy_kv_cache_usage_ratio",
+        "modeldeploy_model_load_progress",
+        "modeldeploy_model_load_seconds",
+        "modeldeploy_build_info",
+    ):
         assert n in names, n
     for s in m.samples:
         if s.name.startswith("modeldeploy_"):
@@ -106,7 +143,9 @@ def test_bundle_endpoint_shows_effective_config(server, llama_dir):
     assert b["bundle_id"] == BUNDLE and b["engine_build"] == "test-build" and b["model"]["revision"] == "r1"
     assert b["model"]["digest"] == dir_digest(llama_dir)
     ec = b["engine_config"]
-    assert ec["max_model_len"] == 1024 and ec["num_kv_blocks"] > 0 and ec["block_size"] == 16  # defaults resolved
+    assert (
+        ec["max_model_len"] == 1024 and ec["num_kv_blocks"] > 0 and ec["block_size"] == 16
+    )  # defaults resolved
     assert ec["device"] == "cpu" and ec["dtype"] == "float32" and ec["max_num_seqs"] == 2
     assert b["server"] == {"max_num_seqs": 2, "max_queue": 8, "drain_timeout_s": 30.0, "auth": False}
 
@@ -119,8 +158,10 @@ def test_health_models_and_error_format(server):
     assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
     r = c.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
-    r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-                                             "tools": []})
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": []},
+    )
     assert r.status_code == 400 and r.json()["error"]["message"] == "unsupported parameter: tools"
     r = c.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2, 10**6]})
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
@@ -136,19 +177,26 @@ def test_health_models_and_error_format(server):
 
 def test_token_id_prompt_equals_text_prompt(server):
     c = server.client()
-    text = c.post("/v1/completions", json={"model": "tiny", "prompt": "Kubernetes schedules", "max_tokens": 5,
-                                           "temperature": 0}).json()
+    text = c.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "Kubernetes schedules", "max_tokens": 5, "temperature": 0},
+    ).json()
     ids = server.ctx.engine.tokenizer("Kubernetes schedules")["input_ids"]
-    by_ids = c.post("/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 5,
-                                             "temperature": 0}).json()
+    by_ids = c.post(
+        "/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 5, "temperature": 0}
+    ).json()
     assert by_ids["choices"][0]["text"] == text["choices"][0]["text"]
     assert by_ids["usage"] == text["usage"]
 
 
 def test_responses_api_stream_event_order(server):
     c = server.client()
-    body = {"model": "tiny", "input": [{"role": "user", "content": "hello"}], "max_output_tokens": 5,
-            "temperature": 0}
+    body = {
+        "model": "tiny",
+        "input": [{"role": "user", "content": "hello"}],
+        "max_output_tokens": 5,
+        "temperature": 0,
+    }
     full = c.post("/v1/responses", json=body).json()
     assert full["object"] == "response" and full["output"][0]["role"] == "assistant"
     assert full["usage"]["output_tokens"] == 5 or full["status"] == "completed"
@@ -165,13 +213,20 @@ def test_responses_api_stream_event_order(server):
 
 
 def test_full_conformance_suite_passes(server, tmp_path):
-    report = run_conformance(ConformanceConfig(url=server.url, requests=8, concurrency=4, expect_bundle=BUNDLE))
+    report = run_conformance(
+        ConformanceConfig(url=server.url, requests=8, concurrency=4, expect_bundle=BUNDLE)
+    )
     out = tmp_path / "evidence.json"
     report.write(out)
     assert report.passed, report.table()
     rec = json.loads(out.read_text())
     assert rec["bundle"]["bundle_id"] == BUNDLE and {c["name"] for c in rec["checks"]} >= {
-        "bundle_identity", "streaming", "cancellation", "bounded_load", "error_handling"}
+        "bundle_identity",
+        "streaming",
+        "cancellation",
+        "bounded_load",
+        "error_handling",
+    }
     load = next(c for c in rec["checks"] if c["name"] == "bounded_load")["observations"]
     assert load["running_max"] <= 2 and load["waiting_max"] >= 1
 
@@ -180,7 +235,9 @@ def test_wrong_bundle_fails_the_identity_check(server):
     from modeldeploy.conformance.suite import CHECKS
 
     others = [c for c in CHECKS if c != "bundle_identity"]
-    report = run_conformance(ConformanceConfig(url=server.url, expect_bundle="some-other-bundle", skip=others))
+    report = run_conformance(
+        ConformanceConfig(url=server.url, expect_bundle="some-other-bundle", skip=others)
+    )
     assert not report.passed and [c.name for c in report.checks] == ["bundle_identity"]
     assert report.checks[0].observations["metric_bundle_labels"] == [BUNDLE]
 
@@ -198,7 +255,9 @@ def test_queue_full_is_429_with_retry_after(llama_dir):
         t = threading.Thread(target=long_stream)
         t.start()
         assert started.wait(30)
-        r = httpx.post(s.url + "/v1/completions", json={"model": "tiny", "prompt": "y", "max_tokens": 2}, timeout=30)
+        r = httpx.post(
+            s.url + "/v1/completions", json={"model": "tiny", "prompt": "y", "max_tokens": 2}, timeout=30
+        )
         t.join(60)
         assert r.status_code == 429 and r.headers["Retry-After"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"

@@ -19,8 +19,10 @@ from modeldeploy.runtime.server.harness import ThreadedServer
 def _raw_request(port: int, body: bytes, read_bytes: int) -> None:
     """Send a request on a raw socket, read a little (maybe nothing), then hang up."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         got = 0
         while got < read_bytes:
             chunk = s.recv(4096)
@@ -37,8 +39,14 @@ def test_random_disconnects_free_every_block(llama_dir):
         plans = []
         for i in range(200):
             stream = rng.random() < 0.5
-            body = {"model": "tiny", "prompt": f"request {i} " * rng.randint(1, 30), "stream": stream,
-                    "max_tokens": rng.randint(8, 120), "ignore_eos": True, "temperature": rng.choice([0, 0.8])}
+            body = {
+                "model": "tiny",
+                "prompt": f"request {i} " * rng.randint(1, 30),
+                "stream": stream,
+                "max_tokens": rng.randint(8, 120),
+                "ignore_eos": True,
+                "temperature": rng.choice([0, 0.8]),
+            }
             mode = rng.choice(["complete", "hangup_now", "hangup_soon"])
             read = {"complete": 1 << 30, "hangup_now": 0, "hangup_soon": rng.randint(1, 600)}[mode]
             plans.append((json.dumps(body).encode(), read))
@@ -46,15 +54,24 @@ def test_random_disconnects_free_every_block(llama_dir):
         def run(plan):
             body, read = plan
             _raw_request(s.port, body, read) if read < (1 << 30) else httpx.post(
-                s.url + "/v1/completions", content=body, headers={"Content-Type": "application/json"}, timeout=120)
+                s.url + "/v1/completions",
+                content=body,
+                headers={"Content-Type": "application/json"},
+                timeout=120,
+            )
 
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(run, plans))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             st = s.ctx.engine.stats()
-            if s.ctx.admission.running == 0 and s.ctx.admission.waiting == 0 and st.num_running == 0 \
-                    and st.num_waiting == 0 and st.num_free_blocks == total:
+            if (
+                s.ctx.admission.running == 0
+                and s.ctx.admission.waiting == 0
+                and st.num_running == 0
+                and st.num_waiting == 0
+                and st.num_free_blocks == total
+            ):
                 break
             time.sleep(0.05)
         st = s.ctx.engine.stats()
@@ -66,6 +83,3 @@ def test_random_disconnects_free_every_block(llama_dir):
         assert m.get("modeldeploy_requests_total", outcome="cancelled") >= 50  # hang-ups were really seen
         assert m.get("modeldeploy_kv_cache_usage_ratio") == 0.0
         assert m.get("modeldeploy_requests_running") == 0 and m.get("modeldeploy_requests_waiting") == 0
-
-
-

@@ -27,8 +27,17 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "modeldeploy-base:bookworm"
 IMAGE = "modeldeploy-runtime:ci"
-CONTEXT = ["pyproject.toml", "README.md", "Dockerfile.runtime", "modeldeploy", "operator", "runtime", "kernels",
-           "conformance", "e2e"]
+CONTEXT = [
+    "pyproject.toml",
+    "README.md",
+    "Dockerfile.runtime",
+    "modeldeploy",
+    "operator",
+    "runtime",
+    "kernels",
+    "conformance",
+    "e2e",
+]
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -41,7 +50,11 @@ def docker(*args: str, timeout: float = 120, check: bool = True, **kw) -> subpro
 
 @pytest.fixture(scope="module")
 def engine():
-    if shutil.which("docker") is None or shutil.which("dockerd") is None and not Path("/usr/sbin/dockerd").exists():
+    if (
+        shutil.which("docker") is None
+        or shutil.which("dockerd") is None
+        and not Path("/usr/sbin/dockerd").exists()
+    ):
         pytest.skip("no Docker engine installed (.ci/run installs docker.io)")
     started = None
     if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
@@ -50,7 +63,9 @@ def engine():
         started = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
-            assert started.poll() is None and time.monotonic() < deadline, "dockerd did not start (see its log)"
+            assert started.poll() is None and time.monotonic() < deadline, (
+                "dockerd did not start (see its log)"
+            )
             time.sleep(1)
     yield
     if started is not None:
@@ -66,9 +81,19 @@ def base_image(engine):
     assert Path(debootstrap).exists(), "debootstrap is not installed (.ci/run installs it)"
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs"
-        subprocess.run([debootstrap, "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-                        "bookworm", str(rootfs), "http://deb.debian.org/debian"], check=True, timeout=1200,
-                       capture_output=True)
+        subprocess.run(
+            [
+                debootstrap,
+                "--variant=minbase",
+                "--include=python3,python3-venv,ca-certificates",
+                "bookworm",
+                str(rootfs),
+                "http://deb.debian.org/debian",
+            ],
+            check=True,
+            timeout=1200,
+            capture_output=True,
+        )
         if HOST_CA.exists():  # the host's CA bundle, so pip in the build trusts what the host trusts
             shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
@@ -107,9 +132,33 @@ def test_container_passes_conformance_and_drains(image, llama_dir):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         name = f"modeldeploy-ci-{os.getpid()}"
-        docker("run", "-d", "--name", name, "--network", "host", "-v", f"{model}:/models/model:ro", image,
-               "--host", "127.0.0.1", "--port", str(port), "--model", "/models/model", "--device", "cpu",
-               "--served-model-name", "tiny", "--max-num-seqs", "2", "--max-queue", "8", "--bundle-id", "ci")
+        docker(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "-v",
+            f"{model}:/models/model:ro",
+            image,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            "/models/model",
+            "--device",
+            "cpu",
+            "--served-model-name",
+            "tiny",
+            "--max-num-seqs",
+            "2",
+            "--max-queue",
+            "8",
+            "--bundle-id",
+            "ci",
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 300
@@ -120,7 +169,9 @@ def test_container_passes_conformance_and_drains(image, llama_dir):
                 except httpx.TransportError:
                     pass
                 state = docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
-                assert state == "true" and time.monotonic() < deadline, docker("logs", name, check=False).stderr
+                assert state == "true" and time.monotonic() < deadline, docker(
+                    "logs", name, check=False
+                ).stderr
                 time.sleep(0.5)
             assert docker("exec", name, "id", "-u").stdout.strip() == "10001"
             report = run_conformance(ConformanceConfig(url=url, requests=8, concurrency=4))

@@ -32,8 +32,21 @@ def _port() -> int:
 def _spawn(tmp_path: Path, model: Path, *flags: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = _port()
     log = open(tmp_path / f"serve-{port}.log", "w")
-    cmd = [sys.executable, "-m", "modeldeploy", "serve", "--model", str(model), "--port", str(port),
-           "--device", "cpu", "--served-model-name", "tiny", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "modeldeploy",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--served-model-name",
+        "tiny",
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     return proc, f"http://127.0.0.1:{port}"
 
@@ -52,8 +65,15 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir):
-    proc, url = _spawn(tmp_path, llama_dir, "--max-num-seqs", "4", "--drain-timeout", "120",
-                       env={"MODELDEPLOY_LOAD_DELAY_S": "4"})
+    proc, url = _spawn(
+        tmp_path,
+        llama_dir,
+        "--max-num-seqs",
+        "4",
+        "--drain-timeout",
+        "120",
+        env={"MODELDEPLOY_LOAD_DELAY_S": "4"},
+    )
     try:
         loading, live_while_loading, refused_while_loading = [], [], None
         deadline = time.monotonic() + 180
@@ -65,13 +85,17 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
                 loading.append((r.status_code, r.json()))
                 live_while_loading.append(_get(url + "/health/live").status_code)
                 if refused_while_loading is None:
-                    refused_while_loading = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x"})
-            assert proc.poll() is None, (tmp_path / "serve.log")
+                    refused_while_loading = httpx.post(
+                        url + "/v1/completions", json={"model": "tiny", "prompt": "x"}
+                    )
+            assert proc.poll() is None, tmp_path / "serve.log"
             time.sleep(0.1)
         assert r is not None and r.status_code == 200 and r.json()["status"] == "ready"
         assert loading, "never saw the server while it was loading"
-        assert all(code == 503 and body["status"] == "loading" and 0.0 <= body["progress"] <= 1.0 and body["phase"]
-                   for code, body in loading)
+        assert all(
+            code == 503 and body["status"] == "loading" and 0.0 <= body["progress"] <= 1.0 and body["phase"]
+            for code, body in loading
+        )
         assert set(live_while_loading) == {200}
         assert refused_while_loading.status_code == 503
         assert refused_while_loading.json()["error"]["code"] == "loading"
@@ -81,8 +105,14 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
         first = [threading.Event() for _ in range(4)]
 
         def stream(i: int) -> None:
-            body = {"model": "tiny", "prompt": f"stream {i}", "max_tokens": 600, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True}}
+            body = {
+                "model": "tiny",
+                "prompt": f"stream {i}",
+                "max_tokens": 600,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as resp:
                 events = []
                 for ev in iter_sse(resp.iter_lines()):
@@ -101,7 +131,9 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
         for t in threads:
             t.join(180)
         assert proc.wait(60) == 0
-        assert draining is not None and draining.status_code == 503 and draining.json()["status"] == "draining"
+        assert (
+            draining is not None and draining.status_code == 503 and draining.json()["status"] == "draining"
+        )
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
         for res in results:
             assert res["status"] == 200 and res["events"][-1] == "[DONE]"
@@ -135,10 +167,16 @@ def test_load_failure_is_reported_and_fails_liveness(tmp_path, llama_dir):
         _stop(proc)
 
 
-@pytest.mark.parametrize("flag,value", [("--max-queue", "-1"), ("--max-num-seqs", "0"), ("--drain-timeout", "-5")])
+@pytest.mark.parametrize(
+    "flag,value", [("--max-queue", "-1"), ("--max-num-seqs", "0"), ("--drain-timeout", "-5")]
+)
 def test_bad_flags_exit_2_naming_the_flag(flag, value, llama_dir):
-    p = subprocess.run([sys.executable, "-m", "modeldeploy", "serve", "--model", str(llama_dir), flag, value],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "serve", "--model", str(llama_dir), flag, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and flag in p.stderr, p.stderr
 
 

@@ -27,23 +27,34 @@ def _err(body, model=CompletionRequest) -> APIError:
 
 def test_unsupported_parameter_is_named():
     e = _err({"model": "m", "prompt": "hi", "logit_bias": {"1": 2}})
-    assert e.body() == {"error": {"message": "unsupported parameter: logit_bias", "type": "invalid_request_error",
-                                  "param": "logit_bias", "code": "unsupported_parameter"}}
+    assert e.body() == {
+        "error": {
+            "message": "unsupported parameter: logit_bias",
+            "type": "invalid_request_error",
+            "param": "logit_bias",
+            "code": "unsupported_parameter",
+        }
+    }
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"prompt": "hi"}, "model"),
-    ({"model": "m", "prompt": "hi", "max_tokens": "3"}, "max_tokens"),
-    ({"model": "m", "prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "prompt": "hi", "temperature": 2.5}, "temperature"),
-    ({"model": "m", "prompt": "hi", "temperature": True}, "temperature"),
-    ({"model": "m", "prompt": "hi", "top_p": 0}, "top_p"),
-    ({"model": "m", "prompt": "hi", "stream": "yes"}, "stream"),
-    ({"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True, "x": 1}},
-     "stream_options.x"),
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt.0"),
-    ({"model": "m", "prompt": "hi", "stop": [1]}, "stop.0"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "hi"}, "model"),
+        ({"model": "m", "prompt": "hi", "max_tokens": "3"}, "max_tokens"),
+        ({"model": "m", "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "hi", "temperature": 2.5}, "temperature"),
+        ({"model": "m", "prompt": "hi", "temperature": True}, "temperature"),
+        ({"model": "m", "prompt": "hi", "top_p": 0}, "top_p"),
+        ({"model": "m", "prompt": "hi", "stream": "yes"}, "stream"),
+        (
+            {"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True, "x": 1}},
+            "stream_options.x",
+        ),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt.0"),
+        ({"model": "m", "prompt": "hi", "stop": [1]}, "stop.0"),
+    ],
+)
 def test_bad_fields_are_named(body, param):
     e = _err(body)
     assert e.param == param, e.message
@@ -58,14 +69,29 @@ def test_invalid_json_and_non_object():
 
 
 def test_valid_bodies_parse():
-    c = parse_body(b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stop": "x", "n": 1, "user": "u"}',
-                   CompletionRequest)
+    c = parse_body(
+        b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stop": "x", "n": 1, "user": "u"}',
+        CompletionRequest,
+    )
     assert c.prompt == [1, 2, 3] and c.stop_list() == ["x"] and c.temperature == 1.0
-    ch = parse_body(json.dumps({"model": "m", "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
-        "max_completion_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}).encode(),
-        ChatCompletionRequest)
+    ch = parse_body(
+        json.dumps(
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    },
+                ],
+                "max_completion_tokens": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode(),
+        ChatCompletionRequest,
+    )
     assert ch.messages[1].text() == "ab" and ch.token_limit() == 3 and ch.include_usage
     r = parse_body(b'{"model": "m", "input": "hello", "max_output_tokens": 5}', ResponsesRequest)
     assert r.messages() == [{"role": "user", "content": "hello"}]
@@ -77,8 +103,11 @@ def test_semantic_checks_name_the_field():
     with pytest.raises(APIError, match="stream_options"):
         parse_body(b'{"model": "m", "prompt": "x", "stream_options": {}}', CompletionRequest).check_n()
     with pytest.raises(APIError, match="mutually exclusive"):
-        parse_body(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, '
-                   b'"max_completion_tokens": 2}', ChatCompletionRequest).token_limit()
+        parse_body(
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, '
+            b'"max_completion_tokens": 2}',
+            ChatCompletionRequest,
+        ).token_limit()
     with pytest.raises(APIError, match="stop"):
         parse_body(b'{"model": "m", "prompt": "x", "stop": [""]}', CompletionRequest).stop_list()
 
@@ -94,11 +123,11 @@ async def test_admission_bounds_running_and_waiting():
     assert (adm.running, adm.waiting) == (2, 1)
     waiter = asyncio.ensure_future(c.acquire())
     await asyncio.sleep(0.01)
-    assert not waiter.done()          # third one waits for a slot
+    assert not waiter.done()  # third one waits for a slot
     a.release()
     await asyncio.wait_for(waiter, 1)
     assert (adm.running, adm.waiting, adm.max_running_seen) == (2, 0, 2)
-    a.release()                       # idempotent
+    a.release()  # idempotent
     assert adm.running == 2
     drained = asyncio.ensure_future(adm.drain(5))
     await asyncio.sleep(0.01)

@@ -11,20 +11,31 @@ from modeldeploy.e2e.cluster.local import LocalCluster, Settings
 
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
-    for name, help_ in (("up", "build what is missing, start the cluster and the process node"),
-                        ("down", "stop everything; leaves no process and no listening port"),
-                        ("status", "print components, process node and paths as JSON"),
-                        ("kubeconfig", "print the kubeconfig path (use: export KUBECONFIG=$(...))"),
-                        ("build", "compile the pinned binaries into ~/.cache/modeldeploy (cached)")):
+    for name, help_ in (
+        ("up", "build what is missing, start the cluster and the process node"),
+        ("down", "stop everything; leaves no process and no listening port"),
+        ("status", "print components, process node and paths as JSON"),
+        ("kubeconfig", "print the kubeconfig path (use: export KUBECONFIG=$(...))"),
+        ("build", "compile the pinned binaries into ~/.cache/modeldeploy (cached)"),
+    ):
         sp = sub.add_parser(name, help=help_)
-        sp.add_argument("--name", default=None, help="cluster name (default $MODELDEPLOY_CLUSTER_NAME or modeldeploy)")
+        sp.add_argument(
+            "--name", default=None, help="cluster name (default $MODELDEPLOY_CLUSTER_NAME or modeldeploy)"
+        )
         if name == "up":
             sp.add_argument("--gpu-nodes", type=int, default=2, help="simulated (kwok) GPU nodes")
             sp.add_argument("--ready-delay-ms", type=int, default=1000, help="kwok pod Running/Ready delay")
-            sp.add_argument("--bridge", default=None, help="host-local bridge of the process node "
-                            "(default $MODELDEPLOY_CLUSTER_BRIDGE or mdbr0)")
-            sp.add_argument("--pod-cidr", default=None, help="private pod CIDR on that bridge "
-                            "(default $MODELDEPLOY_CLUSTER_POD_CIDR or 10.244.0.0/24)")
+            sp.add_argument(
+                "--bridge",
+                default=None,
+                help="host-local bridge of the process node (default $MODELDEPLOY_CLUSTER_BRIDGE or mdbr0)",
+            )
+            sp.add_argument(
+                "--pod-cidr",
+                default=None,
+                help="private pod CIDR on that bridge "
+                "(default $MODELDEPLOY_CLUSTER_POD_CIDR or 10.244.0.0/24)",
+            )
     from modeldeploy.e2e.procnode import testserver
 
     testserver.configure(sub.add_parser("testserver", help="test workload for the process node"))

@@ -97,7 +97,9 @@ class Settings:
     ready_delay_ms: int = 1000
     process_node: str = "proc-0"
     bridge: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr0"))
-    pod_cidr: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.0.0/24"))
+    pod_cidr: str = field(
+        default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.0.0/24")
+    )
 
 
 class LocalCluster:
@@ -139,9 +141,13 @@ class LocalCluster:
         env.pop("KUBECONFIG", None)
         return env
 
-    def kwokctl(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def kwokctl(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bins.kwokctl), "--name", self.s.name, *args]
-        return subprocess.run(cmd, env=self._env(), text=True, capture_output=True, check=check, timeout=timeout)
+        return subprocess.run(
+            cmd, env=self._env(), text=True, capture_output=True, check=check, timeout=timeout
+        )
 
     @contextlib.contextmanager
     def _lock(self, name: str | None = None) -> Iterator[None]:
@@ -168,8 +174,12 @@ class LocalCluster:
         if not self.cluster_dir.exists() or not self.bins.kwokctl.exists():
             return False
         r = self.kwokctl("get", "components", check=False, timeout=30)
-        return r.returncode == 0 and "kube-apiserver" in r.stdout and "Unknown" not in r.stdout \
+        return (
+            r.returncode == 0
+            and "kube-apiserver" in r.stdout
+            and "Unknown" not in r.stdout
             and "Stopped" not in r.stdout
+        )
 
     def procnode_pid(self) -> int | None:
         try:
@@ -220,11 +230,21 @@ class LocalCluster:
                 # the same moment could pick the same one (seen: both kwok controllers on one port)
                 with self._lock(".create"):
                     r = self.kwokctl(
-                        "create", "cluster", "--config", str(self._config_file()),
-                        "--kubeconfig", str(self.kubeconfig), "--wait", "2m", "--quiet-pull", check=False,
+                        "create",
+                        "cluster",
+                        "--config",
+                        str(self._config_file()),
+                        "--kubeconfig",
+                        str(self.kubeconfig),
+                        "--wait",
+                        "2m",
+                        "--quiet-pull",
+                        check=False,
                     )
                 if r.returncode != 0:
-                    raise RuntimeError(f"kwokctl create cluster failed:\n{r.stdout}\n{r.stderr}\nlogs: {self.logs_dir}")
+                    raise RuntimeError(
+                        f"kwokctl create cluster failed:\n{r.stdout}\n{r.stderr}\nlogs: {self.logs_dir}"
+                    )
             self._write_kubeconfig()
             self.settings_file.write_text(json.dumps(dataclasses.asdict(self.s)))
             from modeldeploy.e2e.cluster.nodes import apply_nodes
@@ -248,12 +268,28 @@ class LocalCluster:
         self.procnode_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.procnode_dir / "procnode.log", "ab")  # noqa: SIM115 - handed to the child
         cmd = [
-            sys.executable, "-m", "modeldeploy.e2e.procnode",
-            "--kubeconfig", str(self.kubeconfig), "--node", self.s.process_node,
-            "--bridge", self.s.bridge, "--pod-cidr", self.s.pod_cidr, "--state-dir", str(self.procnode_dir),
+            sys.executable,
+            "-m",
+            "modeldeploy.e2e.procnode",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--node",
+            self.s.process_node,
+            "--bridge",
+            self.s.bridge,
+            "--pod-cidr",
+            self.s.pod_cidr,
+            "--state-dir",
+            str(self.procnode_dir),
         ]
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, env=self._env())
+        p = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=self._env(),
+        )
         self.procnode_pidfile.write_text(str(p.pid))
 
     # --- down ------------------------------------------------------------------------------
@@ -302,9 +338,13 @@ class LocalCluster:
     def status(self) -> dict[str, object]:
         running = self.cluster_running()
         out: dict[str, object] = {
-            "name": self.s.name, "running": running, "kubeconfig": str(self.kubeconfig),
-            "logs": str(self.logs_dir), "procnode_pid": self.procnode_pid(),
-            "procnode_logs": str(self.procnode_dir), "missing_binaries": [str(p) for p in self.bins.missing()],
+            "name": self.s.name,
+            "running": running,
+            "kubeconfig": str(self.kubeconfig),
+            "logs": str(self.logs_dir),
+            "procnode_pid": self.procnode_pid(),
+            "procnode_logs": str(self.procnode_dir),
+            "missing_binaries": [str(p) for p in self.bins.missing()],
         }
         if running:
             out["components"] = self.kwokctl("get", "components", check=False).stdout.strip()

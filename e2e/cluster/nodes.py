@@ -15,7 +15,11 @@ from kubernetes.client.rest import ApiException
 if TYPE_CHECKING:
     from modeldeploy.e2e.cluster.local import Settings
 
-GPU_LABELS = {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
+GPU_LABELS = {
+    "nvidia.com/gpu.product": "NVIDIA-H200",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.present": "true",
+}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 NODE_KIND = "modeldeploy.dev/node-kind"
 CAPACITY = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"}
@@ -29,8 +33,12 @@ def gpu_node(name: str, kind: str, annotations: dict[str, str] | None = None) ->
             "name": name,
             "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
             "labels": {
-                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                "type": kind, NODE_KIND: kind, **GPU_LABELS,
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": kind,
+                NODE_KIND: kind,
+                **GPU_LABELS,
             },
         },
         "spec": {"taints": [GPU_TAINT]},

@@ -33,7 +33,6 @@ class Network:
         self.prefix = f"{NETNS_PREFIX}{bridge}-"
         self._alloc = threading.Lock()  # pod workers start concurrently; one address each
 
-
     def ensure_bridge(self) -> None:
         if _ip("link", "show", self.bridge, check=False).returncode != 0:
             _ip("link", "add", self.bridge, "type", "bridge")

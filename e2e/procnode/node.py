@@ -55,12 +55,25 @@ class ProcessNode:
     # --- node registration and heartbeats --------------------------------------------------
     def _conditions(self) -> list[dict[str, Any]]:
         t = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
-        pressure = [(k, "False", f"KubeletHas{r}") for k, r in (
-            ("MemoryPressure", "SufficientMemory"), ("DiskPressure", "NoDiskPressure"),
-            ("PIDPressure", "SufficientPID"))]
-        return [{"type": k, "status": s, "reason": r, "message": "process node", "lastHeartbeatTime": t,
-                 "lastTransitionTime": t} for k, s, r in
-                [*pressure, ("Ready", "True", "KubeletReady")]]
+        pressure = [
+            (k, "False", f"KubeletHas{r}")
+            for k, r in (
+                ("MemoryPressure", "SufficientMemory"),
+                ("DiskPressure", "NoDiskPressure"),
+                ("PIDPressure", "SufficientPID"),
+            )
+        ]
+        return [
+            {
+                "type": k,
+                "status": s,
+                "reason": r,
+                "message": "process node",
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+            for k, s, r in [*pressure, ("Ready", "True", "KubeletReady")]
+        ]
 
     def register(self) -> None:
         body = gpu_node(self.name, "process")
@@ -70,12 +83,25 @@ class ProcessNode:
             if e.status != 409:
                 raise
         status = {
-            "capacity": body["status"]["capacity"], "allocatable": body["status"]["allocatable"],
+            "capacity": body["status"]["capacity"],
+            "allocatable": body["status"]["allocatable"],
             "conditions": self._conditions(),
-            "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "modeldeploy-procnode",
-                         "containerRuntimeVersion": "process://", "kernelVersion": "", "osImage": "",
-                         "machineID": "", "systemUUID": "", "bootID": "", "kubeProxyVersion": ""},
+            "addresses": [
+                {"type": "InternalIP", "address": self.ip},
+                {"type": "Hostname", "address": self.name},
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "modeldeploy-procnode",
+                "containerRuntimeVersion": "process://",
+                "kernelVersion": "",
+                "osImage": "",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kubeProxyVersion": "",
+            },
         }
         self.core.patch_node_status(self.name, {"status": status}, _content_type=SMP)
         self.renew_lease()
@@ -84,15 +110,17 @@ class ProcessNode:
         now = _now()
         spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now}
         try:
-            self.coord.patch_namespaced_lease(self.name, "kube-node-lease", {"spec": spec},
-                                              _content_type="application/merge-patch+json")
+            self.coord.patch_namespaced_lease(
+                self.name, "kube-node-lease", {"spec": spec}, _content_type="application/merge-patch+json"
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
             node = self.core.read_node(self.name)
             owner = {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node.metadata.uid}
-            self.coord.create_namespaced_lease("kube-node-lease", {
-                "metadata": {"name": self.name, "ownerReferences": [owner]}, "spec": spec})
+            self.coord.create_namespaced_lease(
+                "kube-node-lease", {"metadata": {"name": self.name, "ownerReferences": [owner]}, "spec": spec}
+            )
 
     def _heartbeat(self) -> None:
         last_status = time.monotonic()
@@ -100,8 +128,9 @@ class ProcessNode:
             try:
                 self.renew_lease()
                 if time.monotonic() - last_status > 30:
-                    self.core.patch_node_status(self.name, {"status": {"conditions": self._conditions()}},
-                                                _content_type=SMP)
+                    self.core.patch_node_status(
+                        self.name, {"status": {"conditions": self._conditions()}}, _content_type=SMP
+                    )
                     last_status = time.monotonic()
             except (ApiException, OSError) as e:
                 log.warning("heartbeat failed: %s", e)
@@ -143,9 +172,13 @@ class ProcessNode:
         self.net.remove_pod(pod.metadata.uid)
         with contextlib.suppress(ApiException):
             self.core.delete_namespaced_pod(
-                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
-                body=client.V1DeleteOptions(grace_period_seconds=0,
-                                            preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+                pod.metadata.name,
+                pod.metadata.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+                ),
+            )
 
     # --- main ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -175,4 +208,3 @@ class ProcessNode:
             w.stopped.wait(45)
         self.net.destroy_all()
         log.info("process node stopped")
-

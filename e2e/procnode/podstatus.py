@@ -29,8 +29,13 @@ def _container(c: Container, initializing: bool) -> dict[str, Any]:
     if initializing and "waiting" in state and state["waiting"]["reason"] == "ContainerCreating":
         state = {"waiting": {"reason": "PodInitializing", "message": ""}}
     s: dict[str, Any] = {
-        "name": c.spec.name, "image": c.spec.image or "", "imageID": "", "ready": c.ready,
-        "started": c.proc is not None and c.startup_ok, "restartCount": c.restarts, "state": state,
+        "name": c.spec.name,
+        "image": c.spec.image or "",
+        "imageID": "",
+        "ready": c.ready,
+        "started": c.proc is not None and c.startup_ok,
+        "restartCount": c.restarts,
+        "state": state,
         "lastState": c.last_state or {},
     }
     if c.proc is not None:
@@ -50,10 +55,18 @@ def pod_status(w: PodWorker) -> dict[str, Any]:
         phase = "Running"
     else:
         phase = "Pending"
-    sched = [{"type": "PodScheduled", "status": x.status, "lastProbeTime": None,
-              "lastTransitionTime": x.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
-              if x.last_transition_time else None}
-             for x in (w.pod.status.conditions or []) if x.type == "PodScheduled"]
+    sched = [
+        {
+            "type": "PodScheduled",
+            "status": x.status,
+            "lastProbeTime": None,
+            "lastTransitionTime": x.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+            if x.last_transition_time
+            else None,
+        }
+        for x in (w.pod.status.conditions or [])
+        if x.type == "PodScheduled"
+    ]
     conds = [
         _cond(w, "PodReadyToStartContainers", bool(w.pod_ip)),
         _cond(w, "Initialized", inited, "ContainersNotInitialized"),
@@ -63,10 +76,18 @@ def pod_status(w: PodWorker) -> dict[str, Any]:
     ]
     msg = w.unsupported or None
     failing = next((c for c in [*w.inits, *mains] if c.waiting[0].startswith("ProcessNode")), mains[0])
-    out = {"phase": phase, "conditions": conds, "containerStatuses": [_container(c, not inited) for c in mains],
-           "hostIP": w.node_ip, "hostIPs": [{"ip": w.node_ip}], "podIP": w.pod_ip or None,
-           "podIPs": [{"ip": w.pod_ip}] if w.pod_ip else [], "startTime": w.start_time, "message": msg,
-           "reason": failing.waiting[0] if msg else None}
+    out = {
+        "phase": phase,
+        "conditions": conds,
+        "containerStatuses": [_container(c, not inited) for c in mains],
+        "hostIP": w.node_ip,
+        "hostIPs": [{"ip": w.node_ip}],
+        "podIP": w.pod_ip or None,
+        "podIPs": [{"ip": w.pod_ip}] if w.pod_ip else [],
+        "startTime": w.start_time,
+        "message": msg,
+        "reason": failing.waiting[0] if msg else None,
+    }
     if w.inits:
         out["initContainerStatuses"] = [_container(c, False) for c in w.inits]
     return out

@@ -28,7 +28,11 @@ def probe_once(probe: Any, container: Any, pod_ip: str) -> tuple[bool, str]:
             g = probe.http_get
             port = resolve_port(g.port, container)
             host = g.host or pod_ip
-            cls = http.client.HTTPSConnection if (g.scheme or "HTTP").upper() == "HTTPS" else http.client.HTTPConnection
+            cls = (
+                http.client.HTTPSConnection
+                if (g.scheme or "HTTP").upper() == "HTTPS"
+                else http.client.HTTPConnection
+            )
             conn = cls(host, port, timeout=timeout)
             try:
                 headers = {h.name: h.value for h in g.http_headers or []}

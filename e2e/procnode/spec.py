@@ -82,12 +82,18 @@ def _volume_dir(pod: Any, vol: Any, core: client.CoreV1Api, state: Path) -> Path
 def _env(pod: Any, c: Any, core: client.CoreV1Api, pod_ip: str) -> dict[str, str]:
     env: dict[str, str] = {
         "PATH": f"{MODELDEPLOY.parent}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/root", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "HOSTNAME": pod.metadata.name,
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "HOSTNAME": pod.metadata.name,
     }
     ns = pod.metadata.namespace
     fields = {
-        "metadata.name": pod.metadata.name, "metadata.namespace": ns, "metadata.uid": pod.metadata.uid,
-        "spec.nodeName": pod.spec.node_name or "", "status.podIP": pod_ip,
+        "metadata.name": pod.metadata.name,
+        "metadata.namespace": ns,
+        "metadata.uid": pod.metadata.uid,
+        "spec.nodeName": pod.spec.node_name or "",
+        "status.podIP": pod_ip,
         "spec.serviceAccountName": pod.spec.service_account_name or "",
     }
     for e in c.env or []:
@@ -113,7 +119,7 @@ def _rewrite(s: str, mounts: list[tuple[str, Path]]) -> str:
         if s == mp:
             return str(local)
         if s.startswith(mp + "/"):
-            return str(local) + s[len(mp):]
+            return str(local) + s[len(mp) :]
         if s.startswith("--") and "=" in s:  # --flag=/mount/path
             flag, _, val = s.partition("=")
             if val == mp or val.startswith(mp + "/"):

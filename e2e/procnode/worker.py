@@ -138,8 +138,12 @@ class PodWorker(threading.Thread):
         rc = c.proc.poll()
         if rc is None:
             return
-        c.terminated = {"exitCode": rc if rc >= 0 else 128 - rc, "reason": "Completed" if rc == 0 else "Error",
-                        "startedAt": c.started_at, "finishedAt": ts()}
+        c.terminated = {
+            "exitCode": rc if rc >= 0 else 128 - rc,
+            "reason": "Completed" if rc == 0 else "Error",
+            "startedAt": c.started_at,
+            "finishedAt": ts(),
+        }
         c.proc = None
         if rc == 0:
             c.done = True
@@ -170,7 +174,9 @@ class PodWorker(threading.Thread):
         try:
             launch = build_launch(self.pod, c.spec, self.core, self.pod_ip, self.state_root)
         except (UnsupportedPod, ApiException) as e:
-            reason = "ProcessNodeUnsupported" if isinstance(e, UnsupportedPod) else "CreateContainerConfigError"
+            reason = (
+                "ProcessNodeUnsupported" if isinstance(e, UnsupportedPod) else "CreateContainerConfigError"
+            )
             self.unsupported = str(e)
             c.waiting = (reason, str(e))
             return
@@ -178,8 +184,13 @@ class PodWorker(threading.Thread):
         logf.write(f"--- {ts()} start #{c.restarts}: {' '.join(launch.argv)}\n".encode())
         logf.flush()
         c.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, *launch.argv], env=launch.env, cwd=launch.cwd,
-            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            ["ip", "netns", "exec", self.netns, *launch.argv],
+            env=launch.env,
+            cwd=launch.cwd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         logf.close()
         with contextlib.suppress(OSError):  # for kill_leftovers() after a crash of the node
@@ -188,9 +199,15 @@ class PodWorker(threading.Thread):
         c.ready = False
         c.startup_ok = c.spec.startup_probe is None
         t = now()
-        c.probes = {k: ProbeState(p, t) for k, p in (
-            ("startup", c.spec.startup_probe), ("readiness", c.spec.readiness_probe),
-            ("liveness", c.spec.liveness_probe)) if p is not None}
+        c.probes = {
+            k: ProbeState(p, t)
+            for k, p in (
+                ("startup", c.spec.startup_probe),
+                ("readiness", c.spec.readiness_probe),
+                ("liveness", c.spec.liveness_probe),
+            )
+            if p is not None
+        }
         log.info("%s/%s started pid %d", self.name, c.spec.name, c.proc.pid)
 
     def _probe(self, c: Container, t: float) -> None:
@@ -223,8 +240,13 @@ class PodWorker(threading.Thread):
         self._exited(c, rc, "Error", message=why)
 
     def _exited(self, c: Container, rc: int, reason: str, message: str = "") -> None:
-        c.terminated = {"exitCode": rc if rc >= 0 else 128 - rc, "reason": reason, "message": message,
-                        "startedAt": c.started_at, "finishedAt": ts()}
+        c.terminated = {
+            "exitCode": rc if rc >= 0 else 128 - rc,
+            "reason": reason,
+            "message": message,
+            "startedAt": c.started_at,
+            "finishedAt": ts(),
+        }
         if rc < 0:
             c.terminated["signal"] = -rc
         c.proc = None
@@ -264,8 +286,15 @@ class PodWorker(threading.Thread):
         if hook.sleep is not None:
             self.stopped.wait(min(float(hook.sleep.seconds), grace))
         elif hook.http_get is not None:
-            probe_once(type("Hook", (), {"http_get": hook.http_get, "tcp_socket": None,
-                                         "timeout_seconds": max(1, int(grace))})(), c.spec, self.pod_ip)
+            probe_once(
+                type(
+                    "Hook",
+                    (),
+                    {"http_get": hook.http_get, "tcp_socket": None, "timeout_seconds": max(1, int(grace))},
+                )(),
+                c.spec,
+                self.pod_ip,
+            )
 
     def _kill_all(self, grace: float) -> None:
         t0 = now()
@@ -275,8 +304,12 @@ class PodWorker(threading.Thread):
         for c in [*self.inits, *self.containers]:
             if c.proc is not None:
                 rc = self._kill(c, grace)
-                c.terminated = {"exitCode": rc if rc >= 0 else 128 - rc, "reason": "Completed" if rc == 0 else "Error",
-                                "startedAt": c.started_at, "finishedAt": ts()}
+                c.terminated = {
+                    "exitCode": rc if rc >= 0 else 128 - rc,
+                    "reason": "Completed" if rc == 0 else "Error",
+                    "startedAt": c.started_at,
+                    "finishedAt": ts(),
+                }
                 c.proc = None
                 c.done = True
                 c.ready = False
@@ -294,8 +327,11 @@ class PodWorker(threading.Thread):
             return
         try:
             self.core.patch_namespaced_pod_status(
-                self.pod.metadata.name, self.pod.metadata.namespace, {"status": st},
-                _content_type="application/merge-patch+json")
+                self.pod.metadata.name,
+                self.pod.metadata.namespace,
+                {"status": st},
+                _content_type="application/merge-patch+json",
+            )
             self.last_status = key
         except ApiException as e:
             if e.status != 404:

@@ -48,15 +48,16 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
-    async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (break, cancel, disconnect) aborts the request."""
         if self.engine is None:
             raise RuntimeError("engine not started")
         if self.error is not None:
             raise RuntimeError(f"engine failed: {self.error}")
         params.validate()
-        ids = self.engine.encode(prompt)          # validated again in the engine thread
+        ids = self.engine.encode(prompt)  # validated again in the engine thread
         _precheck(self.engine, ids, params)
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
@@ -140,5 +141,6 @@ def _precheck(engine: Engine, ids: list[int], params: SamplingParams) -> None:
         raise ValueError("prompt: must not be empty")
     limit = engine.config.max_model_len
     if len(ids) + params.max_tokens > limit:
-        raise ValueError(f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
-                         f"max_model_len {limit}")
+        raise ValueError(
+            f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds max_model_len {limit}"
+        )

@@ -24,14 +24,16 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, bundle_id: str = "", enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int, bundle_id: str = "", enable_prefix_caching: bool = True
+    ):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU first
-        self.cached: dict[int, int] = {}          # hash -> block id
+        self.cached: dict[int, int] = {}  # hash -> block id
         self.root_hash = hash(("modeldeploy-prefix", bundle_id))
         self.prefix_caching = enable_prefix_caching
-        self.hits = 0                             # cached tokens reused (counter)
+        self.hits = 0  # cached tokens reused (counter)
 
     @property
     def num_total(self) -> int:
@@ -56,7 +58,7 @@ class BlockManager:
             return []
         hits, parent, bs = [], self.root_hash, self.block_size
         for i in range((seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = self._block_hash(parent, tokens)
             bid = self.cached.get(h)
             if bid is None or self.blocks[bid].token_ids != tokens:
@@ -107,7 +109,7 @@ class BlockManager:
         if seq.num_hashed_blocks:
             parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
         for i in range(seq.num_hashed_blocks, full):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = self._block_hash(parent, tokens)
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = h, tokens

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 class Detokenizer:
     tokenizer: object
     stop: list[str] = field(default_factory=list)
-    text: str = ""                 # decoded so far (may include a stop string's first chars)
-    emitted: int = 0               # characters already handed out
+    text: str = ""  # decoded so far (may include a stop string's first chars)
+    emitted: int = 0  # characters already handed out
     prefix_offset: int = 0
     read_offset: int = 0
     stopped: bool = False
@@ -24,10 +24,12 @@ class Detokenizer:
         """token_ids: all generated ids so far (the newest at the end)."""
         if self.stopped:
             return
-        prefix = self.tokenizer.decode(token_ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        full = self.tokenizer.decode(token_ids[self.prefix_offset:], skip_special_tokens=True)
+        prefix = self.tokenizer.decode(
+            token_ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
+        )
+        full = self.tokenizer.decode(token_ids[self.prefix_offset :], skip_special_tokens=True)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            self.text += full[len(prefix):]
+            self.text += full[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
             self._check_stop()
 
@@ -43,7 +45,7 @@ class Detokenizer:
         if not final and not self.stopped and self.stop:
             hold = max(len(s) for s in self.stop) - 1
             end = max(self.emitted, end - hold)
-        out = self.text[self.emitted:end]
+        out = self.text[self.emitted : end]
         self.emitted = end
         return out
 

@@ -33,8 +33,10 @@ class Engine:
         num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if num_blocks < per_seq:
-            raise ValueError(f"num_kv_blocks: {num_blocks} blocks of {config.block_size} tokens cannot hold one "
-                             f"sequence of max_model_len {loaded.max_model_len} (needs {per_seq})")
+            raise ValueError(
+                f"num_kv_blocks: {num_blocks} blocks of {config.block_size} tokens cannot hold one "
+                f"sequence of max_model_len {loaded.max_model_len} (needs {per_seq})"
+            )
         # The effective configuration: every 'auto' resolved, so /v1/bundle shows what runs.
         config.max_model_len, config.num_kv_blocks = loaded.max_model_len, num_blocks
         config.dtype, config.device = str(loaded.dtype).removeprefix("torch."), loaded.device.type
@@ -46,9 +48,15 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.eos_token_ids)
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.enable_chunked_prefill,
+        )
         self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}
         self.detoks: dict[str, Detokenizer] = {}
@@ -66,7 +74,9 @@ class Engine:
         if loaded.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(loaded.device)
             a = loaded.args
-            activations = config.max_num_batched_tokens * (4 * a.intermediate_size + 8 * a.hidden_size) * 4 + (512 << 20)
+            activations = config.max_num_batched_tokens * (
+                4 * a.intermediate_size + 8 * a.hidden_size
+            ) * 4 + (512 << 20)
             return max(1, int((free - activations) * config.kv_cache_fraction) // per_block)
         return max(1, min(config.kv_cache_cpu_bytes // per_block, config.max_num_seqs * per_seq))
 
@@ -83,8 +93,13 @@ class Engine:
             return list(self.tokenizer(prompt)["input_ids"])
         return list(prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> Sequence:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Sequence:
         """Validate and queue; ValueError names the problem, and nothing is queued on error."""
         params.validate()
         if request_id in self.seqs:
@@ -97,8 +112,10 @@ class Engine:
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         limit = self.config.max_model_len
         if len(ids) + params.max_tokens > limit:
-            raise ValueError(f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
-                             f"max_model_len {limit}")
+            raise ValueError(
+                f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
+                f"max_model_len {limit}"
+            )
         seq = Sequence(request_id, ids, params)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -154,35 +171,56 @@ class Engine:
     def _output(self, seq: Sequence, final: bool) -> RequestOutput:
         detok = self.detoks[seq.request_id]
         out_ids = seq.output_token_ids
-        new = out_ids[seq.num_emitted:]
+        new = out_ids[seq.num_emitted :]
         seq.num_emitted = len(out_ids)
         if final:
             self.seqs.pop(seq.request_id, None)
             self.detoks.pop(seq.request_id, None)
             self.sampler.forget(seq.request_id)
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, token_ids=list(out_ids),
-            new_token_ids=new, text=detok.text, delta_text=detok.delta(final), finished=final,
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(out_ids),
+            new_token_ids=new,
+            text=detok.text,
+            delta_text=detok.delta(final),
+            finished=final,
             finish_reason=seq.finish_reason if final else None,
-            metrics=RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
-                                   seq.last_token_time, seq.finished_time),
+            metrics=RequestMetrics(
+                seq.arrival_time,
+                seq.first_scheduled_time,
+                seq.first_token_time,
+                seq.last_token_time,
+                seq.finished_time,
+            ),
             num_preemptions=seq.num_preemptions,
         )
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_usage=bm.usage(), num_free_blocks=bm.num_free, num_total_blocks=bm.num_total,
-            preemptions_total=self.scheduler.preemptions_total, prompt_tokens_total=self.prompt_tokens_total,
-            generation_tokens_total=self.generation_tokens_total, steps_total=self.steps_total,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_usage=bm.usage(),
+            num_free_blocks=bm.num_free,
+            num_total_blocks=bm.num_total,
+            preemptions_total=self.scheduler.preemptions_total,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            steps_total=self.steps_total,
             prefix_cache_hit_tokens=bm.hits,
         )
 
     def info(self) -> dict:
         li = self.loaded_info
-        return {"architecture": li.args.architecture, "model_dir": self.config.model,
-                "model_digest": li.model_digest, "tokenizer_digest": li.tokenizer_digest,
-                "dtype": self.config.dtype, "device": self.config.device,
-                "num_kv_blocks": self.config.num_kv_blocks, "block_size": self.config.block_size,
-                "max_model_len": self.config.max_model_len}
+        return {
+            "architecture": li.args.architecture,
+            "model_dir": self.config.model,
+            "model_digest": li.model_digest,
+            "tokenizer_digest": li.tokenizer_digest,
+            "dtype": self.config.dtype,
+            "device": self.config.device,
+            "num_kv_blocks": self.config.num_kv_blocks,
+            "block_size": self.config.block_size,
+            "max_model_len": self.config.max_model_len,
+        }

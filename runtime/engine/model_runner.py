@@ -23,9 +23,13 @@ class ModelRunner:
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
         self.model = LlamaModel(a, loaded.weights, max_pos=max(max_model_len, 1))
         shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(a.num_layers)]
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(a.num_layers)
+        ]
 
     @staticmethod
     def block_bytes(loaded: Loaded, block_size: int) -> int:
@@ -37,7 +41,9 @@ class ModelRunner:
 
     def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
         width = max((len(s.block_table) for s in seqs), default=0)
-        return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs]).reshape(len(seqs), width)
+        return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs]).reshape(
+            len(seqs), width
+        )
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
@@ -68,6 +74,8 @@ class ModelRunner:
             prefill_cu_q=self._tensor(cu),
             prefill_lens=self._tensor(prefill_lens),
         )
-        hidden = self.model.forward(self._tensor(ids, torch.int64), self._tensor(pos, torch.int64), meta, self.kv_caches)
+        hidden = self.model.forward(
+            self._tensor(ids, torch.int64), self._tensor(pos, torch.int64), meta, self.kv_caches
+        )
         logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
         return logits, sample_seqs

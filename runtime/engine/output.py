@@ -18,12 +18,12 @@ class RequestMetrics:
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]                    # all generated so far
-    new_token_ids: list[int]                # generated this step
-    text: str                               # all text so far (stop string excluded)
-    delta_text: str                         # text new since the previous output
+    token_ids: list[int]  # all generated so far
+    new_token_ids: list[int]  # generated this step
+    text: str  # all text so far (stop string excluded)
+    delta_text: str  # text new since the previous output
     finished: bool
-    finish_reason: str | None               # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
     metrics: RequestMetrics
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)

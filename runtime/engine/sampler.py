@@ -41,10 +41,10 @@ class Sampler:
             if p.top_p < 1.0:
                 sorted_x, idx = torch.sort(x, descending=True)
                 probs = torch.softmax(sorted_x, dim=-1)
-                drop = probs.cumsum(-1) - probs > p.top_p        # keep the smallest set reaching top_p
+                drop = probs.cumsum(-1) - probs > p.top_p  # keep the smallest set reaching top_p
                 x[idx[drop]] = float("-inf")
             probs = torch.softmax(x, dim=-1)
-            if not torch.isfinite(probs).all():          # overflowing logits: argmax is the limit
+            if not torch.isfinite(probs).all():  # overflowing logits: argmax is the limit
                 out.append(greedy[row])
                 continue
             out.append(int(torch.multinomial(probs, 1, generator=self._generator(seq)).item()))

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0      # 0 (or < 1e-5) = greedy
+    temperature: float = 1.0  # 0 (or < 1e-5) = greedy
     top_p: float = 1.0
-    top_k: int = -1               # -1 or 0 = all tokens
-    seed: int | None = None       # per-request generator: same seed, same tokens
+    top_k: int = -1  # -1 or 0 = all tokens
+    seed: int | None = None  # per-request generator: same seed, same tokens
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

@@ -19,6 +19,7 @@ from modeldeploy.runtime.engine.sequence import Sequence, Status
 @dataclass
 class ScheduledBatch:
     """Sequences and their token counts for one step; decodes (1 token, past prefill) first."""
+
     seqs: list[Sequence]
     num_tokens: list[int]
     num_preempted: int = 0
@@ -29,8 +30,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+    ):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens

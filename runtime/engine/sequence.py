@@ -21,10 +21,10 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
-    token_ids: list[int] = field(init=False)       # prompt + generated
-    num_computed: int = 0                          # tokens whose KV is in the cache
+    token_ids: list[int] = field(init=False)  # prompt + generated
+    num_computed: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)
-    num_hashed_blocks: int = 0                     # leading blocks registered in the prefix cache
+    num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -32,7 +32,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    num_emitted: int = 0                           # generated tokens already handed to the client
+    num_emitted: int = 0  # generated tokens already handed to the client
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -47,7 +47,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt:]
+        return self.token_ids[self.num_prompt :]
 
     @property
     def num_uncomputed(self) -> int:

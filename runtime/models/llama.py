@@ -54,20 +54,29 @@ class ModelArgs:
         rope.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ROPE_TYPES:
-            raise ValueError(f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+            raise ValueError(
+                f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+            )
         rope["rope_type"] = rope_type
         window = getattr(cfg, "sliding_window", None)
         if arch == "Qwen2ForCausalLM" and not getattr(cfg, "use_sliding_window", False):
             window = None
         heads = cfg.num_attention_heads
         return cls(
-            architecture=arch, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers, num_heads=heads,
+            architecture=arch,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=heads,
             num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            rope=rope, sliding_window=window, **SUPPORTED[arch],
+            rope=rope,
+            sliding_window=window,
+            **SUPPORTED[arch],
         )
 
 
@@ -101,13 +110,14 @@ class AttnMeta:
     The first `num_decode` tokens are decodes (one per sequence), the rest are prefill
     chunks packed by `cu_seqlens_q` (offsets relative to the first prefill token).
     """
-    slot_mapping: torch.Tensor        # [T] flat cache slot per token
+
+    slot_mapping: torch.Tensor  # [T] flat cache slot per token
     num_decode: int
-    decode_tables: torch.Tensor       # [Bd, M]
-    decode_lens: torch.Tensor         # [Bd] context length including the new token
-    prefill_tables: torch.Tensor      # [Bp, M]
-    prefill_cu_q: torch.Tensor        # [Bp+1]
-    prefill_lens: torch.Tensor        # [Bp]
+    decode_tables: torch.Tensor  # [Bd, M]
+    decode_lens: torch.Tensor  # [Bd] context length including the new token
+    prefill_tables: torch.Tensor  # [Bp, M]
+    prefill_cu_q: torch.Tensor  # [Bp+1]
+    prefill_lens: torch.Tensor  # [Bp]
 
 
 class Layer:
@@ -116,21 +126,28 @@ class Layer:
     def __init__(self, args: ModelArgs, w: dict[str, torch.Tensor]):
         self.args = args
         self.w = w
-        self.scale = args.head_dim ** -0.5
+        self.scale = args.head_dim**-0.5
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMeta,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         a, w = self.args, self.w
         T = x.shape[0]
-        if residual is None:                                                # first layer: x is the stream
+        if residual is None:  # first layer: x is the stream
             residual = x
             h, _ = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps)
         else:
             h, residual = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps, residual)
-        qkv = F.linear(h, w["qkv"], w.get("qkv_bias"))                     # [T, (H + 2Hkv) D]
+        qkv = F.linear(h, w["qkv"], w.get("qkv_bias"))  # [T, (H + 2Hkv) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, a.num_heads, a.head_dim)
         k = k.reshape(T, a.num_kv_heads, a.head_dim)
@@ -141,15 +158,23 @@ class Layer:
         q, k = q.contiguous(), k.contiguous()
         dispatch.rotary_embedding(positions, q, k, cos_sin)
         dispatch.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = torch.empty_like(q)                                             # [T, H, D]
+        o = torch.empty_like(q)  # [T, H, D]
         nd = meta.num_decode
         if nd:
-            o[:nd] = dispatch.paged_attention_decode(q[:nd], k_cache, v_cache, meta.decode_tables,
-                                                     meta.decode_lens, self.scale)
+            o[:nd] = dispatch.paged_attention_decode(
+                q[:nd], k_cache, v_cache, meta.decode_tables, meta.decode_lens, self.scale
+            )
         if T > nd:
-            o[nd:] = dispatch.paged_attention_prefill(q[nd:], k_cache, v_cache, meta.prefill_tables,
-                                                      meta.prefill_cu_q, meta.prefill_lens, self.scale)
-        x = F.linear(o.reshape(T, self.q_size), w["o"])                    # [T, E]
+            o[nd:] = dispatch.paged_attention_prefill(
+                q[nd:],
+                k_cache,
+                v_cache,
+                meta.prefill_tables,
+                meta.prefill_cu_q,
+                meta.prefill_lens,
+                self.scale,
+            )
+        x = F.linear(o.reshape(T, self.q_size), w["o"])  # [T, E]
         h, residual = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, residual)
         x = F.linear(dispatch.silu_and_mul(F.linear(h, w["gate_up"])), w["down"])
         return x, residual
@@ -158,14 +183,19 @@ class Layer:
 class LlamaModel:
     def __init__(self, args: ModelArgs, weights: dict[str, torch.Tensor], max_pos: int):
         self.args = args
-        self.embed = weights["model.embed_tokens.weight"]                  # [V, E]
+        self.embed = weights["model.embed_tokens.weight"]  # [V, E]
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if args.tie_word_embeddings else weights["lm_head.weight"]
         self.layers = [Layer(args, _layer_weights(weights, i, args)) for i in range(args.num_layers)]
         self.cos_sin = cos_sin_cache(args, max_pos, self.embed.device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMeta,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, E]."""
         x = F.embedding(input_ids, self.embed)
         residual = None
@@ -194,7 +224,7 @@ def _layer_weights(w: dict[str, torch.Tensor], i: int, args: ModelArgs) -> dict[
     if args.qk_norm:
         out["q_norm"] = w[p + "self_attn.q_norm.weight"]
         out["k_norm"] = w[p + "self_attn.k_norm.weight"]
-    for n in "qkv":                                                       # free the unfused copies
+    for n in "qkv":  # free the unfused copies
         w.pop(p + f"self_attn.{n}_proj.weight", None)
     w.pop(p + "mlp.gate_proj.weight", None)
     w.pop(p + "mlp.up_proj.weight", None)
@@ -205,22 +235,35 @@ def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """Every tensor name the model reads, with its shape: used by dummy loading and checks."""
     E, D = args.hidden_size, args.head_dim
     q, kv = args.num_heads * D, args.num_kv_heads * D
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, E), "model.norm.weight": (E,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (args.vocab_size, E),
+        "model.norm.weight": (E,),
+    }
     if not args.tie_word_embeddings:
         shapes["lm_head.weight"] = (args.vocab_size, E)
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,),
-            p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
-            p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
-            p + "mlp.gate_proj.weight": (args.intermediate_size, E),
-            p + "mlp.up_proj.weight": (args.intermediate_size, E),
-            p + "mlp.down_proj.weight": (E, args.intermediate_size),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (E,),
+                p + "post_attention_layernorm.weight": (E,),
+                p + "self_attn.q_proj.weight": (q, E),
+                p + "self_attn.k_proj.weight": (kv, E),
+                p + "self_attn.v_proj.weight": (kv, E),
+                p + "self_attn.o_proj.weight": (E, q),
+                p + "mlp.gate_proj.weight": (args.intermediate_size, E),
+                p + "mlp.up_proj.weight": (args.intermediate_size, E),
+                p + "mlp.down_proj.weight": (E, args.intermediate_size),
+            }
+        )
         if args.qkv_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
         if args.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
     return shapes

@@ -62,12 +62,20 @@ class Admission:
     def enter(self) -> Ticket:
         """Take a place in the queue or raise the refusal (503 draining, 429 full)."""
         if self.draining:
-            raise APIError(503, "server is draining and admits no new requests", code="draining",
-                           headers={"Retry-After": str(self.retry_after_s)})
+            raise APIError(
+                503,
+                "server is draining and admits no new requests",
+                code="draining",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         if self.running + self.waiting >= self.max_running + self.max_queue:
-            raise APIError(429, f"server is at capacity: {self.running} running and {self.waiting} waiting "
-                                f"(max_num_seqs={self.max_running}, max_queue={self.max_queue}); retry later",
-                           code="queue_full", headers={"Retry-After": str(self.retry_after_s)})
+            raise APIError(
+                429,
+                f"server is at capacity: {self.running} running and {self.waiting} waiting "
+                f"(max_num_seqs={self.max_running}, max_queue={self.max_queue}); retry later",
+                code="queue_full",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         self.waiting += 1
         self._idle.clear()
         return Ticket(self)

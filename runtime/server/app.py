@@ -56,8 +56,9 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
             if ctx.state.load_seconds:
                 await ctx.engine.shutdown()
 
-    app = FastAPI(title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.ctx = ctx
     _errors(app, ctx)
 
@@ -66,8 +67,11 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
         if cfg.api_key is not None and request.url.path.startswith("/v1/"):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode()):
-                return APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                                code="invalid_api_key").response()
+                return APIError(
+                    401,
+                    "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                    code="invalid_api_key",
+                ).response()
         return await call_next(request)
 
     @app.get("/health/live")
@@ -84,8 +88,13 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {"id": cfg.served_model_name, "object": "model", "created": ctx.created, "owned_by": "modeldeploy",
-                "max_model_len": ctx.effective_config().get("max_model_len")}
+        card = {
+            "id": cfg.served_model_name,
+            "object": "model",
+            "created": ctx.created,
+            "owned_by": "modeldeploy",
+            "max_model_len": ctx.effective_config().get("max_model_len"),
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/v1/bundle")
@@ -114,8 +123,10 @@ def _errors(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed on "
-               f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        msg = {
+            404: f"no route {request.url.path}",
+            405: f"method {request.method} not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
         return APIError(exc.status_code, msg).response()
 
     @app.exception_handler(RequestValidationError)

@@ -25,7 +25,9 @@ log = logging.getLogger("modeldeploy.server")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory (HF layout: config, tokenizer, safetensors)")
+    p.add_argument(
+        "--model", required=True, help="model directory (HF layout: config, tokenizer, safetensors)"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: dir name)")
@@ -42,18 +44,32 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     p.add_argument("--bundle-id", default="", help="bundle id label on every metric series")
-    p.add_argument("--model-digest", default=None, help="refuse to serve unless the model dir has this digest")
+    p.add_argument(
+        "--model-digest", default=None, help="refuse to serve unless the model dir has this digest"
+    )
     p.add_argument("--tokenizer-digest", default=None)
     p.add_argument("--model-revision", default="", help="bundle.model.revision (a metric label)")
-    p.add_argument("--engine-build", default=os.environ.get("MODELDEPLOY_ENGINE_BUILD", ""),
-                   help="engine image digest / build id (env MODELDEPLOY_ENGINE_BUILD)")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
-    p.add_argument("--api-key", default=os.environ.get("MODELDEPLOY_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (env MODELDEPLOY_API_KEY)")
+    p.add_argument(
+        "--engine-build",
+        default=os.environ.get("MODELDEPLOY_ENGINE_BUILD", ""),
+        help="engine image digest / build id (env MODELDEPLOY_ENGINE_BUILD)",
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("MODELDEPLOY_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (env MODELDEPLOY_API_KEY)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true")
-    p.add_argument("--load-delay", type=float, default=float(os.environ.get("MODELDEPLOY_LOAD_DELAY_S", "0")),
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--load-delay",
+        type=float,
+        default=float(os.environ.get("MODELDEPLOY_LOAD_DELAY_S", "0")),
+        help=argparse.SUPPRESS,
+    )
 
 
 def build_config(args: argparse.Namespace):
@@ -66,22 +82,41 @@ def build_config(args: argparse.Namespace):
     if not 1 <= args.port <= 65535 and args.port != 0:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     engine = EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_fraction=args.kv_cache_fraction,
-        enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
-        model_digest=args.model_digest, tokenizer_digest=args.tokenizer_digest, bundle_id=args.bundle_id,
-        load_format=args.load_format)
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_fraction=args.kv_cache_fraction,
+        enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        model_digest=args.model_digest,
+        tokenizer_digest=args.tokenizer_digest,
+        bundle_id=args.bundle_id,
+        load_format=args.load_format,
+    )
     name = args.served_model_name or Path(args.model).resolve().name
-    cfg = ServerConfig(engine=engine, served_model_name=name, max_queue=args.max_queue, api_key=args.api_key,
-                       drain_timeout_s=args.drain_timeout, load_delay_s=args.load_delay,
-                       engine_build=args.engine_build, model_revision=args.model_revision)
+    cfg = ServerConfig(
+        engine=engine,
+        served_model_name=name,
+        max_queue=args.max_queue,
+        api_key=args.api_key,
+        drain_timeout_s=args.drain_timeout,
+        load_delay_s=args.load_delay,
+        engine_build=args.engine_build,
+        model_revision=args.model_revision,
+    )
     cfg.validate()
     return cfg
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         cfg = build_config(args)
     except ValueError as e:
@@ -92,9 +127,16 @@ def main(args: argparse.Namespace) -> int:
     app = create_app(cfg)
     # Idle keep-alive connections stay open longer than a load balancer's idle timeout (ALB 60 s):
     # with uvicorn's 5 s, a balancer reusing a connection just as the server closes it answers 502.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=args.access_log, timeout_graceful_shutdown=5, lifespan="on",
-                            timeout_keep_alive=KEEP_ALIVE_S)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
     server = DrainingServer(config, app.state.ctx)
     server.run()
     return 0
@@ -119,7 +161,11 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame) -> None:
         if not self._draining and self._loop is not None and not self.should_exit:
             self._draining = True
-            log.info("received %s: draining (timeout %.1fs)", signal.Signals(sig).name, self.ctx.cfg.drain_timeout_s)
+            log.info(
+                "received %s: draining (timeout %.1fs)",
+                signal.Signals(sig).name,
+                self.ctx.cfg.drain_timeout_s,
+            )
             self._loop.call_soon_threadsafe(self._start_drain)
             return
         super().handle_exit(sig, frame)  # second signal: stop now

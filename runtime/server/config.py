@@ -8,15 +8,15 @@ from typing import Any
 
 @dataclass
 class ServerConfig:
-    engine: Any                       # modeldeploy.runtime.EngineConfig (max_num_seqs = running slots)
-    served_model_name: str            # the `model` clients must send
-    max_queue: int = 64               # requests allowed to wait for a running slot; beyond: 429
-    api_key: str | None = None        # bearer token for /v1/*; health and metrics stay open
-    drain_timeout_s: float = 30.0     # SIGTERM: in-flight requests get this long to finish
-    load_delay_s: float = 0.0         # test hook (env MODELDEPLOY_LOAD_DELAY_S): wait before loading
-    engine_build: str = ""            # engine image digest / build id, a metric label
-    model_revision: str = ""          # bundle.model.revision, a metric label
-    retry_after_s: int = 1            # Retry-After sent with 429 / 503
+    engine: Any  # modeldeploy.runtime.EngineConfig (max_num_seqs = running slots)
+    served_model_name: str  # the `model` clients must send
+    max_queue: int = 64  # requests allowed to wait for a running slot; beyond: 429
+    api_key: str | None = None  # bearer token for /v1/*; health and metrics stay open
+    drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    load_delay_s: float = 0.0  # test hook (env MODELDEPLOY_LOAD_DELAY_S): wait before loading
+    engine_build: str = ""  # engine image digest / build id, a metric label
+    model_revision: str = ""  # bundle.model.revision, a metric label
+    retry_after_s: int = 1  # Retry-After sent with 429 / 503
 
     def validate(self) -> None:
         if self.max_queue < 0:

@@ -28,8 +28,11 @@ class ServerContext:
         self.admission = Admission(cfg.engine.max_num_seqs, cfg.max_queue, cfg.retry_after_s)
         self.created = int(time.time())
         self.jobs: dict[str, Any] = {}
-        labels = {"bundle": cfg.engine.bundle_id, "engine_build": cfg.engine_build,
-                  "model_revision": cfg.model_revision}
+        labels = {
+            "bundle": cfg.engine.bundle_id,
+            "engine_build": cfg.engine_build,
+            "model_revision": cfg.model_revision,
+        }
         self.metrics = ServerMetrics(labels, self.live_values)
 
     # ---- readiness -------------------------------------------------------------------
@@ -47,8 +50,12 @@ class ServerContext:
     def check_serving(self) -> None:
         s = self.state
         if s.status == "loading":
-            raise APIError(503, f"model is loading (phase {s.phase}, progress {s.progress:.2f})", code="loading",
-                           headers={"Retry-After": str(self.cfg.retry_after_s)})
+            raise APIError(
+                503,
+                f"model is loading (phase {s.phase}, progress {s.progress:.2f})",
+                code="loading",
+                headers={"Retry-After": str(self.cfg.retry_after_s)},
+            )
         if s.status == "failed":
             raise APIError(503, f"model failed to load: {s.error}", code="load_failed")
         if s.status == "draining":
@@ -61,7 +68,9 @@ class ServerContext:
         log.info("draining: %d running, %d waiting", self.admission.running, self.admission.waiting)
         clean = await self.admission.drain(self.cfg.drain_timeout_s)
         if not clean:
-            log.warning("drain timeout (%.1fs): aborting %d requests", self.cfg.drain_timeout_s, len(self.jobs))
+            log.warning(
+                "drain timeout (%.1fs): aborting %d requests", self.cfg.drain_timeout_s, len(self.jobs)
+            )
             for rid, job in list(self.jobs.items()):
                 job.server_aborted = True
                 self.engine.abort(rid)
@@ -71,8 +80,12 @@ class ServerContext:
     # ---- request preparation ---------------------------------------------------------
     def check_model(self, name: str) -> None:
         if name != self.cfg.served_model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {self.cfg.served_model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {name!r} does not exist; this server serves {self.cfg.served_model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     @property
     def max_model_len(self) -> int:
@@ -93,30 +106,47 @@ class ServerContext:
         vocab = len(self.engine.tokenizer)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise APIError(400, f"{param}: token id {bad[0]} is outside the vocabulary [0, {vocab})", param=param)
+            raise APIError(
+                400, f"{param}: token id {bad[0]} is outside the vocabulary [0, {vocab})", param=param
+            )
 
     def limit_tokens(self, n_prompt: int, max_tokens: int | None, param: str, prompt_param: str) -> int:
         limit = self.max_model_len
         if n_prompt == 0:
             raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
         if n_prompt >= limit:
-            raise APIError(400, f"{prompt_param}: the prompt has {n_prompt} tokens, the model's maximum context "
-                                f"length is {limit}", param=prompt_param, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"{prompt_param}: the prompt has {n_prompt} tokens, the model's maximum context "
+                f"length is {limit}",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
         if max_tokens is None:
             return limit - n_prompt
         if n_prompt + max_tokens > limit:
-            raise APIError(400, f"{param}: prompt ({n_prompt} tokens) + {param} ({max_tokens}) exceeds the "
-                                f"model's maximum context length {limit}", param=param,
-                           code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"{param}: prompt ({n_prompt} tokens) + {param} ({max_tokens}) exceeds the "
+                f"model's maximum context length {limit}",
+                param=param,
+                code="context_length_exceeded",
+            )
         return max_tokens
 
     def sampling(self, req: Any, max_tokens: int) -> Any:
         from modeldeploy.runtime import SamplingParams
 
         temperature = 0.0 if req.temperature < GREEDY_EPS else req.temperature
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=req.top_p,
-                                top_k=req.top_k, seed=req.seed, stop=req.stop_list(),
-                                ignore_eos=req.ignore_eos)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            stop=req.stop_list(),
+            ignore_eos=req.ignore_eos,
+        )
         try:
             params.validate()
         except ValueError as e:
@@ -146,16 +176,23 @@ class ServerContext:
             "served_model_name": self.cfg.served_model_name,
             "status": self.state.status,
             "engine_build": self.cfg.engine_build,
-            "model": {"path": ecfg.get("model"), "revision": self.cfg.model_revision,
-                      "digest": info.get("model_digest") or ecfg.get("model_digest"),
-                      "architecture": info.get("architecture")},
+            "model": {
+                "path": ecfg.get("model"),
+                "revision": self.cfg.model_revision,
+                "digest": info.get("model_digest") or ecfg.get("model_digest"),
+                "architecture": info.get("architecture"),
+            },
             "tokenizer": {"digest": info.get("tokenizer_digest") or ecfg.get("tokenizer_digest")},
             "device": info.get("device", ecfg.get("device")),
             "dtype": info.get("dtype", ecfg.get("dtype")),
             "engine_config": ecfg,
             "engine_info": info,
-            "server": {"max_num_seqs": self.admission.max_running, "max_queue": self.cfg.max_queue,
-                       "drain_timeout_s": self.cfg.drain_timeout_s, "auth": self.cfg.api_key is not None},
+            "server": {
+                "max_num_seqs": self.admission.max_running,
+                "max_queue": self.cfg.max_queue,
+                "drain_timeout_s": self.cfg.drain_timeout_s,
+                "auth": self.cfg.api_key is not None,
+            },
         }
 
     def live_values(self) -> dict[str, Any]:
@@ -168,17 +205,22 @@ class ServerContext:
         info = self.engine_info()
         ecfg = self.cfg.engine
         return {
-            "running": self.admission.running, "waiting": self.admission.waiting,
+            "running": self.admission.running,
+            "waiting": self.admission.waiting,
             "kv_usage": getattr(stats, "kv_usage", 0.0),
-            "load_progress": self.state.progress, "load_seconds": self.state.load_seconds,
+            "load_progress": self.state.progress,
+            "load_seconds": self.state.load_seconds,
             "prompt_tokens": getattr(stats, "prompt_tokens_total", 0),
             "generation_tokens": getattr(stats, "generation_tokens_total", 0),
             "preemptions": getattr(stats, "preemptions_total", 0),
             "build_info": {
-                "bundle": ecfg.bundle_id, "engine_build": self.cfg.engine_build,
-                "model": self.cfg.served_model_name, "model_revision": self.cfg.model_revision,
+                "bundle": ecfg.bundle_id,
+                "engine_build": self.cfg.engine_build,
+                "model": self.cfg.served_model_name,
+                "model_revision": self.cfg.model_revision,
                 "model_digest": str(info.get("model_digest") or ecfg.model_digest or ""),
                 "tokenizer_digest": str(info.get("tokenizer_digest") or ecfg.tokenizer_digest or ""),
-                "device": str(info.get("device", ecfg.device)), "dtype": str(info.get("dtype", ecfg.dtype)),
+                "device": str(info.get("device", ecfg.device)),
+                "dtype": str(info.get("dtype", ecfg.dtype)),
             },
         }

@@ -82,8 +82,9 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
             return JSONResponse(F.chat(rid, created, model, out))
         return JSONResponse(F.response(rid, "msg_" + rid[5:], created, model, req, out))
     stream = {"completion": _completion_stream, "chat": _chat_stream, "responses": _responses_stream}[kind]
-    return SSEResponse(stream(job, first_or_final, rid, created, model, req),
-                       on_close=lambda: job.close(client_gone=True))
+    return SSEResponse(
+        stream(job, first_or_final, rid, created, model, req), on_close=lambda: job.close(client_gone=True)
+    )
 
 
 async def _all(job: Job, first: Any) -> AsyncIterator[Any]:
@@ -92,8 +93,9 @@ async def _all(job: Job, first: Any) -> AsyncIterator[Any]:
         yield out
 
 
-async def _completion_stream(job: Job, first: Any, rid: str, created: int, model: str,
-                             req: Any) -> AsyncIterator[bytes]:
+async def _completion_stream(
+    job: Job, first: Any, rid: str, created: int, model: str, req: Any
+) -> AsyncIterator[bytes]:
     usage = req.include_usage
     last = first
     async for out in _all(job, first):
@@ -106,8 +108,9 @@ async def _completion_stream(job: Job, first: Any, rid: str, created: int, model
     yield DONE
 
 
-async def _chat_stream(job: Job, first: Any, rid: str, created: int, model: str,
-                       req: Any) -> AsyncIterator[bytes]:
+async def _chat_stream(
+    job: Job, first: Any, rid: str, created: int, model: str, req: Any
+) -> AsyncIterator[bytes]:
     usage = req.include_usage
     yield event(F.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, usage))
     last = first
@@ -122,8 +125,9 @@ async def _chat_stream(job: Job, first: Any, rid: str, created: int, model: str,
     yield DONE
 
 
-async def _responses_stream(job: Job, first: Any, rid: str, created: int, model: str,
-                            req: Any) -> AsyncIterator[bytes]:
+async def _responses_stream(
+    job: Job, first: Any, rid: str, created: int, model: str, req: Any
+) -> AsyncIterator[bytes]:
     seq = 0
     msg_id = "msg_" + rid[5:]
     where = {"item_id": msg_id, "output_index": 0, "content_index": 0}

@@ -20,7 +20,9 @@ from modeldeploy.runtime.server.config import ServerConfig
 
 
 class ThreadedServer:
-    def __init__(self, cfg: ServerConfig, engine: Any = None, wait_ready: bool = True, timeout_s: float = 120.0):
+    def __init__(
+        self, cfg: ServerConfig, engine: Any = None, wait_ready: bool = True, timeout_s: float = 120.0
+    ):
         self.app = create_app(cfg, engine)
         self.ctx = self.app.state.ctx
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

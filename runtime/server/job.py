@@ -29,7 +29,7 @@ class Job:
         self.ticket = None
         self.agen: AsyncIterator | None = None
         self.final: Any = None
-        self.refused: str | None = None    # outcome of a request refused before generation
+        self.refused: str | None = None  # outcome of a request refused before generation
         self.server_aborted = False  # drain timeout: not the client's doing
 
     async def start(self) -> Any:

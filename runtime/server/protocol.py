@@ -92,8 +92,11 @@ class ChatCompletionRequest(_Choices):
 
     def token_limit(self) -> int | None:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise APIError(400, "max_tokens and max_completion_tokens are mutually exclusive",
-                           param="max_completion_tokens")
+            raise APIError(
+                400,
+                "max_tokens and max_completion_tokens are mutually exclusive",
+                param="max_completion_tokens",
+            )
         return self.max_completion_tokens or self.max_tokens
 
 
@@ -128,7 +131,10 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
 def _to_api_error(e: ValidationError) -> APIError:
     errs = e.errors(include_url=False)
     # for a union (str | list[int]) the deepest error says most: "prompt.0: not an integer"
-    err = max(errs, key=lambda x: (x["type"] == "extra_forbidden", len([p for p in x["loc"] if not _is_union_tag(p)])))
+    err = max(
+        errs,
+        key=lambda x: (x["type"] == "extra_forbidden", len([p for p in x["loc"] if not _is_union_tag(p)])),
+    )
     loc = [str(p) for p in err["loc"] if not _is_union_tag(p)]
     param = ".".join(loc) or None
     if err["type"] == "extra_forbidden":

@@ -20,7 +20,7 @@ log = logging.getLogger("modeldeploy.server")
 
 @dataclass
 class LoadState:
-    status: str = "loading"           # loading | ready | draining | failed
+    status: str = "loading"  # loading | ready | draining | failed
     phase: str = "starting"
     progress: float = 0.0
     error: str | None = None
@@ -32,7 +32,11 @@ class LoadState:
         return self.status != "failed"
 
     def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status, "phase": self.phase, "progress": round(self.progress, 4)}
+        out: dict[str, Any] = {
+            "status": self.status,
+            "phase": self.phase,
+            "progress": round(self.progress, 4),
+        }
         if self.error:
             out["error"] = self.error
         if self.load_seconds:
@@ -40,8 +44,9 @@ class LoadState:
         return out
 
 
-async def load(make_engine: Callable[[], Any], on_engine: Callable[[Any], None], state: LoadState,
-               delay_s: float = 0.0) -> None:
+async def load(
+    make_engine: Callable[[], Any], on_engine: Callable[[Any], None], state: LoadState, delay_s: float = 0.0
+) -> None:
     """Build and start the engine, keeping `state` current; never raises (the state carries the error).
 
     The engine is built in a worker thread too (importing torch takes seconds), so the port

@@ -23,8 +23,11 @@ def event(data: dict[str, Any], name: str | None = None) -> bytes:
 
 class SSEResponse(StreamingResponse):
     def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]):
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
