@@ -14,7 +14,7 @@ import time
 
 import kopf
 
-from modeldeploy.operator import metrics, reconcile
+from modeldeploy.operator import metrics, object_metrics, reconcile
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 from modeldeploy.operator.bundle import MANAGED_BY
 
@@ -60,6 +60,7 @@ def modeldeployment_changed(type: str | None, body: kopf.Body, namespace: str, n
         _known.discard(key)
         reconcile.last_done.pop(key, None)
         reconcile.own_writes.pop(key, None)
+        object_metrics.OBJECTS.forget(namespace, name)
         return
     _known.add(key)
     if body.metadata.get("resourceVersion") == reconcile.own_writes.get(key):

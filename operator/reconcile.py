@@ -22,7 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from modeldeploy.operator import canary_io, metrics, rollout_cli, routing
+from modeldeploy.operator import canary_io, metrics, object_metrics, rollout_cli, routing
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION, AnalysisResult, ModelDeploymentSpec
 from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
 from modeldeploy.operator.children import PORT
@@ -294,12 +294,14 @@ def reconcile(namespace: str, name: str) -> list[Action]:
             )
         except ApiException as e:
             if e.status == 404:
+                object_metrics.OBJECTS.forget(namespace, name)
                 return []
             raise
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         actions = plan(md, observe(md), now)
         apply(md, actions, now)
         status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
+        object_metrics.OBJECTS.record(md, status)
         if status.get("phase") in (
             "Deploying",
             "Verifying",
