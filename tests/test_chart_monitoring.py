@@ -164,3 +164,15 @@ def test_helm_rejects_unknown_monitoring_value() -> None:
         timeout=120,
     )
     assert r.returncode != 0 and "enable" in r.stderr
+
+
+@needs_helm
+def test_dashboard_config_map_carries_the_dashboard_for_the_grafana_sidecar() -> None:
+    import json
+
+    docs = render(*MONITORING, "monitoring.dashboard.annotations.grafana_folder=LLM")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    shipped = (CHART / "dashboards" / "modeldeploy.json").read_text()
+    assert json.loads(cm["data"]["modeldeploy.json"]) == json.loads(shipped)
