@@ -22,6 +22,8 @@ from modeldeploy.runtime.server import endpoints, readiness
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
+from modeldeploy.runtime.server.evidence import EvidenceMiddleware
+from modeldeploy.runtime.server.tracing import Tracing
 
 log = logging.getLogger("modeldeploy.server")
 PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -55,12 +57,15 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
                 await task
             if ctx.state.load_seconds:
                 await ctx.engine.shutdown()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(
         title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.ctx = ctx
     _errors(app, ctx)
+    tracing = Tracing.from_env(ctx.metrics.labels)  # None unless OTEL_EXPORTER_OTLP_ENDPOINT is set
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
@@ -113,6 +118,10 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await endpoints.generate(ctx, request, "responses")
 
+    # outermost (added last): its headers reach every response, 401s from `auth` included
+    app.add_middleware(
+        EvidenceMiddleware, bundle=cfg.engine.bundle_id, labels=ctx.metrics.labels, tracing=tracing
+    )
     return app
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from modeldeploy.runtime.server import evidence
 from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
@@ -63,6 +64,7 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         raise
     rid = _PREFIX[kind] + uuid.uuid4().hex
     job = Job(ctx, rid, ids, params, arrival)
+    job.evidence = evidence.of(request)
     created = int(time.time())
     model = ctx.cfg.served_model_name
     try:

@@ -31,6 +31,8 @@ class Job:
         self.final: Any = None
         self.refused: str | None = None  # outcome of a request refused before generation
         self.server_aborted = False  # drain timeout: not the client's doing
+        self.last: Any = None  # the latest output (its metrics and tokens), for the request's evidence
+        self.evidence: Any = None  # evidence.Evidence of this HTTP request, if the middleware made one
 
     async def start(self) -> Any:
         """Wait for a running slot, submit to the engine, return its first output."""
@@ -67,6 +69,7 @@ class Job:
 
     def _see(self, out: Any) -> None:
         self.tracker.observe(out)
+        self.last = out
         if out.finished:
             self.final = out
 
@@ -93,6 +96,8 @@ class Job:
         else:
             outcome = "error"
         self.tracker.finish(outcome, self.final)
+        if self.evidence is not None:
+            self.evidence.job_done(self, outcome)
 
 
 async def race_disconnect(request: Any, work: Awaitable[Any]) -> Any:

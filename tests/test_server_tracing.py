@@ -1,0 +1,273 @@
+"""Per-request evidence (issue 19, items 3-4): OTLP traces, x-request-id / bundle headers, JSON logs.
+
+A small OTLP/HTTP receiver (protobuf, opentelemetry-proto) stands in for a collector: the real
+runtime server (real uvicorn, tiny model) exports to it because OTEL_EXPORTER_OTLP_ENDPOINT
+points there. One slot and no queue: a long stream holds the slot, a second request gets 429,
+the stream is then cancelled by closing its connection, and a last streamed request carries a
+W3C traceparent that its server span must continue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pb = pytest.importorskip(
+    "opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto not installed"
+)
+pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk not installed (modeldeploy[runtime])")
+
+from modeldeploy_dev.harness import ThreadedServer  # noqa: E402
+
+from modeldeploy.runtime import AsyncEngine, EngineConfig  # noqa: E402
+from modeldeploy.runtime.server.config import ServerConfig  # noqa: E402
+from modeldeploy.runtime.server.evidence import EvidenceMiddleware  # noqa: E402
+
+BUNDLE = "bundle-traced"
+PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN = "00f067aa0ba902b7"
+
+
+class Receiver:
+    """OTLP/HTTP trace receiver: decodes each ExportTraceServiceRequest into plain span dicts."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.requests = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                assert self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
+                req = pb.ExportTraceServiceRequest.FromString(body)
+                receiver.add(req)
+                out = pb.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_port}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def add(self, req: Any) -> None:
+        self.requests += 1
+        for rs in req.resource_spans:
+            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    self.spans.append(
+                        {
+                            "name": s.name,
+                            "trace_id": s.trace_id.hex(),
+                            "span_id": s.span_id.hex(),
+                            "parent": s.parent_span_id.hex(),
+                            "kind": s.kind,
+                            "start": s.start_time_unix_nano,
+                            "end": s.end_time_unix_nano,
+                            "attrs": {a.key: _value(a.value) for a in s.attributes},
+                            "events": [
+                                (e.name, {a.key: _value(a.value) for a in e.attributes}) for e in s.events
+                            ],
+                            "status": s.status.code,
+                            "resource": resource,
+                        }
+                    )
+
+    def wait_for(self, pred: Any, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not pred():
+            assert time.monotonic() < deadline, (
+                f"spans received: {[(s['name'], s['attrs']) for s in self.spans]}"
+            )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.http.shutdown()
+
+
+def _value(v: Any) -> Any:
+    return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+
+
+class PacedEngine(AsyncEngine):
+    """The real engine, its outputs handed on 20 ms apart: a stream then holds its slot long enough
+    for the next request to find no room, however fast the tiny model is."""
+
+    async def generate(self, request_id: str, prompt: Any, params: Any) -> AsyncIterator[Any]:
+        async for out in super().generate(request_id, prompt, params):
+            yield out
+            await asyncio.sleep(0.02)
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(json.loads(record.getMessage()))
+
+
+@pytest.fixture
+def traced(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ThreadedServer, Receiver, Lines]]:
+    rx = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    lines = Lines()
+    logger = logging.getLogger("modeldeploy.request")
+    logger.addHandler(lines)
+    ecfg = EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", max_num_seqs=1, bundle_id=BUNDLE)
+    try:
+        with ThreadedServer(
+            ServerConfig(engine=ecfg, served_model_name="tiny", max_queue=0), PacedEngine(ecfg)
+        ) as s:
+            yield s, rx, lines
+    finally:
+        logger.removeHandler(lines)
+        rx.stop()
+
+
+def by_request(rx: Receiver, rid: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    [root] = [s for s in rx.spans if s["attrs"].get("modeldeploy.request_id") == rid]
+    children = [s for s in rx.spans if s["parent"] == root["span_id"]]
+    return root, children
+
+
+def test_streamed_cancelled_and_rejected_requests_are_traced(
+    traced: tuple[ThreadedServer, Receiver, Lines],
+) -> None:
+    server, rx, lines = traced
+    long = {
+        "model": "tiny",
+        "prompt": "hold the slot",
+        "max_tokens": 200,  # 4 s at the paced rate
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=long, headers={"x-request-id": "req-cancel"}) as r:
+            assert r.status_code == 200 and r.headers["x-request-id"] == "req-cancel"
+            assert r.headers["x-modeldeploy-bundle"] == BUNDLE
+            lines_in = r.iter_lines()  # kept: a dropped iterator would close the stream
+            next(lines_in)  # generating: the only slot is taken
+            refused = httpx.post(
+                server.url + "/v1/completions",
+                json={"model": "tiny", "prompt": "no room", "max_tokens": 4},
+                headers={"x-request-id": "req-429"},
+            )
+            assert refused.status_code == 429 and refused.headers["x-request-id"] == "req-429"
+            assert refused.headers["x-modeldeploy-bundle"] == BUNDLE
+        # leaving the block closed the connection mid-stream: the server cancels the sequence
+        traceparent = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 12, "ignore_eos": True, "stream": True}
+        server._wait(lambda: server.ctx.admission.running == 0, 30, "cancelled request released its slot")
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            json=body,
+            headers={"x-request-id": "req-ok", "traceparent": traceparent},
+        ) as r:
+            assert r.status_code == 200
+            chunks = [line for line in r.iter_lines() if line.startswith("data: {")]
+        generated = httpx.post(
+            server.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
+        assert len(generated.headers["x-request-id"]) == 32  # none given: a fresh one
+    want = {"req-cancel", "req-429", "req-ok"}
+    rx.wait_for(lambda: want <= {s["attrs"].get("modeldeploy.request_id") for s in rx.spans})
+
+    root, kids = by_request(rx, "req-ok")
+    assert root["name"] == "POST /v1/completions" and root["kind"] == 2  # SPAN_KIND_SERVER
+    assert root["trace_id"] == PARENT_TRACE and root["parent"] == PARENT_SPAN  # the caller's trace continues
+    assert (
+        root["attrs"]["modeldeploy.bundle"] == BUNDLE and root["attrs"]["modeldeploy.outcome"] == "completed"
+    )
+    assert root["attrs"]["http.response.status_code"] == 200
+    assert root["attrs"]["modeldeploy.response_id"].startswith("cmpl-")
+    assert root["resource"]["service.name"] == "modeldeploy-runtime" and root["resource"]["bundle"] == BUNDLE
+    spans = {s["name"]: s for s in kids}
+    assert sorted(spans) == ["decode", "prefill", "queue"]
+    assert all(s["trace_id"] == PARENT_TRACE for s in kids)
+    assert (
+        spans["decode"]["attrs"]["modeldeploy.tokens"] == 12 == root["attrs"]["modeldeploy.completion_tokens"]
+    )
+    assert chunks  # streamed (text chunks: the detokenizer may join tokens)
+    assert (
+        spans["prefill"]["attrs"]["modeldeploy.prompt_tokens"]
+        == root["attrs"]["modeldeploy.prompt_tokens"]
+        > 0
+    )
+    assert root["start"] <= spans["queue"]["start"] <= spans["queue"]["end"] <= spans["prefill"]["start"]
+    assert spans["prefill"]["end"] <= spans["decode"]["start"] <= spans["decode"]["end"] <= root["end"]
+
+    root, kids = by_request(rx, "req-cancel")
+    assert root["attrs"]["modeldeploy.outcome"] == "cancelled" and root["trace_id"] != PARENT_TRACE
+    assert root["parent"] == ""  # no traceparent given: a new trace
+    [(name, attrs)] = root["events"]
+    assert name == "cancelled" and 0 < attrs["completion_tokens"] < long["max_tokens"]
+    assert {"queue", "prefill", "decode"} == {s["name"] for s in kids}
+
+    root, kids = by_request(rx, "req-429")
+    assert (
+        root["attrs"]["http.response.status_code"] == 429
+        and root["attrs"]["modeldeploy.outcome"] == "rejected"
+    )
+    assert [e[0] for e in root["events"]] == ["admission.rejected"] and kids == []
+
+    # one JSON log line per request, with the same ids
+    logged = {r["request_id"]: r for r in lines.records}
+    assert want <= set(logged)
+    ok = logged["req-ok"]
+    assert ok["trace_id"] == PARENT_TRACE and ok["outcome"] == "completed" and ok["status"] == 200
+    assert ok["bundle"] == BUNDLE and ok["completion_tokens"] == 12 and ok["ttft_ms"] >= ok["queue_ms"] >= 0
+    assert logged["req-429"]["outcome"] == "rejected" and logged["req-cancel"]["outcome"] == "cancelled"
+    assert len(lines.records) == 4  # the unnamed request too, and nothing twice
+
+
+def test_headers_and_log_without_tracing(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    lines = Lines()
+    logging.getLogger("modeldeploy.request").addHandler(lines)
+    ecfg = EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", max_num_seqs=2, bundle_id=BUNDLE)
+    try:
+        with ThreadedServer(ServerConfig(engine=ecfg, served_model_name="tiny", api_key="k")) as s:
+            with s.client() as c:
+                health = c.get("/health/ready")
+                assert health.headers["x-modeldeploy-bundle"] == BUNDLE and health.headers["x-request-id"]
+                denied = c.get("/v1/models", headers={"x-request-id": "mine"})
+                assert denied.status_code == 401 and denied.headers["x-request-id"] == "mine"
+                bad = c.get("/v1/models", headers={"x-request-id": "bad id with spaces"})
+                assert bad.status_code == 400 and "x-request-id" in bad.json()["error"]["message"]
+                ok = c.post(
+                    "/v1/completions",
+                    json={"model": "tiny", "prompt": "hi", "max_tokens": 3},
+                    headers={"authorization": "Bearer k", "x-request-id": "plain"},
+                )
+                assert ok.status_code == 200 and ok.headers["x-request-id"] == "plain"
+            [mw] = [m for m in s.app.user_middleware if m.cls is EvidenceMiddleware]
+            assert mw.kwargs["tracing"] is None  # nothing exported, no span built
+    finally:
+        logging.getLogger("modeldeploy.request").removeHandler(lines)
+    logged = {r["request_id"]: r for r in lines.records}
+    assert logged["mine"]["status"] == 401 and logged["mine"]["outcome"] == "invalid"
+    assert logged["plain"]["outcome"] == "completed" and logged["plain"]["trace_id"] is None
