@@ -245,6 +245,18 @@ class Readiness(_Model):
     )
 
 
+class Observability(_Model):
+    """Where the runtime pods send traces; not part of the bundle (changing it restarts pods, no canary)."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="OTLP/HTTP endpoint (e.g. http://otel-collector.monitoring:4318), passed to the "
+        "pods as OTEL_EXPORTER_OTLP_ENDPOINT; unset: no traces are exported.",
+    )
+
+
 class RolloutStep(_Model):
     """One canary step: traffic weight, then a pause with analysis."""
 
@@ -473,6 +485,9 @@ class ModelDeploymentSpec(_Model):
     )
     readiness: Readiness = Field(default_factory=Readiness, description="Load and readiness timing.")
     rollout: Rollout = Field(default_factory=Rollout, description="How a bundle change is rolled out.")
+    observability: Observability = Field(
+        default_factory=Observability, description="Telemetry the runtime pods export (traces over OTLP)."
+    )
 
 
 class ModelDeployment(_Model):

@@ -117,6 +117,8 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
         {"name": "MODELDEPLOY_BUNDLE", "value": bid},
     ]
+    if spec.observability.otlp_endpoint:
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.observability.otlp_endpoint})
     if c.api_key_secret_ref is not None:
         ref = c.api_key_secret_ref
         env.append(
