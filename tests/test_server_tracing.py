@@ -12,22 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-pb = pytest.importorskip(
-    "opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto not installed"
-)
+pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto not installed")
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk not installed (modeldeploy[runtime])")
 
 from modeldeploy_dev.harness import ThreadedServer  # noqa: E402
+from modeldeploy_dev.otlp import Receiver  # noqa: E402
 
 from modeldeploy.runtime import AsyncEngine, EngineConfig  # noqa: E402
 from modeldeploy.runtime.server.config import ServerConfig  # noqa: E402
@@ -36,74 +32,6 @@ from modeldeploy.runtime.server.evidence import EvidenceMiddleware  # noqa: E402
 BUNDLE = "bundle-traced"
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
-
-
-class Receiver:
-    """OTLP/HTTP trace receiver: decodes each ExportTraceServiceRequest into plain span dicts."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.requests = 0
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                assert self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
-                req = pb.ExportTraceServiceRequest.FromString(body)
-                receiver.add(req)
-                out = pb.ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_port}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def add(self, req: Any) -> None:
-        self.requests += 1
-        for rs in req.resource_spans:
-            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    self.spans.append(
-                        {
-                            "name": s.name,
-                            "trace_id": s.trace_id.hex(),
-                            "span_id": s.span_id.hex(),
-                            "parent": s.parent_span_id.hex(),
-                            "kind": s.kind,
-                            "start": s.start_time_unix_nano,
-                            "end": s.end_time_unix_nano,
-                            "attrs": {a.key: _value(a.value) for a in s.attributes},
-                            "events": [
-                                (e.name, {a.key: _value(a.value) for a in e.attributes}) for e in s.events
-                            ],
-                            "status": s.status.code,
-                            "resource": resource,
-                        }
-                    )
-
-    def wait_for(self, pred: Any, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not pred():
-            assert time.monotonic() < deadline, (
-                f"spans received: {[(s['name'], s['attrs']) for s in self.spans]}"
-            )
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.http.shutdown()
-
-
-def _value(v: Any) -> Any:
-    return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
 
 
 class PacedEngine(AsyncEngine):
