@@ -77,6 +77,14 @@ class Dashboard(_V):
     )
 
 
+class Tracing(_V):
+    otlpEndpoint: str = Field(
+        default="",
+        pattern=r"^(https?://[^\s/]+(/\S*)?)?$",
+        description="OTLP/HTTP endpoint for the operator's reconcile and analysis spans; empty: none.",
+    )
+
+
 class Monitoring(_V):
     podMonitor: PodMonitor = Field(default_factory=PodMonitor)
     serviceMonitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
@@ -102,6 +110,7 @@ class Values(_V):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] = Field(default_factory=dict)
     podAnnotations: dict[str, str] = Field(default_factory=dict)
+    tracing: Tracing = Field(default_factory=Tracing, description="The operator's own traces.")
     monitoring: Monitoring = Field(
         default_factory=Monitoring, description="prometheus-operator monitors, alerts, Grafana dashboard."
     )

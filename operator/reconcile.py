@@ -22,7 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from modeldeploy.operator import canary_io, metrics, object_metrics, rollout_cli, routing
+from modeldeploy.operator import canary_io, metrics, object_metrics, rollout_cli, routing, tracing
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION, AnalysisResult, ModelDeploymentSpec
 from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
 from modeldeploy.operator.children import PORT
@@ -188,6 +188,7 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
             result = result.model_copy(update={"message": problems[:1024]})
         obs.analysis, obs.analysis_at, obs.analysis_fresh = result, epoch(stamp), True
         metrics.DECISIONS.labels("analysis", result.verdict).inc()
+        tracing.OPERATOR.analysis(meta, result, now)
 
 
 def _routes(ns: str, sel: str) -> list[dict[str, Any]] | None:
@@ -286,6 +287,7 @@ def request(namespace: str, name: str) -> None:
 def reconcile(namespace: str, name: str) -> list[Action]:
     """Plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
     with _locks[(namespace, name)], metrics.RECONCILE_SECONDS.time():
+        t0 = tracing.OPERATOR.start()
         try:
             md = _json(
                 _custom().get_namespaced_custom_object(
@@ -302,6 +304,7 @@ def reconcile(namespace: str, name: str) -> list[Action]:
         apply(md, actions, now)
         status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
         object_metrics.OBJECTS.record(md, status)
+        tracing.OPERATOR.reconcile(md, actions, status, t0)
         if status.get("phase") in (
             "Deploying",
             "Verifying",
