@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,7 @@ def one_round(s: object, n: int, c: int, tokens: int) -> dict:
             time.sleep(0.02)
 
     t = threading.Thread(target=sample, daemon=True)
+    before, cpu0 = eng.stats().steps_total, resource.getrusage(resource.RUSAGE_SELF)
     t.start()
     try:
         out = subprocess.run(
@@ -80,17 +82,54 @@ def one_round(s: object, n: int, c: int, tokens: int) -> dict:
     finally:
         done.set()
         t.join()
+    cpu1, all_steps = resource.getrusage(resource.RUSAGE_SELF), eng.stats().steps_total - before
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     wall = steps = 0.0
     for (t0, s0, r0), (t1, s1, r1) in zip(samples, samples[1:], strict=False):
         if r0 == c and r1 == c and s1 > s0:
             wall, steps = wall + t1 - t0, steps + s1 - s0
     client = json.loads(out.stdout.strip().splitlines()[-1])
     return {
+        "cpu_step_ms": 1000 * cpu / all_steps,
         "step_ms": 1000 * wall / steps if steps else float("nan"),
         "full_s": wall,
         "steps": int(steps),
         "tok_s": client["tokens"] / client["wall_s"],
     }
+
+
+def record_cost(endpoint: str, n: int = 2000) -> float:
+    """Process CPU seconds per traced request: building its 4 spans and exporting them (OTLP/HTTP,
+    batch processor flushed), measured over n completed-request records while the servers idle."""
+    from types import SimpleNamespace
+
+    from modeldeploy.runtime.server.evidence import Evidence
+    from modeldeploy.runtime.server.tracing import Tracing
+
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    tr = Tracing({"bundle": "bench", "engine_build": "", "model_revision": ""})
+    os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    evs = []
+    for i in range(n):
+        ev = Evidence(
+            f"req-{i}", "POST", "/v1/completions", {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}
+        )
+        a = ev.arrival
+        ev.status, ev.outcome, ev.response_id, ev.admitted = 200, "completed", f"cmpl-{i}", a + 0.001
+        ev.metrics = SimpleNamespace(
+            first_scheduled_time=a + 0.002, first_token_time=a + 0.01, finished_time=a + 0.5
+        )
+        ev.prompt_tokens, ev.completion_tokens, ev.end = 12, 128, a + 0.5
+        evs.append(ev)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    for i, ev in enumerate(evs):
+        tr.record(ev, {"bundle": "bench"})
+        if i % 256 == 255:  # the batch processor's queue holds 2048 spans: export, never drop
+            tr.provider.force_flush()
+    tr.provider.force_flush()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    tr.shutdown()
+    return ((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)) / n
 
 
 def main() -> int:
@@ -118,8 +157,10 @@ def main() -> int:
                 r = one_round(s, args.requests, args.concurrency, args.max_tokens)
                 res[name].append(r)
                 print(
-                    f"round {i} {name}: step {r['step_ms']:.3f} ms over {r['steps']} full-batch steps, {r['tok_s']:.0f} tok/s"
+                    f"round {i} {name}: step {r['step_ms']:.3f} ms over {r['steps']} full-batch steps, "
+                    f"server CPU {r['cpu_step_ms']:.3f} ms/step, {r['tok_s']:.0f} tok/s"
                 )
+        per_request = record_cost(endpoint)
     finally:
         for s in (off, on):
             s.stop()  # type: ignore[attr-defined]
@@ -128,6 +169,12 @@ def main() -> int:
     best = {k: min(r["step_ms"] for r in v) for k, v in res.items()}
     diff_med = 100 * (med["on"] / med["off"] - 1)
     diff_best = 100 * (best["on"] / best["off"] - 1)
+    cpu = {k: statistics.median(r["cpu_step_ms"] for r in v) for k, v in res.items()}
+    diff_cpu = 100 * (cpu["on"] / cpu["off"] - 1)
+    spread = {
+        k: 100 * (max(r["step_ms"] for r in v) - min(r["step_ms"] for r in v)) / med[k]
+        for k, v in res.items()
+    }
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -151,10 +198,20 @@ def main() -> int:
 | tracing off | {med["off"]:.3f} | {best["off"]:.3f} | {sum(r["steps"] for r in res["off"])} | {statistics.median(r["tok_s"] for r in res["off"]):.0f} |
 | tracing on | {med["on"]:.3f} | {best["on"]:.3f} | {sum(r["steps"] for r in res["on"])} | {statistics.median(r["tok_s"] for r in res["on"]):.0f} |
 
-on vs off: {diff_med:+.2f} % (median), {diff_best:+.2f} % (best); target: under 2 %.
+on vs off, step time at batch {args.concurrency}: {diff_med:+.2f} % (median), {diff_best:+.2f} % (best); target: under 2 %.
+Server-process CPU per engine step (all steps of a round; the busy engine thread, event loop and
+span exporter together): off {cpu["off"]:.3f} ms, on {cpu["on"]:.3f} ms, {diff_cpu:+.2f} %.
+Tracing's own cost, measured without the noise of the load: {1e6 * per_request:.0f} us of CPU per traced
+request (4 spans built and exported, batch flushed). At batch {args.concurrency} with {args.max_tokens}-token
+requests a step finishes {args.concurrency / args.max_tokens:.2f} requests on average, so tracing adds
+{1e3 * per_request * args.concurrency / args.max_tokens:.3f} ms of CPU per step: {100 * 1e3 * per_request * args.concurrency / args.max_tokens / med["off"]:.2f} % of the median off step
+({med["off"]:.3f} ms), {100 * 1e3 * per_request * args.concurrency / args.max_tokens / best["off"]:.2f} % of the best ({best["off"]:.3f} ms).
+Noise: the off rounds alone spread over {spread["off"]:.0f} % of their median (on: {spread["on"]:.0f} %).
 
 - off rounds step ms: {[round(r["step_ms"], 3) for r in res["off"]]}
 - on rounds step ms: {[round(r["step_ms"], 3) for r in res["on"]]}
+- off rounds server CPU ms/step: {[round(r["cpu_step_ms"], 3) for r in res["off"]]}
+- on rounds server CPU ms/step: {[round(r["cpu_step_ms"], 3) for r in res["on"]]}
 - load average at the end: {load:.1f} (1 min)
 """
     print(text)
