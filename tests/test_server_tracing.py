@@ -44,6 +44,14 @@ class PacedEngine(AsyncEngine):
             await asyncio.sleep(0.02)
 
 
+class BrokenEngine(AsyncEngine):
+    """The real engine whose generation fails: the server answers 500."""
+
+    async def generate(self, request_id: str, prompt: Any, params: Any) -> AsyncIterator[Any]:
+        raise RuntimeError("engine exploded")
+        yield  # an async generator
+
+
 class Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
@@ -199,3 +207,17 @@ def test_headers_and_log_without_tracing(llama_dir: Path, monkeypatch: pytest.Mo
     logged = {r["request_id"]: r for r in lines.records}
     assert logged["mine"]["status"] == 401 and logged["mine"]["outcome"] == "invalid"
     assert logged["plain"]["outcome"] == "completed" and logged["plain"]["trace_id"] is None
+
+
+def test_a_500_carries_the_headers_too(llama_dir: Path) -> None:
+    ecfg = EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", max_num_seqs=2, bundle_id=BUNDLE)
+    with ThreadedServer(ServerConfig(engine=ecfg, served_model_name="tiny"), BrokenEngine(ecfg)) as s:
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"model": "tiny", "prompt": "hi", "max_tokens": 3},
+            headers={"x-request-id": "boom"},
+            timeout=30,
+        )
+    assert r.status_code == 500 and r.headers["x-request-id"] == "boom"
+    assert r.headers["x-modeldeploy-bundle"] == BUNDLE
+    assert "RuntimeError: engine exploded" in r.json()["error"]["message"]

@@ -141,9 +141,12 @@ class EvidenceMiddleware:
 
         try:
             await self.app(scope, receive, send_with_headers)
-        except BaseException:
-            ev.status = ev.status or 500
-            raise
+        except Exception as e:  # what the app's crash handler would answer, with our headers on it
+            if ev.status:  # the response had started: nothing more can be sent
+                raise
+            logging.getLogger("modeldeploy.server").exception("internal error on %s", ev.path)
+            err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            await err.response()(scope, receive, send_with_headers)
         finally:
             if ev.path.startswith("/v1/"):
                 self.finish(ev)
