@@ -39,6 +39,7 @@ class PacedEngine(AsyncEngine):
     for the next request to find no room, however fast the tiny model is."""
 
     async def generate(self, request_id: str, prompt: Any, params: Any) -> AsyncIterator[Any]:
+        self.loop = asyncio.get_running_loop()  # the server's loop, for a test to run ctx.drain() on
         async for out in super().generate(request_id, prompt, params):
             yield out
             await asyncio.sleep(0.02)
@@ -221,3 +222,28 @@ def test_a_500_carries_the_headers_too(llama_dir: Path) -> None:
     assert r.status_code == 500 and r.headers["x-request-id"] == "boom"
     assert r.headers["x-modeldeploy-bundle"] == BUNDLE
     assert "RuntimeError: engine exploded" in r.json()["error"]["message"]
+
+
+def test_a_drain_abort_is_an_event_and_an_error(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rx = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    ecfg = EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", max_num_seqs=2, bundle_id=BUNDLE)
+    engine = PacedEngine(ecfg)
+    cfg = ServerConfig(engine=ecfg, served_model_name="tiny", drain_timeout_s=0.3)
+    try:
+        with ThreadedServer(cfg, engine) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+            body = {"model": "tiny", "prompt": "long", "max_tokens": 200, "ignore_eos": True, "stream": True}
+            with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "req-drain"}) as r:
+                lines_in = r.iter_lines()
+                next(lines_in)
+                drained = asyncio.run_coroutine_threadsafe(s.ctx.drain(), engine.loop)
+                assert drained.result(30) is False  # the stream outlived the drain timeout: aborted
+                list(lines_in)  # the stream ends early
+        rx.wait_for(lambda: any(sp["attrs"].get("modeldeploy.request_id") == "req-drain" for sp in rx.spans))
+    finally:
+        rx.stop()
+    root, _ = by_request(rx, "req-drain")
+    assert root["attrs"]["modeldeploy.outcome"] == "error" and root["status"] == 2  # STATUS_CODE_ERROR
+    assert [e[0] for e in root["events"]] == ["drain_abort"]
+    assert 0 < root["events"][0][1]["completion_tokens"] < 200
