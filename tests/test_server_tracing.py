@@ -170,7 +170,9 @@ def test_streamed_cancelled_and_rejected_requests_are_traced(
     )
     assert [e[0] for e in root["events"]] == ["admission.rejected"] and kids == []
 
-    # one JSON log line per request, with the same ids
+    # one JSON log line per request, with the same ids (written as each request's handling ends,
+    # which can be just after its client has the response)
+    server._wait(lambda: len(lines.records) >= 4, 30, "four request log lines")
     logged = {r["request_id"]: r for r in lines.records}
     assert want <= set(logged)
     ok = logged["req-ok"]
