@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,18 @@ PARENT_SPAN = "00f067aa0ba902b7"
 
 
 class PacedEngine(AsyncEngine):
-    """The real engine, its outputs handed on 20 ms apart: a stream then holds its slot long enough
-    for the next request to find no room, however fast the tiny model is."""
+    """The real engine with every step 20 ms longer: a stream holds its slot long enough for the
+    next request to find no room, and a drain times out on it, however fast the tiny model is."""
 
-    async def generate(self, request_id: str, prompt: Any, params: Any) -> AsyncIterator[Any]:
-        self.loop = asyncio.get_running_loop()  # the server's loop, for a test to run ctx.drain() on
-        async for out in super().generate(request_id, prompt, params):
-            yield out
-            await asyncio.sleep(0.02)
+    async def start(self, progress: Any = lambda p, f: None) -> None:
+        await super().start(progress)
+        step = self.engine.step
+
+        def slow_step() -> Any:
+            time.sleep(0.02)
+            return step()
+
+        self.engine.step = slow_step  # the step thread looks the method up on every step
 
 
 class BrokenEngine(AsyncEngine):
@@ -239,7 +244,7 @@ def test_a_drain_abort_is_an_event_and_an_error(llama_dir: Path, monkeypatch: py
             with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "req-drain"}) as r:
                 lines_in = r.iter_lines()
                 next(lines_in)
-                drained = asyncio.run_coroutine_threadsafe(s.ctx.drain(), engine.loop)
+                drained = asyncio.run_coroutine_threadsafe(s.ctx.drain(), engine._loop)
                 assert drained.result(30) is False  # the stream outlived the drain timeout: aborted
                 list(lines_in)  # the stream ends early
         rx.wait_for(lambda: any(sp["attrs"].get("modeldeploy.request_id") == "req-drain" for sp in rx.spans))
