@@ -77,7 +77,14 @@ def traced(
     lines = Lines()
     logger = logging.getLogger("modeldeploy.request")
     logger.addHandler(lines)
-    ecfg = EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", max_num_seqs=1, bundle_id=BUNDLE)
+    ecfg = EngineConfig(
+        model=str(llama_dir),
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=1,
+        max_num_batched_tokens=8,  # prompts longer than 8 tokens prefill in chunks
+        bundle_id=BUNDLE,
+    )
     try:
         with ThreadedServer(
             ServerConfig(engine=ecfg, served_model_name="tiny", max_queue=0), PacedEngine(ecfg)
@@ -120,7 +127,8 @@ def test_streamed_cancelled_and_rejected_requests_are_traced(
             assert refused.headers["x-modeldeploy-bundle"] == BUNDLE
         # leaving the block closed the connection mid-stream: the server cancels the sequence
         traceparent = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
-        body = {"model": "tiny", "prompt": "hello", "max_tokens": 12, "ignore_eos": True, "stream": True}
+        prompt = "a paged KV cache stores the keys and values of every token in fixed-size blocks"
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "ignore_eos": True, "stream": True}
         server._wait(lambda: server.ctx.admission.running == 0, 30, "cancelled request released its slot")
         with c.stream(
             "POST",
@@ -153,11 +161,9 @@ def test_streamed_cancelled_and_rejected_requests_are_traced(
         spans["decode"]["attrs"]["modeldeploy.tokens"] == 12 == root["attrs"]["modeldeploy.completion_tokens"]
     )
     assert chunks  # streamed (text chunks: the detokenizer may join tokens)
-    assert (
-        spans["prefill"]["attrs"]["modeldeploy.prompt_tokens"]
-        == root["attrs"]["modeldeploy.prompt_tokens"]
-        > 0
-    )
+    n_prompt = root["attrs"]["modeldeploy.prompt_tokens"]
+    assert spans["prefill"]["attrs"]["modeldeploy.prompt_tokens"] == n_prompt > 8
+    assert spans["prefill"]["attrs"]["modeldeploy.prefill_chunks"] == -(-n_prompt // 8)  # 8-token chunks
     assert root["start"] <= spans["queue"]["start"] <= spans["queue"]["end"] <= spans["prefill"]["start"]
     assert spans["prefill"]["end"] <= spans["decode"]["start"] <= spans["decode"]["end"] <= root["end"]
 

@@ -142,6 +142,7 @@ class Engine:
         logits, sample_seqs = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed += n
+            seq.prefill_chunks += seq.first_token_time is None
             self.block_manager.commit(seq)
         tokens = self.sampler.sample(logits, sample_seqs)
         now = time.monotonic()
@@ -192,6 +193,7 @@ class Engine:
                 seq.first_token_time,
                 seq.last_token_time,
                 seq.finished_time,
+                seq.prefill_chunks,
             ),
             num_preemptions=seq.num_preemptions,
         )

@@ -12,6 +12,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    prefill_chunks: int = 0  # engine steps the prompt took (1 unless chunked prefill split it)
 
 
 @dataclass

@@ -28,6 +28,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    prefill_chunks: int = 0  # steps its prompt took before the first token (chunked prefill), for traces
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -78,9 +78,9 @@ class Tracing:
             wait = None if ev.admitted is None else round(ev.admitted - ev.arrival, 6)
             self._child("queue", inside, ev, ev.arrival, sched, {"modeldeploy.admission_wait_s": wait})
             if first is not None:
-                self._child(
-                    "prefill", inside, ev, sched, first, {"modeldeploy.prompt_tokens": ev.prompt_tokens}
-                )
+                chunks = getattr(m, "prefill_chunks", None)
+                attrs = {"modeldeploy.prompt_tokens": ev.prompt_tokens, "modeldeploy.prefill_chunks": chunks}
+                self._child("prefill", inside, ev, sched, first, attrs)
                 if last is not None:
                     self._child(
                         "decode", inside, ev, first, last, {"modeldeploy.tokens": ev.completion_tokens}
