@@ -21,7 +21,9 @@ import pytest
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.api import Analysis
-from modeldeploy.operator.canary_io import Baselines, ConformanceRunner, cohort_analysis, scrape_cohort
+from modeldeploy.operator.gate import ConformanceRunner
+from modeldeploy.operator.metrics_source import Cohorts, analyze_interval
+from modeldeploy.operator.scrape import Baselines, PodScrape, scrape_cohort
 
 BUNDLE = "bundle-canary-io-1"
 KEY = ("uid-canary-io", BUNDLE)
@@ -257,16 +259,11 @@ def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path,
         dead = f"127.0.0.1:{_free_port()}"
 
         def interval():
-            return cohort_analysis(
-                base,
-                "uid-analysis",
-                ("step", 0),
-                (stable.bundle, [stable.target]),
-                (canary.bundle, [canary.target, dead]),
-                cfg,
-                step=0,
-                time="t",
-            )
+            cohorts = Cohorts(
+                "uid-analysis", "ns", stable.bundle, canary.bundle,
+                (stable.target,), (canary.target, dead), mark=("step", 0),
+            )  # fmt: skip
+            return analyze_interval(PodScrape(base), cohorts, cfg, step=0, time="t")
 
         opening, _ = interval()  # opens both windows: nothing counted yet
         assert opening.verdict == "Inconclusive" and all(m.samples == 0 for m in opening.metrics)
