@@ -9,6 +9,7 @@ action to one call without caring which API group serves it. Errors stay `ApiExc
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 from typing import Any
 
 from kubernetes import client, config
@@ -20,7 +21,9 @@ from modeldeploy.operator.routing import KIND as ROUTE_KIND
 ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
 POOL_SIZE = 32  # above the 16 worker threads plus the resync task
 MERGE = "application/merge-patch+json"
-RAW = {"_preload_content": False}  # the response body is read as JSON, not decoded into models
+RAW = MappingProxyType(
+    {"_preload_content": False}
+)  # the response body is read as JSON, not decoded into models
 
 
 def _json(resp: Any) -> dict[str, Any]:

@@ -32,8 +32,9 @@ import logging
 import math
 import re
 import time as _time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -57,11 +58,13 @@ def _since(series: str) -> str:
     return f"({s} - {s} offset {{window}}) >= 0 or {s}"
 
 
-DEFAULT_QUERIES: dict[str, str] = {
-    "ttft_buckets": f"sum by (le) ({_since(TTFT + '_bucket')})",
-    "itl_buckets": f"sum by (le) ({_since(ITL + '_bucket')})",
-    "outcomes": f"sum by (outcome) ({_since(REQUESTS)})",
-}
+DEFAULT_QUERIES: Mapping[str, str] = MappingProxyType(
+    {
+        "ttft_buckets": f"sum by (le) ({_since(TTFT + '_bucket')})",
+        "itl_buckets": f"sum by (le) ({_since(ITL + '_bucket')})",
+        "outcomes": f"sum by (outcome) ({_since(REQUESTS)})",
+    }
+)
 _PLACEHOLDER = re.compile(r"\{(bundle|namespace|selector|window)\}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Literal
 
 from modeldeploy.operator.analysis import fmt
@@ -333,14 +334,16 @@ def _rolling_back(s, p, sig, now, elapsed) -> Transition:
     )
 
 
-_PHASES = {
-    "Stable": _stable,
-    "Deploying": _deploying,
-    "Verifying": _verifying,
-    "Canary": _canary,
-    "Promoting": _promoting,
-    "RollingBack": _rolling_back,
-}
+_PHASES = MappingProxyType(
+    {
+        "Stable": _stable,
+        "Deploying": _deploying,
+        "Verifying": _verifying,
+        "Canary": _canary,
+        "Promoting": _promoting,
+        "RollingBack": _rolling_back,
+    }
+)
 
 
 def canary_weight(s: RolloutState, p: Policy) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+from types import MappingProxyType
 from typing import Any
 
 from rich import box
@@ -66,7 +67,7 @@ def rollback_target(status: dict[str, Any], to: str | None) -> tuple[str, str]:
 
 # ---- status rendering (pure: status dict as the API server returns it, camelCase) ----
 
-VERDICT_STYLE = {"Pass": "green", "Fail": "bold red", "Inconclusive": "yellow"}
+VERDICT_STYLE = MappingProxyType({"Pass": "green", "Fail": "bold red", "Inconclusive": "yellow"})
 
 
 def num_text(x: Any) -> str:
