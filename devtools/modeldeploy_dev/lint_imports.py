@@ -37,7 +37,11 @@ def layout(repo: Path, out: Path) -> Path:
 def _mapped_elsewhere(package: str, rel: Path, mapping: dict[str, str]) -> bool:
     """A file under a folder that another package-dir entry maps (e.g. e2e/cluster) belongs to that one."""
     dotted = ".".join((package, *rel.parent.parts))
-    return any(dotted == p or dotted.startswith(p + ".") for p in mapping if p != package and p.startswith(package + "."))
+    return any(
+        dotted == p or dotted.startswith(p + ".")
+        for p in mapping
+        if p != package and p.startswith(package + ".")
+    )
 
 
 def run(repo: Path = REPO, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -49,7 +53,11 @@ def run(repo: Path = REPO, extra: dict[str, str] | None = None) -> subprocess.Co
             (tree / rel).write_text(text)
         dev = repo / "devtools"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(dev)])}
-        cmd = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", str(repo / "pyproject.toml")]
+        cmd = [
+            str(Path(sys.executable).with_name("lint-imports")),
+            "--no-cache",
+            str(repo / "pyproject.toml"),
+        ]
         return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 
 
