@@ -15,10 +15,10 @@ help: ## Show this help.
 
 setup: .venv/.installed ## Create .venv and install the project (runtime and dev extras).
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml devtools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[runtime,dev]'
+	$(PIP) install -q -e '.[runtime,dev]' -e devtools
 	touch $@
 
 
@@ -69,7 +69,7 @@ example-model: setup ## Make the model examples/modeldeployment-tiny.yaml pins.
 ##@ Local cluster
 
 cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
-	bash e2e/cluster/build.sh
+	bash devtools/modeldeploy_dev/cluster/build.sh
 
 cluster: setup cluster-build ## Start the local cluster and the process node.
 	$(PY) -m modeldeploy cluster up

@@ -22,12 +22,14 @@ def test_a_forbidden_import_breaks_its_contract() -> None:
         extra={
             "modeldeploy/kernels/forbidden_probe.py": "import modeldeploy.operator.plan\n",
             "modeldeploy/operator/forbidden_probe.py": "import torch\n",
+            "modeldeploy/conformance/forbidden_probe.py": "import modeldeploy_dev.load\n",
         }
     )
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
     assert "kernels import nothing of ours BROKEN" in out and "modeldeploy.kernels.forbidden_probe" in out
     assert "the operator imports no torch, transformers or runtime BROKEN" in out
+    assert "product code never imports test infrastructure (modeldeploy_dev) BROKEN" in out
     assert "the server never imports the operator KEPT" in out
 
 

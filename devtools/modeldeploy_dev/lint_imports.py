@@ -53,11 +53,10 @@ def run(repo: Path = REPO, extra: dict[str, str] | None = None) -> subprocess.Co
             (tree / rel).write_text(text)
         dev = repo / "devtools"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(dev)])}
-        cmd = [
-            str(Path(sys.executable).with_name("lint-imports")),
-            "--no-cache",
-            str(repo / "pyproject.toml"),
-        ]
+        cli = (
+            "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+        )
+        cmd = [sys.executable, "-c", cli, "--no-cache", str(repo / "pyproject.toml")]
         return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 
 
