@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.api import Analysis
@@ -71,16 +72,11 @@ class Serve:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}; logs in {self.tmp}"
-            try:
-                if httpx.get(self.url + "/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.url} not ready within {timeout_s}s")
+            return httpx.get(self.url + "/health/ready", timeout=2).status_code == 200
+
+        wait_until(ready, timeout_s, 0.2, f"{self.url} ready", ignore=(httpx.TransportError,))
 
     def stop(self) -> None:
         if self.proc.poll() is None:

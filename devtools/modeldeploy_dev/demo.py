@@ -13,6 +13,7 @@ shows against its own cluster; the rest is rendering (pure, unit-tested). The co
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import signal
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modeldeploy_dev.wait import wait_until
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -320,13 +322,12 @@ def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
         if e.status != 404:
             raise
         return
-    end = time.monotonic() + 60
-    while (
-        wait
-        and time.monotonic() < end
-        and any(p.metadata.name == f"{ns}-models" for p in core.list_persistent_volume().items)
-    ):
-        time.sleep(0.5)
+    if wait:
+        name = f"{ns}-models"
+        with contextlib.suppress(TimeoutError):  # best effort, as before: a later run recreates it
+            wait_until(
+                lambda: all(p.metadata.name != name for p in core.list_persistent_volume().items), 60, 0.5
+            )
 
 
 class _Story:
