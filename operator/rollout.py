@@ -22,7 +22,13 @@ from modeldeploy.operator.api import AnalysisResult
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
-IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")  # a canary exists: the reconcile keeps ticking
+IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")
+TAKING_TRAFFIC: tuple[Phase, ...] = ("Canary", "Promoting")  # the canary is behind the main Service
+PROMOTABLE: tuple[Phase, ...] = (
+    "Deploying",
+    "Verifying",
+    "Canary",
+)  # a manual promote applies  # a canary exists: the reconcile keeps ticking
 AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual promote
 
 
@@ -152,7 +158,7 @@ def _manual(s: RolloutState, sig: Signals, now: float) -> Transition | None:
     cmd = sig.command or ""
     if cmd == "abort" and s.phase in ACTIVE_PHASES:
         return _rollback(s, now, "Aborted", "aborted by annotation modeldeploy.dev/abort")
-    if cmd == "promote" and s.phase in ("Deploying", "Verifying", "Canary"):
+    if cmd == "promote" and s.phase in PROMOTABLE:
         return _go(
             s,
             now,
@@ -375,6 +381,6 @@ def _canary_size(p: Policy, weight: int) -> int:
 
 def serving_bundles(s: RolloutState) -> list[str]:
     """Bundles behind the main Service: a canary joins only after the conformance gate."""
-    if s.phase in ("Canary", "Promoting") and s.canary:
+    if s.phase in TAKING_TRAFFIC and s.canary:
         return [b for b in (s.stable, s.canary) if b]
     return [s.stable] if s.stable else []
