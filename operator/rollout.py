@@ -22,13 +22,13 @@ from modeldeploy.operator.api import AnalysisResult
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
-IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")
+IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")  # a canary exists: the reconcile keeps ticking
 TAKING_TRAFFIC: tuple[Phase, ...] = ("Canary", "Promoting")  # the canary is behind the main Service
 PROMOTABLE: tuple[Phase, ...] = (
     "Deploying",
     "Verifying",
     "Canary",
-)  # a manual promote applies  # a canary exists: the reconcile keeps ticking
+)  # a manual promote applies
 AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual promote
 
 
