@@ -69,7 +69,7 @@ def main() -> int:
     from modeldeploy_dev.prometheus import Prom
     from prometheus_client import start_http_server
 
-    from modeldeploy.operator.object_metrics import OBJECTS
+    from modeldeploy.operator.object_metrics import ObjectMetrics
 
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-render-"))
     model = str(tmp / "tiny")
@@ -84,9 +84,10 @@ def main() -> int:
     op_server, _ = start_http_server(op_port, addr="127.0.0.1")
     md = {"metadata": {"namespace": NS, "name": MD}, "spec": {}}
     cond = [{"type": "Degraded", "status": "False", "reason": "AsExpected"}]
+    objects = ObjectMetrics()  # what the operator's Controller keeps
 
     def phase(name: str, weight: int) -> None:
-        OBJECTS.record(md, {"phase": name, "canaryWeight": weight, "stable": {"bundle": stable_b},
+        objects.record(md, {"phase": name, "canaryWeight": weight, "stable": {"bundle": stable_b},
                             "canary": {"bundle": canary_b}, "conditions": cond})  # fmt: skip
 
     phase("Deploying", 0)

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from modeldeploy.operator.api import Rollout
-from modeldeploy.operator.rollout import ACTIVE, AWAITING
+from modeldeploy.operator.rollout import ACTIVE_PHASES, AWAITING
 
 KEY = ("namespace", "modeldeployment")
 PHASES = ("Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack", "Degraded")
@@ -66,7 +66,7 @@ def series(md: dict[str, Any], status: dict[str, Any]) -> list[tuple[Gauge, tupl
         out.append((CONDITION, (*key, c["type"], c["status"], c.get("reason", "")), 1.0))
     ro = status.get("rollout") or {}
     started = _epoch(ro.get("startedAt"))
-    if phase in ACTIVE and ro.get("reason") != AWAITING and started is not None:
+    if phase in ACTIVE_PHASES and ro.get("reason") != AWAITING and started is not None:
         spec_ro = (md.get("spec") or {}).get("rollout") or {}
         out.append(
             (DEADLINE, key, started + float(spec_ro.get("progressDeadlineSeconds", DEFAULT_DEADLINE_S)))
@@ -97,6 +97,3 @@ class ObjectMetrics:
         with self._lock:
             for gauge, labels in self._live.pop((namespace, name), set()):
                 gauge.remove(*labels)
-
-
-OBJECTS = ObjectMetrics()

@@ -1,8 +1,9 @@
 """OpenTelemetry spans of the operator's decisions, exported over OTLP/HTTP when configured.
 
 One `reconcile` span per reconcile of a ModelDeployment, with the phase it left the object in
-and the decision (the actions applied and the Events posted) as attributes; one `analysis`
-child per canary analysis computed in it, with the verdict and each metric's figures. Like the
+and the decision (the actions applied and the Events posted) as attributes; an `analysis`
+child when its observe step computed a canary analysis (spanning that step), with the verdict
+and each metric's figures. The Controller owns the instance (no module state in operator/). Like the
 runtime's spans (runtime/server/tracing.py) they are built after the fact from timestamps, so
 with OTEL_EXPORTER_OTLP_ENDPOINT unset nothing is imported and each hook is one attribute test.
 """
@@ -10,7 +11,6 @@ with OTEL_EXPORTER_OTLP_ENDPOINT unset nothing is imported and each hook is one 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
@@ -37,7 +37,6 @@ def describe(action: Any) -> str:
 
 class OperatorTracing:
     def __init__(self) -> None:
-        self._local = threading.local()
         self.tracer: Any = None
         self.provider: Any = None
         if any(os.environ.get(v) for v in ENDPOINT_VARS):
@@ -51,16 +50,17 @@ class OperatorTracing:
             self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
             self.tracer = self.provider.get_tracer("modeldeploy.operator")
 
-    def start(self) -> float:
-        """At the start of a reconcile: forget analyses of a reconcile that raised; its start time."""
-        self._local.analyses = []
-        return time.time()
-
-    def analysis(self, meta: dict[str, Any], result: Any, start: float) -> None:
-        if self.tracer is not None:
-            self._local.__dict__.setdefault("analyses", []).append((start, time.time(), result))
-
-    def reconcile(self, md: dict[str, Any], actions: list[Any], status: dict[str, Any], start: float) -> None:
+    def reconcile(
+        self,
+        md: dict[str, Any],
+        actions: list[Any],
+        status: dict[str, Any],
+        start: float,
+        analysis: Any = None,
+        observed_at: float | None = None,
+    ) -> None:
+        """One finished reconcile (`start`: its time.time()); `analysis`: the canary analysis its
+        observe step computed (spanning `start`..`observed_at`), if it computed one."""
         if self.tracer is None:
             return
         from opentelemetry.trace import set_span_in_context
@@ -81,7 +81,8 @@ class OperatorTracing:
             },
         )
         inside = set_span_in_context(root)
-        for t0, t1, r in self._local.__dict__.pop("analyses", []):
+        if analysis is not None:
+            r = analysis
             attrs: dict[str, Any] = {"modeldeploy.verdict": r.verdict, "modeldeploy.step": r.step or 0}
             for m in r.metrics:
                 attrs[f"modeldeploy.metric.{m.metric}"] = (
@@ -89,14 +90,12 @@ class OperatorTracing:
                 )
             if r.message:
                 attrs["modeldeploy.message"] = r.message
-            self.tracer.start_span("analysis", context=inside, start_time=_ns(t0), attributes=attrs).end(
-                end_time=_ns(t1)
+            end = observed_at if observed_at is not None else time.time()
+            self.tracer.start_span("analysis", context=inside, start_time=_ns(start), attributes=attrs).end(
+                end_time=_ns(end)
             )
         root.end(end_time=time.time_ns())
 
     def flush(self) -> None:
         if self.provider is not None:
             self.provider.force_flush()
-
-
-OPERATOR = OperatorTracing()

@@ -163,7 +163,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
     from prometheus_client import start_http_server
     from test_canary_io_server import Serve, _free_port
 
-    from modeldeploy.operator.object_metrics import OBJECTS
+    from modeldeploy.operator.object_metrics import ObjectMetrics
 
     tmp = tmp_path_factory.mktemp("dashboard")
     stable = Serve(tmp, llama_dir, "--max-num-seqs", "4", bundle="bundle-dash-stable")
@@ -178,7 +178,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
         "canary": {"bundle": canary.bundle},
         "conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected"}],
     }
-    OBJECTS.record(md, status)
+    objects = ObjectMetrics()  # what the Controller keeps
+    objects.record(md, status)
     pod = {"modeldeployment": MD}
     prom = Prom(
         tmp,
@@ -204,7 +205,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
         prom.scraped_after(time.time(), jobs=3)
         yield prom
     finally:
-        OBJECTS.forget(NS, MD)
+        objects.forget(NS, MD)
         server.shutdown()
         for p in (prom, stable, canary):
             p.stop()

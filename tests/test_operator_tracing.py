@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from test_operator_plan import advance_to, analysis, at, stable_then_change
 
@@ -21,16 +23,16 @@ def test_reconcile_span_carries_the_decision_and_the_analysis(monkeypatch: pytes
         obj, obs, _ = advance_to(obj, obs, at(0), ready={})
         obj, obs, _ = advance_to(obj, obs, at(1))
         obj, obs, _ = advance_to(obj, obs, at(1, 20), conformance=(True, "8/8 checks passed"))
-        # one reconcile as reconcile() runs it: start, an analysis computed while observing, plan, record
-        t0 = tr.start()
+        # one reconcile as Controller._reconcile runs it: observe (here: an analysis it computed), plan, record
+        t0 = time.time()
         failing = analysis("Fail", 0)
-        tr.analysis(obj["metadata"], failing, t0)
         view = Observed(
             obs.deployments, obs.services, obs.nodes, analysis=failing, analysis_at=epoch(at(1, 40))
         )
+        observed_at = time.time()
         actions = plan(obj, view, at(1, 40))
         status = next(a.status for a in actions if type(a).__name__ == "PatchStatus")
-        tr.reconcile(obj, actions, status, t0)
+        tr.reconcile(obj, actions, status, t0, failing, observed_at)
         tr.flush()
         rx.wait_for(lambda: len(rx.spans) >= 2)
     finally:
@@ -57,4 +59,4 @@ def test_off_without_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     tr = OperatorTracing()
     assert tr.tracer is None
-    tr.reconcile({"metadata": {"namespace": "n", "name": "x"}}, [], {}, tr.start())  # a no-op
+    tr.reconcile({"metadata": {"namespace": "n", "name": "x"}}, [], {}, time.time())  # a no-op
