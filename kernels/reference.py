@@ -144,3 +144,26 @@ def paged_attention_prefill(
         mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]  # [Q, L]
         out[s:e] = _attend(q[s:e], k, v, scale, mask)
     return out
+
+
+def lora_apply(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Add each token's LoRA delta to `out` in place, grouped by adapter (SGMV: one pair of
+    GEMMs per adapter present, over that adapter's rows; never one pass per adapter over all).
+
+    out [T, N], x [T, K], a [L, R, K] (lora_A per slot), b [L, N, R] (lora_B per slot),
+    scales [L] float32, slots [T] int (slot of each token's adapter, -1 = base: no delta).
+    Order of operations as peft's Linear: out + (B (A x)) * scale, rounded per op.
+    """
+    for s in torch.unique(slots).tolist():
+        if s < 0:
+            continue
+        rows = (slots == s).nonzero().squeeze(1)
+        delta = F.linear(F.linear(x[rows], a[s]), b[s]) * scales[s].to(out.dtype)
+        out.index_add_(0, rows, delta)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeldeploy.kernels import activation, attention, cache, checks, emulate, norm, rotary
+from modeldeploy.kernels import activation, attention, cache, checks, emulate, lora, norm, rotary
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU"
@@ -34,6 +34,9 @@ PROBLEMS = [
     checks.decode_problem([20, 70], 1, 8, 64, f16, "cpu"),
     checks.prefill_problem([37, 30, 5], [7, 20, 1], 2, 4, 64, f32, "cpu"),
     checks.prefill_problem([18, 9], [0, 9], 1, 2, 128, bf16, "cpu"),  # a sequence with no new tokens
+    checks.lora_problem(9, 64, 96, 12, 3, f32, "cpu"),
+    checks.lora_problem(6, 40, 36, 8, 2, bf16, "cpu"),
+    checks.lora_problem(5, 33, 20, 4, 1, f16, "cpu"),
 ]
 
 
@@ -45,7 +48,7 @@ def emulated(monkeypatch):
         launches.append(a[1])
         emulate.launch(*a, **k)
 
-    for mod in (activation, attention, cache, norm, rotary):
+    for mod in (activation, attention, cache, lora, norm, rotary):
         monkeypatch.setattr(mod, "launch", record)
     monkeypatch.setattr(attention, "_sm_count", lambda device: 16)  # small "GPU": split-K kicks in
     return launches
