@@ -158,3 +158,42 @@ def test_cli_flags_build_adapter_pins():
 def test_cli_adapter_errors_name_the_flag(kw, message):
     with pytest.raises(ValueError, match=message):
         cli.build_config(_args(**kw))
+
+
+def test_conformance_suite_passes_with_adapters(server):
+    from modeldeploy.conformance import ConformanceConfig, run_conformance
+
+    report = run_conformance(
+        ConformanceConfig(url=server.url, requests=4, concurrency=2, expect_bundle=BUNDLE)
+    )
+    assert report.passed, report.table()
+    check = next(c for c in report.checks if c.name == "adapters")
+    assert check.verdict == "pass" and check.observations["adapters"] == ["tenant-a", "tenant-b"]
+    assert check.observations["unknown"]["status"] == 404
+    texts = {check.observations[k]["text"] for k in ("base", "tenant-a", "tenant-b")}
+    assert len(texts) == 3
+
+
+def test_conformance_fails_an_adapter_that_changes_nothing(llama_dir, tmp_path):
+    """PEFT's default init (B = 0) is the base model: the adapters check must catch it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from modeldeploy.conformance import ConformanceConfig, run_conformance
+    from modeldeploy.conformance.suite import CHECKS
+
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(
+        tmp_path / "noop"
+    )
+    ecfg = EngineConfig(
+        model=str(llama_dir),
+        device="cpu",
+        dtype="float32",
+        adapters=[{"name": "noop", "path": str(tmp_path / "noop")}],
+    )
+    with ThreadedServer(ServerConfig(engine=ecfg, served_model_name="tiny")) as s:
+        report = run_conformance(ConformanceConfig(url=s.url, skip=[c for c in CHECKS if c != "adapters"]))
+    assert not report.passed
+    assert "adapter 'noop' answered exactly as the base model" in report.checks[0].failures[0]
