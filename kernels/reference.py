@@ -155,15 +155,18 @@ def lora_apply(
     slots: torch.Tensor,
 ) -> None:
     """Add each token's LoRA delta to `out` in place, grouped by adapter (SGMV: one pair of
-    GEMMs per adapter present, over that adapter's rows; never one pass per adapter over all).
+    GEMMs per run of consecutive tokens with the same adapter, over those rows only; never one
+    pass per adapter over the whole batch). Any order of `slots` is correct; the engine sorts
+    rows by adapter so each adapter is one or two runs.
 
     out [T, N], x [T, K], a [L, R, K] (lora_A per slot), b [L, N, R] (lora_B per slot),
     scales [L] float32, slots [T] int (slot of each token's adapter, -1 = base: no delta).
     Order of operations as peft's Linear: out + (B (A x)) * scale, rounded per op.
     """
-    for s in torch.unique(slots).tolist():
-        if s < 0:
-            continue
-        rows = (slots == s).nonzero().squeeze(1)
-        delta = F.linear(F.linear(x[rows], a[s]), b[s]) * scales[s].to(out.dtype)
-        out.index_add_(0, rows, delta)
+    values, counts = torch.unique_consecutive(slots, return_counts=True)
+    start = 0
+    for s, n in zip(values.tolist(), counts.tolist(), strict=True):
+        if s >= 0:
+            rows = slice(start, start + n)
+            out[rows] += F.linear(F.linear(x[rows], a[s]), b[s]) * scales[s].to(out.dtype)
+        start += n

@@ -55,14 +55,14 @@ class ModelRunner:
             len(seqs), width
         )
 
-    def _lora(self, batch: ScheduledBatch) -> LoraBatch | None:
+    def _lora(self, rows: list[tuple[Sequence, int]]) -> LoraBatch | None:
         """Each token's adapter slot (-1 = base), or None when no row of the step uses an adapter."""
-        used = {s.adapter_id for s in batch.seqs if s.adapter_id >= 0}
+        used = {s.adapter_id for s, _ in rows if s.adapter_id >= 0}
         if not used:
             return None
         slot = self.adapters.prepare(used)
         token_slots: list[int] = []
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+        for seq, n in rows:
             token_slots += [slot.get(seq.adapter_id, -1)] * n
         return LoraBatch(self.adapters.slots, self._tensor(token_slots))
 
@@ -72,7 +72,10 @@ class ModelRunner:
         ids, pos, slots, sample_rows, sample_seqs = [], [], [], [], []
         decode, prefill, cu, prefill_lens = [], [], [0], []
         bs = self.block_size
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+        rows = list(zip(batch.seqs, batch.num_tokens, strict=True))
+        if self.adapters is not None:  # decodes first as always, then each part grouped by adapter
+            rows.sort(key=lambda r: (not (r[1] == 1 and r[0].num_uncomputed == 1), r[0].adapter_id))
+        for seq, n in rows:
             start, end = seq.num_computed, seq.num_computed + n
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
@@ -86,7 +89,7 @@ class ModelRunner:
             if end == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
-        lora = self._lora(batch)
+        lora = self._lora(rows)
         meta = AttnMeta(
             slot_mapping=self._tensor(slots, torch.int64),
             num_decode=len(decode),
