@@ -16,10 +16,22 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from .conftest import E2ECluster
 from .load import Load
-from .test_operator import Operator, condition, crd_installed, get_md, operator  # noqa: F401  (fixtures)
+from .test_operator import (  # noqa: F401  (fixtures)
+    G,
+    Operator,
+    P,
+    V,
+    condition,
+    crd_installed,
+    create,
+    get_md,
+    manifest,
+    operator,
+)
 from .test_rollout import ANALYSIS, change_bundle, events, pod_ips, serve_tiny, stable_errors, wait_phase
 
 MESSAGES = [{"role": "user", "content": "Which tenant are you?"}]
@@ -132,3 +144,31 @@ def test_two_adapters_served_then_b_revision_canaried_then_broken_b_rolled_back(
     assert "digest" in deg["message"].lower() and "adapters/b2" in deg["message"], deg
     assert condition(done, "Ready")["status"] == "True"  # the stable bundle kept serving
     assert answers(pod_ips(cluster, namespace, second)) == after
+
+
+PIN = {"name": "tenant-a", "uri": "pvc://models/adapters/a", "revision": "a", "digest": "sha256:" + "c" * 64}
+
+
+@pytest.mark.parametrize(
+    ("adapters", "message"),
+    [
+        ([PIN, dict(PIN)], "every adapter name must be unique"),
+        ([PIN | {"name": "Tenant_A"}], "must be a DNS label"),
+        ([{k: v for k, v in PIN.items() if k != "digest"}], "digest: Required value"),
+        ([PIN | {"digest": "sha256:00"}], "64 lowercase hex"),
+        ([PIN | {"name": f"t{i}"} for i in range(17)], "must have at most 16 items"),
+        ([PIN | {"name": "model"}], "must differ from the served model name"),
+    ],
+    ids=["duplicate-names", "not-dns", "no-digest", "bad-digest", "too-many", "served-model-name"],
+)
+def test_api_server_rejects_invalid_adapters_with_cel_message(
+    cluster: E2ECluster, namespace: str, crd_installed: None, adapters, message: str
+) -> None:
+    obj = manifest("bad")
+    obj["spec"]["bundle"]["adapters"] = adapters
+    with pytest.raises(ApiException) as e:
+        create(cluster, namespace, obj)
+    assert e.value.status == 422 and message in e.value.body, e.value.body
+    ok = manifest("good")
+    ok["spec"]["bundle"]["adapters"] = [PIN, PIN | {"name": "tenant-b"}]
+    cluster.custom.create_namespaced_custom_object(G, V, namespace, P, ok, dry_run="All")
