@@ -194,6 +194,12 @@ def test_conformance_fails_an_adapter_that_changes_nothing(llama_dir, tmp_path):
         adapters=[{"name": "noop", "path": str(tmp_path / "noop")}],
     )
     with ThreadedServer(ServerConfig(engine=ecfg, served_model_name="tiny")) as s:
+        # Every per-request series exists before the first request, for the base and each adapter:
+        # the operator's scrape reads a pod without them as one serving another bundle.
+        fresh = Metrics(httpx.get(s.url + "/metrics").text)
+        for adapter in ("", "noop"):
+            assert fresh.get("modeldeploy_time_to_first_token_seconds_count", adapter=adapter) == 0
+            assert fresh.get("modeldeploy_requests_total", adapter=adapter, outcome="completed") == 0
         report = run_conformance(ConformanceConfig(url=s.url, skip=[c for c in CHECKS if c != "adapters"]))
     assert not report.passed
     assert "adapter 'noop' answered exactly as the base model" in report.checks[0].failures[0]

@@ -117,6 +117,9 @@ class ServerMetrics:
             k: Histogram(f"modeldeploy_{n}", d, names, buckets=b, registry=self.registry)
             for k, (n, d, b) in hist.items()
         }
+        for family in self._families.values():  # present from the start too (the operator reads
+            for adapter in ("", *adapters):  # a pod without them as serving another bundle)
+                family.labels(**labels, adapter=adapter)
         self.registry.register(_Live(labels, read_live))
 
     def hist(self, kind: str, adapter: str = "") -> Any:
