@@ -100,11 +100,13 @@ class AdapterPool:
         return {i: self.resident[i] for i in ids}
 
     def resident_names(self) -> list[str]:
-        return sorted(self.adapters[i].name for i in self.resident)
+        # tuple(): one C-level copy, so a server thread reading this while the engine thread
+        # loads an adapter never iterates a dict being changed
+        return sorted(self.adapters[i].name for i in tuple(self.resident))
 
     def info(self) -> list[dict]:
         """Per adapter: the pins, what was read, and whether it is on the device now."""
-        out = []
+        out, resident = [], set(tuple(self.resident))
         for i, (pin, a) in enumerate(zip(self.pins, self.adapters, strict=True)):
             out.append(
                 {
@@ -118,7 +120,7 @@ class AdapterPool:
                     "scaling": a.scaling,
                     "targets": list(a.targets),
                     "host_bytes": a.nbytes,
-                    "resident": i in self.resident,
+                    "resident": i in resident,
                 }
             )
         return out
