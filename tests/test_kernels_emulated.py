@@ -127,3 +127,25 @@ def test_unroll8_variant_matches_twin(make, emulated, monkeypatch):
     got, want = p.cuda(d), p.twin(twin_in)
     assert any(n.endswith(", 8>") for n in emulated), emulated
     assert checks.rel_err(got[0], want[0]) <= checks.TOL[p.dtype]
+
+
+@pytest.mark.slow
+def test_engine_with_emulated_lora_kernels_matches_peft(emulated, monkeypatch, tiny_model, tmp_path):
+    """Base, adapter A and adapter B rows in one batch with every hot op, the LoRA shrink/expand
+    kernels included, routed to the (emulated) CUDA kernels: greedy tokens equal transformers + peft."""
+    from lora_fixtures import hf_greedy, make_adapters
+
+    from modeldeploy.kernels import cuda_ops, dispatch
+    from modeldeploy.runtime import LLM, SamplingParams
+
+    monkeypatch.setattr(dispatch, "_impl", lambda name, t: cuda_ops.KERNELS[name])
+    base = tiny_model("llama")
+    adapters = make_adapters(base, tmp_path)
+    pins = [{"name": n, "path": str(p)} for n, p in adapters.items()]
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 40)), [300, 4, 77]]
+    names = [None, "tenant-a", "tenant-b"]
+    llm = LLM(base, dtype="float32", device="cpu", adapters=pins)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), adapter=names)
+    assert {n.split("<")[0] for n in emulated} >= {"lora_shrink_kernel", "lora_expand_kernel"}
+    for p, n, o in zip(prompts, names, outs, strict=True):
+        assert o.token_ids == hf_greedy(base, adapters[n] if n else None, [p], 4)[0], n
