@@ -30,7 +30,7 @@ def lora_apply(
     dt = dtype_name(x)
     T, K = x.shape
     L, R, _ = a.shape
-    N = b.shape[1]
+    N = b.shape[2]
     if (
         dt not in build.CTYPES
         or out.dtype != x.dtype

@@ -159,7 +159,8 @@ def lora_apply(
     pass per adapter over the whole batch). Any order of `slots` is correct; the engine sorts
     rows by adapter so each adapter is one or two runs.
 
-    out [T, N], x [T, K], a [L, R, K] (lora_A per slot), b [L, N, R] (lora_B per slot),
+    out [T, N], x [T, K], a [L, R, K] (lora_A per slot), b [L, R, N] (lora_B transposed, per
+    slot: the CUDA expand reads it coalesced),
     scales [L] float32, slots [T] int (slot of each token's adapter, -1 = base: no delta).
     Order of operations as peft's Linear: out + (B (A x)) * scale, rounded per op.
     """
@@ -168,5 +169,5 @@ def lora_apply(
     for s, n in zip(values.tolist(), counts.tolist(), strict=True):
         if s >= 0:
             rows = slice(start, start + n)
-            out[rows] += F.linear(F.linear(x[rows], a[s]), b[s]) * scales[s].to(out.dtype)
+            out[rows] += (F.linear(x[rows], a[s]) @ b[s]) * scales[s].to(out.dtype)
         start += n

@@ -251,13 +251,13 @@ def test_reference_twin_equals_per_token_lora():
     T, K, N, R, L = 11, 24, 18, 6, 3
     out = torch.randn(T, N, generator=g)
     x = torch.randn(T, K, generator=g)
-    a, b = torch.randn(L, R, K, generator=g), torch.randn(L, N, R, generator=g)
+    a, b = torch.randn(L, R, K, generator=g), torch.randn(L, R, N, generator=g)
     scales = torch.tensor([0.5, 2.0, 1.5])
     slots = torch.tensor([2, -1, 0, 0, 1, -1, 2, 2, 1, 0, -1], dtype=torch.int32)
     want = out.clone()
     for t in range(T):
         s = int(slots[t])
         if s >= 0:
-            want[t] += (b[s] @ (a[s] @ x[t])) * scales[s]
+            want[t] += (b[s].T @ (a[s] @ x[t])) * scales[s]
     reference.lora_apply(out, x, a, b, scales, slots)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

@@ -310,7 +310,7 @@ def lora_problem(tokens: int, k: int, n: int, rank: int, slots: int, dtype, devi
             "out": torch.randn(tokens, n, generator=g, device=device).to(dtype),
             "x": torch.randn(tokens, k, generator=g, device=device).to(dtype),
             "a": (torch.randn(slots, rank, k, generator=g, device=device) / k**0.5).to(dtype),
-            "b": torch.randn(slots, n, rank, generator=g, device=device).to(dtype),
+            "b": torch.randn(slots, rank, n, generator=g, device=device).to(dtype),
             "scales": 0.5 + torch.rand(slots, generator=g, device=device),
             "slots": torch.randint(-1, slots, (tokens,), generator=g, device=device).to(torch.int32),
         }

@@ -1,7 +1,8 @@
 // LoRA delta for a batch whose tokens use different adapters (BGMV style: each token
 // gathers its own adapter's matrices by slot index, so one launch serves every adapter).
 //   shrink: y[t, r]  = round_T(sum_k A[slot_t, r, k] * x[t, k])                (float out)
-//   expand: out[t, n] += round_T(round_T(sum_r B[slot_t, n, r] * y[t, r]) * scale[slot_t])
+//   expand: out[t, n] += round_T(round_T(sum_r Bt[slot_t, r, n] * y[t, r]) * scale[slot_t])
+// Bt is lora_B transposed ([L, R, N]): consecutive threads (columns n) read consecutive addresses.
 // Tokens with slot < 0 (base model) are skipped by both kernels: out is left untouched.
 // Roundings follow the torch twin (reference.lora_apply): F.linear rounds each product's
 // result to T, then the scale multiply, then the add.
@@ -32,7 +33,7 @@ __global__ void lora_shrink_kernel(float* __restrict__ y,                  // [T
 template <typename T>
 __global__ void lora_expand_kernel(T* __restrict__ out, long long out_stride,  // [T, N]
                                    const float* __restrict__ y,                // [T, R]
-                                   const T* __restrict__ b,                    // [L, N, R]
+                                   const T* __restrict__ b,                    // [L, R, N]
                                    const float* __restrict__ scales,           // [L]
                                    const int* __restrict__ slots,              // [T]
                                    int n_dim, int rank) {
@@ -44,9 +45,9 @@ __global__ void lora_expand_kernel(T* __restrict__ out, long long out_stride,  /
   __syncthreads();
   const int n = blockIdx.y * blockDim.x + threadIdx.x;
   if (n >= n_dim) return;
-  const T* br = b + ((long long)slot * n_dim + n) * rank;
+  const T* bn = b + (long long)slot * rank * n_dim + n;
   float acc = 0.f;
-  for (int r = 0; r < rank; ++r) acc += to_float(br[r]) * ys[r];
+  for (int r = 0; r < rank; ++r) acc += to_float(bn[(long long)r * n_dim]) * ys[r];
   const float delta = round_to<T>(round_to<T>(acc) * scales[slot]);
   T* o = out + (long long)t * out_stride + n;
   *o = from_float<T>(to_float(*o) + delta);

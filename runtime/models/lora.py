@@ -154,7 +154,8 @@ def read_adapter(name: str, path: str | Path, args: ModelArgs, dtype: torch.dtyp
 class LoraSlots:
     """`num_slots` adapters' worth of stacked weights on the device, written slot by slot.
 
-    Per layer and site: a [num_slots, len(site) * rank, in], b [num_slots, out, len(site) * rank];
+    Per layer and site: a [num_slots, len(site) * rank, in], b [num_slots, len(site) * rank, out]
+    (lora_B transposed, as `dispatch.lora_apply` takes it);
     scales [num_slots] float32. Only sites some adapter targets are allocated.
     """
 
@@ -178,7 +179,7 @@ class LoraSlots:
                 fan_out = sum(target_dims(args, t)[1] for t in parts)
                 r = len(parts) * rank
                 la[site] = torch.zeros(num_slots, r, fan_in, dtype=dtype, device=device)
-                lb[site] = torch.zeros(num_slots, fan_out, r, dtype=dtype, device=device)
+                lb[site] = torch.zeros(num_slots, r, fan_out, dtype=dtype, device=device)
             self.a.append(la)
             self.b.append(lb)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=device)
@@ -214,7 +215,7 @@ class LoraSlots:
                         wa, wb = w
                         r = wa.shape[0]
                         a[j * R : j * R + r].copy_(wa, non_blocking=True)
-                        b[row : row + out, j * R : j * R + r].copy_(wb, non_blocking=True)
+                        b[j * R : j * R + r, row : row + out].copy_(wb.T, non_blocking=True)
                     row += out
         self.scales[slot] = adapter.scaling
 
