@@ -62,7 +62,7 @@ def _record_steps(engine: Engine) -> tuple[list[list[tuple[int, int, bool]]], li
     def recording_run(batch):
         steps.append(
             [
-                (s.adapter_id, n, n == 1 and s.num_uncomputed == 1)
+                (s.adapter_id, n, n == 1 and s.num_uncomputed_tokens == 1)
                 for s, n in zip(batch.seqs, batch.num_tokens, strict=True)
             ]
         )

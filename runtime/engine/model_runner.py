@@ -74,9 +74,9 @@ class ModelRunner:
         bs = self.block_size
         rows = list(zip(batch.seqs, batch.num_tokens, strict=True))
         if self.adapters is not None:  # decodes first as always, then each part grouped by adapter
-            rows.sort(key=lambda r: (not (r[1] == 1 and r[0].num_uncomputed == 1), r[0].adapter_id))
+            rows.sort(key=lambda r: (not (r[1] == 1 and r[0].num_uncomputed_tokens == 1), r[0].adapter_id))
         for seq, n in rows:
-            start, end = seq.num_computed, seq.num_computed + n
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
             slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
@@ -94,7 +94,7 @@ class ModelRunner:
             slot_mapping=self._tensor(slots, torch.int64),
             num_decode=len(decode),
             decode_tables=self._tables(decode),
-            decode_lens=self._tensor([s.num_computed + 1 for s in decode]),
+            decode_lens=self._tensor([s.num_computed_tokens + 1 for s in decode]),
             prefill_tables=self._tables(prefill),
             prefill_cu_q=self._tensor(cu),
             prefill_lens=self._tensor(prefill_lens),
