@@ -260,3 +260,43 @@ def test_a_drain_abort_is_an_event_and_an_error(llama_dir: Path, monkeypatch: py
     assert root["attrs"]["modeldeploy.outcome"] == "error" and root["status"] == 2  # STATUS_CODE_ERROR
     assert [e[0] for e in root["events"]] == ["drain_abort"]
     assert 0 < root["events"][0][1]["completion_tokens"] < 200
+
+
+def test_the_adapter_a_request_names_is_on_its_span_and_log_line(
+    llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lora_fixtures import make_adapters
+
+    from modeldeploy.digest import dir_digest
+
+    adapters = make_adapters(llama_dir, tmp_path)
+    name = sorted(adapters)[0]
+    pins = [
+        {"name": n, "path": str(p), "digest": dir_digest(p), "revision": "r1"} for n, p in adapters.items()
+    ]
+    rx = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    lines = Lines()
+    logging.getLogger("modeldeploy.request").addHandler(lines)
+    ecfg = EngineConfig(model=str(llama_dir), device="cpu", dtype="float32", bundle_id=BUNDLE, adapters=pins)
+    try:
+        with ThreadedServer(ServerConfig(engine=ecfg, served_model_name="tiny")) as s:
+            for model, rid in ((name, "req-adapter"), ("tiny", "req-base")):
+                body = {"model": model, "prompt": "hi", "max_tokens": 3}
+                r = httpx.post(
+                    s.url + "/v1/completions", json=body, headers={"x-request-id": rid}, timeout=60
+                )
+                assert r.status_code == 200, r.text
+        rx.wait_for(
+            lambda: (
+                {"req-adapter", "req-base"} <= {sp["attrs"].get("modeldeploy.request_id") for sp in rx.spans}
+            )
+        )
+    finally:
+        logging.getLogger("modeldeploy.request").removeHandler(lines)
+        rx.stop()
+    assert by_request(rx, "req-adapter")[0]["attrs"]["modeldeploy.adapter"] == name
+    assert "modeldeploy.adapter" not in by_request(rx, "req-base")[0]["attrs"]
+    logged = {r["request_id"]: r for r in lines.records}
+    assert logged["req-adapter"]["adapter"] == name and logged["req-base"]["adapter"] is None

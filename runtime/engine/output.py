@@ -46,3 +46,5 @@ class EngineStats:
     generation_tokens_total: int
     steps_total: int
     prefix_cache_hit_tokens: int = 0
+    lora_resident: tuple[str, ...] = ()  # adapters on the device now
+    lora_loads_total: int = 0  # adapter copies host -> device slot

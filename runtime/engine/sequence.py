@@ -21,6 +21,7 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
+    adapter_id: int = -1  # LoRA adapter (index in EngineConfig.adapters); -1 = the base model
     token_ids: list[int] = field(init=False)  # prompt + generated
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)

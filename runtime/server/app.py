@@ -2,7 +2,8 @@
 
 `create_app(cfg)` builds everything in-process (tests drive it through a real uvicorn or
 httpx's ASGI transport); `modeldeploy serve` wraps it with uvicorn and SIGTERM draining.
-There are no admin or weight-reload endpoints: a bundle is changed by rolling pods.
+There are no admin, weight-reload or adapter load/unload endpoints: a bundle (LoRA adapters
+included) is changed by rolling pods.
 """
 
 from __future__ import annotations
@@ -93,14 +94,22 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {
-            "id": cfg.served_model_name,
-            "object": "model",
-            "created": ctx.created,
-            "owned_by": "modeldeploy",
-            "max_model_len": ctx.effective_config().get("max_model_len"),
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        max_len = ctx.effective_config().get("max_model_len")
+
+        def card(name: str, parent: str | None) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": ctx.created,
+                "owned_by": "modeldeploy",
+                "root": cfg.served_model_name,
+                "parent": parent,  # LoRA adapters name their base model
+                "max_model_len": max_len,
+            }
+
+        base = cfg.served_model_name
+        cards = [card(base, None)] + [card(n, base) for n in ctx.adapter_names]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.get("/v1/bundle")
     async def bundle() -> JSONResponse:

@@ -42,7 +42,7 @@ class Evidence:
     status: int = 0
     outcome: str | None = None
     response_id: str | None = None
-    adapter: str | None = None  # the LoRA adapter a request names, once the server serves adapters
+    adapter: str | None = None  # the LoRA adapter the request named (None: the base model)
     admitted: float | None = None  # admission slot acquired
     metrics: Any = None  # the engine's RequestMetrics of the last output seen
     prompt_tokens: int = 0
@@ -58,6 +58,7 @@ class Evidence:
         """Called by Job.close: the generation's figures and how it ended."""
         now = time.monotonic()
         self.outcome, self.response_id = outcome, job.rid
+        self.adapter = getattr(job, "adapter", None)
         self.admitted = getattr(job.ticket, "acquired_at", None)
         self.prompt_tokens = len(job.prompt)
         if job.last is not None:
@@ -85,6 +86,7 @@ class Evidence:
             "status": self.status,
             "outcome": self.outcome,
             "response_id": self.response_id,
+            "adapter": self.adapter,
             "duration_ms": ms(self.arrival, self.end),
             "admission_wait_ms": ms(self.arrival, self.admitted),
             "queue_ms": ms(self.arrival, first_sched),

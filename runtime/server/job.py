@@ -23,9 +23,12 @@ class ClientGone(Exception):
 
 
 class Job:
-    def __init__(self, ctx: Any, rid: str, prompt: list[int], params: Any, arrival: float):
+    def __init__(
+        self, ctx: Any, rid: str, prompt: list[int], params: Any, arrival: float, adapter: str | None = None
+    ):
         self.ctx, self.rid, self.prompt, self.params = ctx, rid, prompt, params
-        self.tracker = ctx.metrics.tracker(arrival)
+        self.adapter = adapter  # LoRA adapter name; None = the base model
+        self.tracker = ctx.metrics.tracker(arrival, adapter or "")
         self.ticket = None
         self.agen: AsyncIterator | None = None
         self.final: Any = None
@@ -43,7 +46,10 @@ class Job:
             raise
         await self.ticket.acquire()
         self.ctx.jobs[self.rid] = self
-        self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
+        if self.adapter:
+            self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params, adapter=self.adapter)
+        else:
+            self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
         try:
             first = await self.agen.__anext__()
         except ValueError as e:  # the engine's own prompt validation
