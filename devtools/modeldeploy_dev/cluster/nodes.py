@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+
 from modeldeploy_dev.wait import wait_until
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kubernetes import config
+
 from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.node import ProcessNode
 

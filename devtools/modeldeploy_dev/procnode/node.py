@@ -26,12 +26,12 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from modeldeploy.operator.progression import RFC3339
 from modeldeploy_dev.cluster.nodes import gpu_node
 from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.pids import kill_leftovers
 from modeldeploy_dev.procnode.worker import PodWorker
-
-from modeldeploy.operator.progression import RFC3339
 
 log = logging.getLogger("procnode")
 LEASE_SECONDS = 40

@@ -21,13 +21,13 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from modeldeploy.operator.progression import RFC3339
 from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.pids import proc_start_time
 from modeldeploy_dev.procnode.podstatus import pod_status
 from modeldeploy_dev.procnode.probes import ProbeState, now, probe_once
 from modeldeploy_dev.procnode.spec import UnsupportedPod, build_launch
-
-from modeldeploy.operator.progression import RFC3339
 
 log = logging.getLogger("procnode")
 
