@@ -57,7 +57,7 @@ class Engine:
             config.max_num_batched_tokens,
             config.enable_chunked_prefill,
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
         self.detoks: dict[str, Detokenizer] = {}
         self.prompt_tokens_total = 0
@@ -143,7 +143,7 @@ class Engine:
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed += n
             self.block_manager.commit(seq)
-        tokens = self.sampler.sample(logits, sample_seqs)
+        tokens = self.sampler.sample(logits, sample_seqs).tokens
         now = time.monotonic()
         self.steps_total += 1
         outputs = []
