@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.engine.grammar import CompileResult
 from modeldeploy.runtime.engine.llm_engine import Engine
 from modeldeploy.runtime.engine.output import EngineStats, RequestOutput
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
@@ -29,6 +31,7 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
         """Load in a worker thread (the event loop keeps serving health checks), then start stepping."""
@@ -51,7 +54,8 @@ class AsyncEngine:
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs; leaving the loop early (break, cancel, disconnect) aborts the request."""
+        """Stream outputs (with n > 1, every choice's, tagged by `index`) until all choices finish;
+        leaving the loop early (break, cancel, disconnect) aborts the request."""
         if self.engine is None:
             raise RuntimeError("engine not started")
         if self.error is not None:
@@ -64,22 +68,33 @@ class AsyncEngine:
             if request_id in self._queues:
                 raise ValueError(f"request_id: {request_id!r} is already running")
             self._queues[request_id] = queue
+        if params.structured is not None and params.structured.compiled is None:
+            await self.compile(params)
         self._post("add", (request_id, ids, params))
         finished = False
+        open_choices = params.n
         try:
             while True:
                 out = await queue.get()
                 if isinstance(out, BaseException):
                     raise out
-                yield out
-                if out.finished:
+                open_choices -= out.finished
+                if open_choices == 0:
                     finished = True
+                yield out
+                if finished:
                     return
         finally:
             if not finished:
                 self.abort(request_id)
             with self._lock:
                 self._queues.pop(request_id, None)
+
+    async def compile(self, params: SamplingParams) -> CompileResult:
+        """Compile the request's grammar on the compile thread, never on the step loop (a large schema
+        must not stall other requests); fills params.structured.compiled. ValueError: a bad schema."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._compile_pool, self.engine.grammars.compile, params.structured)
 
     def abort(self, request_id: str) -> None:
         self._post("abort", (request_id,))
@@ -89,6 +104,7 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
 
     # --- engine thread -------------------------------------------------------------
     def _post(self, kind: str, payload: tuple) -> None:
@@ -113,8 +129,7 @@ class AsyncEngine:
                 except ValueError as e:
                     self._deliver(e, rid)
             else:
-                out = self.engine.abort(payload[0])
-                if out is not None:
+                for out in self.engine.abort(payload[0]):
                     self._deliver(out, out.request_id)
 
     def _run(self) -> None:

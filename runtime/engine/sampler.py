@@ -11,11 +11,14 @@ host transfer per step, at the end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from modeldeploy.runtime.engine.sequence import Sequence
+
+MaskFn = Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]
 
 
 @dataclass
@@ -31,8 +34,11 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: set[int] | None = None) -> None:
+    def __init__(self, eos_token_ids: set[int] | None = None, apply_mask: MaskFn | None = None) -> None:
+        """apply_mask(logits, bitmask, rows) -> masked logits; the grammar library's own kernel when
+        given (the engine passes xgrammar's), else a torch unpacking of the bits."""
         self.eos_token_ids = sorted(eos_token_ids or ())
+        self.apply_mask = apply_mask or _apply_bitmask
         self._generators: dict[str, torch.Generator] = {}
 
     def forget(self, request_id: str) -> None:
@@ -67,7 +73,7 @@ class Sampler:
         if any(len(s.output_token_ids) < s.params.min_tokens for s in seqs):
             logits = self._min_tokens(logits, seqs)
         if bitmask is not None and masked_rows:
-            logits = _apply_bitmask(logits, bitmask, masked_rows)
+            logits = self.apply_mask(logits.contiguous(), bitmask, masked_rows)
         greedy = logits.argmax(dim=-1)
         if all(p.greedy for p in params):
             tokens = greedy
@@ -153,7 +159,7 @@ class Sampler:
             if s.params.seed is not None and not s.params.greedy:
                 q[i] = torch.empty(V).exponential_(generator=self._generator(s)).to(dev)
         drawn = (probs / q).argmax(dim=-1)
-        finite = torch.isfinite(probs).all(dim=-1)  # overflowing logits: argmax is the limit
+        finite = torch.isfinite(probs.sum(dim=-1))  # overflowing logits (NaN probs): argmax is the limit
         return torch.where(is_greedy | ~finite, greedy, drawn)
 
     def _with_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, params: list) -> SamplerOutput:
