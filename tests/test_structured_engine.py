@@ -73,7 +73,15 @@ SCHEMAS = {
         "required": ["config"],
     },
     "refs": {
-        "$defs": {"point": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}]}},
+        "$defs": {
+            "point": {
+                "type": "array",
+                "prefixItems": [
+                    {"type": "integer", "minimum": -99, "maximum": 99},
+                    {"type": "integer", "minimum": 0, "maximum": 999},
+                ],
+            }
+        },
         "type": "object",
         "properties": {
             "label": {"type": "string", "pattern": "^[a-z]{2,6}$"},

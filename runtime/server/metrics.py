@@ -96,7 +96,19 @@ class ServerMetrics:
             k: Histogram(f"modeldeploy_{n}", d, names, buckets=b, registry=self.registry).labels(**labels)
             for k, (n, d, b) in hist.items()
         }
+        self._compile = Histogram(
+            "modeldeploy_grammar_compile_seconds",
+            "Time to compile (or fetch from the cache) a request's grammar, on the compile thread",
+            names + ["cache"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        for cache in ("hit", "miss"):
+            self._compile.labels(**labels, cache=cache)
         self.registry.register(_Live(labels, read_live))
+
+    def grammar_compile(self, seconds: float, cached: bool) -> None:
+        self._compile.labels(**self.labels, cache="hit" if cached else "miss").observe(seconds)
 
     def outcome(self, outcome: str) -> None:
         self._requests.labels(**self.labels, outcome=outcome).inc()
