@@ -162,7 +162,11 @@ def _observe_rollout(md: dict[str, Any], sel: str, obs: Observed) -> None:
     if phase == "Verifying":
         canary_ips = ips(canary)
         if canary_ips and spec.rollout.conformance_gate:
-            obs.conformance = RUNNER.ensure((uid, canary), canary_io.pod_url(canary_ips[0]))
+            obs.conformance = RUNNER.ensure(
+                (uid, canary),
+                canary_io.pod_url(canary_ips[0]),
+                structured_output=spec.bundle.config.structured_output,
+            )
         return
     step = st.get("currentStep")
     cfg = spec.rollout.analysis
