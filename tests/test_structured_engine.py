@@ -249,3 +249,15 @@ def test_compile_cache_is_bounded_and_keyed_by_schema(llm):
         g.compile(schema_spec("json_schema", {"type": "integer", "maximum": i}))
     assert len(g) == g.cache_size
     assert not g.compile(schema_spec("json_schema", {"type": "integer", "minimum": 123456})).cached
+
+
+def test_min_tokens_leaves_the_end_to_the_grammar(llm):
+    """min_tokens masks EOS, which is all a complete grammar allows: the grammar wins, no crash."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    out = llm.generate(
+        PROMPTS[:2],
+        SamplingParams(max_tokens=40, min_tokens=30, structured=schema_spec("json_schema", schema)),
+    )
+    for o in out:
+        assert o.finish_reason == "stop" and len(o.token_ids) < 30
+        jsonschema.validate(json.loads(o.text), schema)

@@ -183,11 +183,12 @@ class GrammarMasks:
         return bitmask, rows
 
     @staticmethod
-    def accept(seqs: list[Sequence], tokens: list[int], rows: list[int]) -> None:
-        if rows:
-            ok = xgr.BatchGrammarMatcher.batch_accept_token(
-                [seqs[i].grammar for i in rows], [tokens[i] for i in rows]
-            )
-            bad = [seqs[r].request_id for r, good in zip(rows, ok, strict=True) if not good]
-            if bad:
-                raise RuntimeError(f"grammar rejected a token it allowed (requests {bad})")
+    def accept(seqs: list[Sequence], tokens: list[int], rows: list[int]) -> list[Sequence]:
+        """Advance each constrained row's grammar; returns the sequences whose token it refused
+        (it allowed none: cannot happen with its own mask, but must not take the engine down)."""
+        if not rows:
+            return []
+        ok = xgr.BatchGrammarMatcher.batch_accept_token(
+            [seqs[i].grammar for i in rows], [tokens[i] for i in rows]
+        )
+        return [seqs[r] for r, good in zip(rows, ok, strict=True) if not good]

@@ -161,7 +161,7 @@ class Engine:
         bitmask, masked = self.masks.fill(sample_seqs)
         sampled = self.sampler.sample(logits, sample_seqs, bitmask, masked)
         tokens = sampled.tokens
-        self.masks.accept(sample_seqs, tokens, masked)
+        refused = {id(s) for s in self.masks.accept(sample_seqs, tokens, masked)}
         now = time.monotonic()
         self.steps_total += 1
         outputs = []
@@ -172,7 +172,7 @@ class Engine:
             seq.first_token_time = seq.first_token_time or now
             seq.last_token_time = now
             self.generation_tokens_total += 1
-            reason = self._finish_reason(seq, tok)
+            reason = "abort" if id(seq) in refused else self._finish_reason(seq, tok)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, final=reason is not None))

@@ -70,7 +70,7 @@ class Sampler:
             logits = self._penalize(logits, seqs)
         if any(p.logit_bias for p in params):
             logits = self._bias(logits, seqs)
-        if any(len(s.output_token_ids) < s.params.min_tokens for s in seqs):
+        if any(len(s.output_token_ids) < s.params.min_tokens and s.grammar is None for s in seqs):
             logits = self._min_tokens(logits, seqs)
         if bitmask is not None and masked_rows:
             logits = self.apply_mask(logits.contiguous(), bitmask, masked_rows)
@@ -129,7 +129,9 @@ class Sampler:
         rows, cols = [], []
         V = logits.shape[1]
         for i, s in enumerate(seqs):
-            if len(s.output_token_ids) < s.params.min_tokens:
+            if (
+                len(s.output_token_ids) < s.params.min_tokens and s.grammar is None
+            ):  # a grammar decides its end
                 banned = set(s.params.stop_token_ids) | (
                     set() if s.params.ignore_eos else set(self.eos_token_ids)
                 )
