@@ -235,3 +235,45 @@ def test_openai_client_round_trips_a_tool_call(tool_server):
                                            max_tokens=8, temperature=0)  # fmt: skip
     assert final.choices[0].message.role == "assistant" and final.choices[0].message.tool_calls is None
     assert final.usage.prompt_tokens > r.usage.prompt_tokens  # the call and its answer were rendered
+
+
+def test_auto_tool_choice(tool_server, server):
+    """auto: free text until the template's <tool_call> opens, then the call is constrained. A random
+    model rarely opens it, so the grammar side is checked directly on the compiled constraint."""
+    from modeldeploy.runtime.server.structured import auto_visible, split_auto
+
+    body = {"messages": MSGS, "tools": [TOOL], "max_tokens": 16, "temperature": 0}
+    r = post(tool_server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    content, calls = split_auto(choice["message"]["content"] or "")
+    assert (
+        choice["finish_reason"] in ("stop", "length")
+        and calls is None
+        and not choice["message"].get("tool_calls")
+    )
+    chunks = sse(tool_server, "/v1/chat/completions", body)
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == choice["message"]["content"]
+    )
+    engine = tool_server.ctx.engine.engine
+    from modeldeploy.runtime.server.protocol import ChatCompletionRequest
+    from modeldeploy.runtime.server.structured import tool_plan
+
+    req = ChatCompletionRequest.model_validate({"model": "tiny", "messages": MSGS, "tools": [TOOL]})
+    plan = tool_plan(req, TOOL_TEMPLATE)
+    assert plan.mode == "auto"
+    m = engine.grammars.matcher(plan.structured)
+    assert m.accept_string("Let me check. <tool_call>")
+    assert not m.accept_string('{"name": "other"')  # inside the tag only a valid call fits
+    m = engine.grammars.matcher(plan.structured)
+    good = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": 2}}'
+    assert m.accept_string(f"Sure. <tool_call>{good}</tool_call>") and m.is_completed()
+    content, calls = split_auto(f"Sure. <tool_call>{good}</tool_call>")
+    assert content == "Sure." and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"])["city"] == "Paris"
+    assert (
+        auto_visible("abc <tool") == 4 and auto_visible("abc <tool_call>{") == 4 and auto_visible("abc") == 3
+    )
+    r = post(server, "/v1/chat/completions", body)  # the stock template cannot express tools at all
+    assert r.status_code == 400 and r.json()["error"]["code"] == "tools_unsupported"

@@ -91,6 +91,30 @@ def check_schema(schema: Any, where: str = "") -> None:
                 check_schema(sub, f"{at}/{i}")
 
 
+def tool_tag_spec(call_schema: dict[str, Any], begin: str, end: str, stop_after_first: bool) -> Structured:
+    """Free text until `begin` appears; then a JSON call matching call_schema, closed by `end`
+    (xgrammar's triggered structural tag). The call schema must have passed check_schema."""
+    check_schema(call_schema)
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": [begin],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": begin,
+                    "content": {"type": "json_schema", "json_schema": call_schema},
+                    "end": end,
+                }
+            ],
+            "at_least_one": False,
+            "stop_after_first": stop_after_first,
+        },
+    }
+    return Structured("structural_tag", json.dumps(tag, separators=(",", ":")))
+
+
 def schema_spec(kind: str, schema: Any = None) -> Structured:
     """A Structured constraint with the schema checked and in canonical JSON (the cache key)."""
     if kind == "json_object":
@@ -135,7 +159,9 @@ class GrammarCompiler:
         cached = hit is not None
         if not cached:
             try:
-                if spec.kind == "json_object":
+                if spec.kind == "structural_tag":
+                    hit = self.compiler.compile_structural_tag(spec.schema)
+                elif spec.kind == "json_object":
                     hit = self.compiler.compile_json_schema(
                         '{"type": "object"}', any_whitespace=False, strict_mode=False
                     )

@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-GRAMMAR_KINDS = ("json_schema", "json_object")
+GRAMMAR_KINDS = ("json_schema", "json_object", "structural_tag")
 
 
 @dataclass
 class Structured:
-    """A decoding constraint: `json_schema` (schema is canonical JSON text) or `json_object` (any JSON object).
+    """A decoding constraint: `json_schema` (schema is canonical JSON text), `json_object` (any JSON
+    object) or `structural_tag` (xgrammar's: free text, constrained inside tags once a trigger appears).
 
     `compiled` is filled by whoever compiled it ahead of the step loop (AsyncEngine does so on a worker
     thread); the engine compiles synchronously when it is still empty.

@@ -91,6 +91,10 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
             return JSONResponse(F.completion(rid, created, model, outs, tok))
         if kind == "chat":
             calls = [S.tool_calls(plan, o.text) if plan.mode != "none" else None for o in outs]
+            if plan.mode == "auto":  # text around the calls stays content
+                outs = [S.with_text(o, S.split_auto(o.text)[0]) for o in outs]
+            elif plan.mode != "none":  # the whole output was the call
+                outs = [S.with_text(o, None) if c else o for o, c in zip(outs, calls, strict=True)]
             return JSONResponse(F.chat(rid, created, model, outs, tok, req.top_logprobs, calls))
         return JSONResponse(F.response(rid, "msg_" + rid[5:], created, model, req, outs[0]))
     head = (job, first_or_final, rid, created, model, req)
@@ -141,6 +145,7 @@ async def _chat_stream(
         yield event(F.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, usage, i))
     lasts: dict[int, Any] = {}
     opened: set[int] = set()
+    shown: dict[int, int] = {}  # auto: content characters already streamed, per choice
     async for out in _all(job, first):
         lasts[out.index] = out
         lps = None
@@ -162,12 +167,32 @@ async def _chat_stream(
                 if calls:
                     delta = {"tool_calls": [{**c, "index": k} for k, c in enumerate(calls)]}
                     yield event(F.chat_chunk(rid, created, model, delta, None, usage, out.index, lps))
+        elif plan.mode == "auto":
+            upto = (
+                len(out.text) if out.finished and S.CALL_BEGIN not in out.text else S.auto_visible(out.text)
+            )
+            sent = shown.get(out.index, 0)
+            if upto > sent:
+                shown[out.index] = upto
+                yield event(
+                    F.chat_chunk(
+                        rid, created, model, {"content": out.text[sent:upto]}, None, usage, out.index
+                    )
+                )
+            calls = S.split_auto(out.text)[1] if out.finished else None
+            if calls:
+                delta = {"tool_calls": [{**c, "index": k} for k, c in enumerate(calls)]}
+                yield event(F.chat_chunk(rid, created, model, delta, None, usage, out.index, lps))
         elif out.delta_text or lps:
             delta = {"content": out.delta_text}
             yield event(F.chat_chunk(rid, created, model, delta, None, usage, out.index, lps))
         if out.finished:
             finish = out.finish_reason
-            if plan.mode != "none" and finish == "stop":
+            if (
+                plan.mode != "none"
+                and finish == "stop"
+                and (plan.mode != "auto" or S.split_auto(out.text)[1])
+            ):
                 finish = "tool_calls"
             yield event(F.chat_chunk(rid, created, model, {}, finish, usage, out.index))
     if usage:

@@ -96,8 +96,9 @@ def completion_chunk(
 
 
 def chat_message(out: Any, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The assistant message; with tool calls, content is the text outside them (None if there is none)."""
     if calls:
-        return {"role": "assistant", "content": None, "tool_calls": calls}
+        return {"role": "assistant", "content": out.text or None, "tool_calls": calls}
     return {"role": "assistant", "content": out.text}
 
 

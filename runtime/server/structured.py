@@ -9,6 +9,7 @@ feature and where it came from, and turns a constrained tool-call output back in
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -54,10 +55,16 @@ def from_text_format(text: Any) -> Any:
     return _spec("json_schema", fmt.schema_, "text.format.schema")
 
 
+# The Hermes/Qwen tool-call format; `auto` is offered where the chat template uses it.
+CALL_BEGIN, CALL_END = "<tool_call>", "</tool_call>"
+_CALLS = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(CALL_END), re.S)
+
+
 @dataclass
 class ToolPlan:
     """How a chat request's tools shape decoding: `named` or `required` constrain the whole output to
-    a call; `none` (or no tools) leaves it free. `names` are the callable functions."""
+    a call; `auto` leaves text free until the template's call tag opens, then constrains the call;
+    `none` (or no tools) leaves it free."""
 
     mode: str
     structured: Any = None
@@ -90,12 +97,21 @@ def tool_plan(req: Any, template: str | None) -> ToolPlan:
     if req.n != 1:
         raise APIError(400, "n: must be 1 when tools are given", param="n")
     if choice is None or choice == "auto":
-        raise APIError(
-            400,
-            "tool_choice: 'auto' is not supported yet; use 'required', a named function or 'none'",
-            param="tool_choice",
-            code="unsupported_value",
-        )
+        if CALL_BEGIN not in (template or ""):
+            raise APIError(
+                400,
+                f"tool_choice: 'auto' needs a chat template with the {CALL_BEGIN} call format; "
+                "use 'required' or a named function",
+                param="tool_choice",
+                code="unsupported_value",
+            )
+        from modeldeploy.runtime.engine.grammar import UnsupportedSchema, tool_tag_spec
+
+        try:
+            spec = tool_tag_spec(_call_schema(tools), CALL_BEGIN, CALL_END, req.parallel_tool_calls is False)
+        except UnsupportedSchema as e:
+            raise APIError(400, f"tools: {e}", param="tools", code="unsupported_schema_feature") from None
+        return ToolPlan("auto", spec)
     by_name = {t.function.name: (i, t) for i, t in enumerate(tools)}
     if not isinstance(choice, str):
         if choice.function.name not in by_name:
@@ -106,6 +122,10 @@ def tool_plan(req: Any, template: str | None) -> ToolPlan:
             _spec("json_schema", _params_schema(tool, i), f"tools.{i}.function.parameters"),
             tool.function.name,
         )
+    return ToolPlan("required", _spec("json_schema", _call_schema(tools), "tools"))
+
+
+def _call_schema(tools: list[Any]) -> dict[str, Any]:
     calls = [
         {
             "type": "object",
@@ -114,12 +134,39 @@ def tool_plan(req: Any, template: str | None) -> ToolPlan:
         }
         for i, t in enumerate(tools)
     ]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return ToolPlan("required", _spec("json_schema", schema, "tools"))
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def split_auto(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """`auto` output -> (content, tool_calls): the calls inside the template's tags, the text around them."""
+    calls = []
+    for body in _CALLS.findall(text):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        calls.append(call(obj["name"], json.dumps(obj["arguments"], separators=(",", ":"))))
+    if not calls:
+        return text, None
+    content = _CALLS.sub("", text).strip()
+    return content or None, calls
+
+
+def auto_visible(text: str) -> int:
+    """How much of an `auto` output may stream as content: up to a call tag or a possible start of one."""
+    at = text.find(CALL_BEGIN)
+    if at >= 0:
+        return at
+    for k in range(min(len(CALL_BEGIN) - 1, len(text)), 0, -1):
+        if text.endswith(CALL_BEGIN[:k]):
+            return len(text) - k
+    return len(text)
 
 
 def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
     """The OpenAI tool_calls for a constrained output (None when the output is not a complete call)."""
+    if plan.mode == "auto":
+        return split_auto(text)[1]
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
@@ -137,3 +184,10 @@ def call(name: str, arguments: str) -> dict[str, Any]:
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
+
+
+def with_text(out: Any, text: str | None) -> Any:
+    """A copy of an engine output with its text replaced (the content left around `auto` tool calls)."""
+    import dataclasses
+
+    return dataclasses.replace(out, text=text)
