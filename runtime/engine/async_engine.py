@@ -8,6 +8,7 @@ back with `loop.call_soon_threadsafe` into one asyncio.Queue per request.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,9 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._compile_pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
+        )
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
         """Load in a worker thread (the event loop keeps serving health checks), then start stepping."""
@@ -159,3 +162,12 @@ def _precheck(engine: Engine, ids: list[int], params: SamplingParams) -> None:
         raise ValueError(
             f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds max_model_len {limit}"
         )
+
+
+def _background_priority() -> None:
+    """Run grammar compiles at a lower CPU priority than the step loop (Linux threads carry their own
+    nice value), so a large schema takes spare CPU instead of stretching other requests' steps."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: plain priority
+        pass
