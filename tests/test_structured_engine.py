@@ -165,9 +165,10 @@ def test_mixed_batch_equals_each_alone(llm):
         jsonschema.validate(json.loads(o.text), SCHEMAS[name])
 
 
-def test_constraint_survives_preemption(llama_dir):
+def test_constraint_survives_preemption_and_chunked_prefill(llama_dir):
     """Few KV blocks: sequences are preempted and recomputed mid-output; the grammar state stays with
-    the sequence, so outputs equal an unpreempted run and still validate."""
+    the sequence, so outputs equal an unpreempted run and still validate. Same with prompts prefilled
+    in 16-token chunks."""
     schema = SCHEMAS["order"]
     prompts = [f"A longer prompt that takes blocks, number {i}, " * 2 for i in range(6)]
     params = [
@@ -176,10 +177,28 @@ def test_constraint_survives_preemption(llama_dir):
     ]
     roomy = LLM(llama_dir, dtype="float32", max_model_len=160, num_kv_blocks=200)
     tight = LLM(llama_dir, dtype="float32", max_model_len=160, num_kv_blocks=24, block_size=8)
-    a, b = roomy.generate(prompts, params), tight.generate(prompts, params)
+    chunked = LLM(llama_dir, dtype="float32", max_model_len=160, max_num_batched_tokens=16)
+    a, b, c = (
+        roomy.generate(prompts, params),
+        tight.generate(prompts, params),
+        chunked.generate(prompts, params),
+    )
     assert tight.engine.stats().preemptions_total > 0
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.token_ids for o in a] == [o.token_ids for o in b] == [o.token_ids for o in c]
     _validate(b, schema)
+
+
+def test_n_choices_each_follow_the_grammar(llm):
+    schema = SCHEMAS["reading"]
+    outs = llm.generate(
+        PROMPTS[:2],
+        SamplingParams(
+            max_tokens=200, temperature=1.0, seed=4, n=3, structured=schema_spec("json_schema", schema)
+        ),
+    )
+    assert [o.index for o in outs] == [0, 1, 2, 0, 1, 2]
+    _validate(outs, schema)
+    assert len({o.text for o in outs}) > 1
 
 
 def test_stop_string_and_length_finish_reasons(llm):
