@@ -10,7 +10,7 @@ from modeldeploy_dev.harness import ThreadedServer
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.structured import SCHEMA, violations
 from modeldeploy.operator.api import ServingConfig
-from modeldeploy.operator.canary_io import ConformanceRunner
+from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server import structured as server_structured
 from modeldeploy.runtime.server.config import ServerConfig

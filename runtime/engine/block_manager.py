@@ -84,8 +84,8 @@ class BlockManager:
             block.ref_count += 1
         seq.block_table = list(hits)
         seq.num_hashed_blocks = len(hits)
-        seq.num_computed = len(hits) * self.block_size
-        self.hits += seq.num_computed
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.hits += seq.num_computed_tokens
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) - len(seq.block_table) <= self.num_free
@@ -105,7 +105,7 @@ class BlockManager:
         if not self.prefix_caching:
             return
         bs = self.block_size
-        full = min(seq.num_computed, seq.num_tokens) // bs
+        full = min(seq.num_computed_tokens, seq.num_tokens) // bs
         parent = self.root_hash
         if seq.num_hashed_blocks:
             parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
@@ -134,14 +134,14 @@ class BlockManager:
         copied into a fresh one. Returns the (src, dst) block copies the caller must make."""
         assert not child.block_table
         bs = self.block_size
-        full = parent.num_computed // bs
+        full = parent.num_computed_tokens // bs
         for bid in parent.block_table[:full]:
             self.blocks[bid].ref_count += 1
         child.block_table = list(parent.block_table[:full])
         child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
-        child.num_computed = parent.num_computed
+        child.num_computed_tokens = parent.num_computed_tokens
         self.forked_tokens += full * bs
-        if parent.num_computed % bs == 0:
+        if parent.num_computed_tokens % bs == 0:
             return []
-        self.grow(child, parent.num_computed)
+        self.grow(child, parent.num_computed_tokens)
         return [(parent.block_table[full], child.block_table[full])]

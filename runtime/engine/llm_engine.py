@@ -18,6 +18,7 @@ from modeldeploy.runtime.engine.detokenizer import Detokenizer
 from modeldeploy.runtime.engine.grammar import LIBRARY, GrammarCompiler, GrammarMasks, apply_bitmask
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
+from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampler import Sampler
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 from modeldeploy.runtime.engine.scheduler import Scheduler
@@ -112,17 +113,10 @@ class Engine:
         if request_id in self.groups:
             raise ValueError(f"request_id: {request_id!r} is already running")
         ids = self.encode(prompt)
-        if not ids:
-            raise ValueError("prompt: must not be empty")
         vocab = self.loaded_info.args.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
-        limit = self.config.max_model_len
-        if len(ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
-                f"max_model_len {limit}"
-            )
+        check_request(len(ids), params.max_tokens, self.config.max_model_len)
         if any(t >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
         seq = Sequence(request_id, ids, params)
@@ -155,7 +149,7 @@ class Engine:
             return []
         logits, sample_seqs = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            seq.num_computed += n
+            seq.num_computed_tokens += n
             self.block_manager.commit(seq)
         sample_seqs, logits = self._fork(sample_seqs, logits)
         bitmask, masked = self.masks.fill(sample_seqs)
@@ -196,7 +190,7 @@ class Engine:
                 self.seqs[child.request_id] = child
                 self.groups[parent.group_id].append(child)
                 self.detoks[child.request_id] = Detokenizer(self.tokenizer, list(parent.params.stop))
-                partial = parent.num_computed % self.block_manager.block_size != 0
+                partial = parent.num_computed_tokens % self.block_manager.block_size != 0
                 if partial and self.block_manager.num_free == 0:
                     self.scheduler.add(child)  # no block to copy into: it waits and reuses the prefix cache
                     continue
@@ -223,9 +217,9 @@ class Engine:
     def _output(self, seq: Sequence, final: bool) -> RequestOutput:
         detok = self.detoks[seq.request_id]
         out_ids = seq.output_token_ids
-        new = out_ids[seq.num_emitted :]
-        new_lps = seq.logprobs[seq.num_emitted :]
-        seq.num_emitted = len(out_ids)
+        new = out_ids[seq.num_emitted_tokens :]
+        new_lps = seq.logprobs[seq.num_emitted_tokens :]
+        seq.num_emitted_tokens = len(out_ids)
         if final:
             self.seqs.pop(seq.request_id, None)
             self.detoks.pop(seq.request_id, None)

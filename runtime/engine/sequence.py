@@ -23,7 +23,7 @@ class Sequence:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)  # prompt + generated
-    num_computed: int = 0  # tokens whose KV is in the cache
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     status: Status = Status.WAITING
@@ -33,7 +33,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    num_emitted: int = 0  # generated tokens already handed to the client
+    num_emitted_tokens: int = 0  # generated tokens already handed to the client
     group_id: str = ""  # the request this sequence answers (n > 1: several sequences share it)
     index: int = 0  # choice index within the request
     grammar: Any = None  # the grammar matcher of a constrained sequence; advances with each token
@@ -44,7 +44,7 @@ class Sequence:
         self.group_id = self.group_id or self.request_id
 
     @property
-    def num_prompt(self) -> int:
+    def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
     @property
@@ -53,11 +53,11 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt :]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def finished(self) -> bool:
