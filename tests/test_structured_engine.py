@@ -280,3 +280,39 @@ def test_min_tokens_leaves_the_end_to_the_grammar(llm):
     for o in out:
         assert o.finish_reason == "stop" and len(o.token_ids) < 30
         jsonschema.validate(json.loads(o.text), schema)
+
+
+async def test_compile_never_blocks_the_step_loop(llama_dir):
+    """A compile held open on the compile thread: an unconstrained request submitted after it runs
+    to completion meanwhile; the constrained one starts once its grammar is ready (no timing)."""
+    import asyncio
+    import threading
+
+    from modeldeploy.runtime import AsyncEngine, EngineConfig
+
+    eng = AsyncEngine(EngineConfig(model=str(llama_dir), dtype="float32", max_model_len=256))
+    await eng.start()
+    gate, entered = threading.Event(), threading.Event()
+    compile_ = eng.engine.grammars.compile
+
+    def held(spec):
+        entered.set()
+        gate.wait(60)
+        return compile_(spec)
+
+    eng.engine.grammars.compile = held
+    schema = SCHEMAS["reading"]
+
+    async def constrained():
+        p = SamplingParams(max_tokens=200, temperature=0, structured=schema_spec("json_schema", schema))
+        return [o async for o in eng.generate("big", "Record:", p)][-1]
+
+    task = asyncio.create_task(constrained())
+    await asyncio.to_thread(entered.wait, 60)
+    free = [o async for o in eng.generate("free", "Hello", SamplingParams(max_tokens=8, ignore_eos=True))]
+    assert free[-1].finished and len(free[-1].token_ids) == 8
+    assert not task.done() and eng.engine.seqs.get("big") is None  # still compiling, never queued
+    gate.set()
+    out = await task
+    jsonschema.validate(json.loads(out.text), schema)
+    await eng.shutdown()
