@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from modeldeploy.conformance import checks
+from modeldeploy.conformance import adapters, checks
 from modeldeploy.conformance.http import Server
 from modeldeploy.conformance.load import bounded_load
 from modeldeploy.conformance.prom import scrape
@@ -34,6 +34,7 @@ CHECKS = (
     "error_handling",
     "cancellation",
     "bounded_load",
+    "adapters",
     "structured_output",  # only when the bundle declares structured output (structured_output=True)
 )
 
@@ -155,6 +156,7 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
             "error_handling": lambda: checks.errors(target),
             "cancellation": lambda: checks.cancellation(target),
             "bounded_load": lambda: bounded_load(target, cfg.requests, cfg.concurrency),
+            "adapters": lambda: adapters.adapters(target),
             "structured_output": lambda: structured_output(target),
         }
         results = []

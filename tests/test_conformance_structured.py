@@ -17,7 +17,7 @@ from modeldeploy.runtime.server.config import ServerConfig
 
 ONLY = [
     "readiness", "normal_response", "streaming", "usage_accounting", "stop_sequences", "error_handling",
-    "cancellation", "bounded_load",
+    "cancellation", "bounded_load", "adapters",
 ]  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.detokenizer import Detokenizer
 from modeldeploy.runtime.engine.grammar import LIBRARY, GrammarCompiler, GrammarMasks, apply_bitmask
+from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
 from modeldeploy.runtime.engine.request_check import check_request
@@ -31,8 +32,14 @@ class Engine:
         config = dataclasses.replace(config)
         config.validate()
         loaded = load(config, progress)
+        self.adapters = (
+            AdapterPool(config.adapters, loaded.args, loaded.dtype, loaded.device, config.max_loras, progress)
+            if config.adapters
+            else None
+        )
         progress("allocating kv cache", 0.92)
-        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded)
+        lora_bytes = self.adapters.device_bytes if self.adapters else 0
+        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded, lora_bytes)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if num_blocks < per_seq:
             raise ValueError(
@@ -44,12 +51,15 @@ class Engine:
         config.dtype, config.device = str(loaded.dtype).removeprefix("torch."), loaded.device.type
         config.model_digest = config.model_digest or loaded.model_digest
         config.tokenizer_digest = config.tokenizer_digest or loaded.tokenizer_digest
+        if self.adapters:
+            config.adapters = [dict(p) for p in self.adapters.pins]  # digests filled in
+            self.adapters.allocate()
         config.validate()
         self.config = config
         self.loaded_info = loaded
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.eos_token_ids)
-        self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len)
+        self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len, self.adapters)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching
         )
@@ -58,6 +68,7 @@ class Engine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             config.enable_chunked_prefill,
+            self.adapters.num_slots if self.adapters else None,
         )
         self.sampler = Sampler(self.eos_token_ids, apply_bitmask)
         vocab = loaded.args.vocab_size
@@ -76,7 +87,9 @@ class Engine:
         progress("ready", 1.0)
 
     @staticmethod
-    def _auto_blocks(config: EngineConfig, loaded: Loaded) -> int:
+    def _auto_blocks(config: EngineConfig, loaded: Loaded, reserved_bytes: int = 0) -> int:
+        """KV blocks that fit: on cuda, free memory less activations and `reserved_bytes`
+        (the LoRA slots, allocated after this), times kv_cache_fraction."""
         per_block = ModelRunner.block_bytes(loaded, config.block_size)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if loaded.device.type == "cuda":
@@ -85,7 +98,7 @@ class Engine:
             activations = config.max_num_batched_tokens * (
                 4 * a.intermediate_size + 8 * a.hidden_size
             ) * 4 + (512 << 20)
-            return max(1, int((free - activations) * config.kv_cache_fraction) // per_block)
+            return max(1, int((free - activations - reserved_bytes) * config.kv_cache_fraction) // per_block)
         return max(1, min(config.kv_cache_cpu_bytes // per_block, config.max_num_seqs * per_seq))
 
     def _warmup(self) -> None:
@@ -107,9 +120,12 @@ class Engine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        adapter: str | None = None,
     ) -> Sequence:
-        """Validate and queue; ValueError names the problem, and nothing is queued on error."""
+        """Validate and queue; ValueError names the problem, and nothing is queued on error.
+        `adapter`: a configured LoRA adapter's name (None = the base model)."""
         params.validate()
+        adapter_id = self.adapter_id(adapter)
         if request_id in self.groups:
             raise ValueError(f"request_id: {request_id!r} is already running")
         ids = self.encode(prompt)
@@ -119,7 +135,7 @@ class Engine:
         check_request(len(ids), params.max_tokens, self.config.max_model_len)
         if any(t >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
-        seq = Sequence(request_id, ids, params)
+        seq = Sequence(request_id, ids, params, adapter_id=adapter_id)
         if params.structured is not None:
             seq.grammar = self.grammars.matcher(params.structured)  # compiled already when prepared off-loop
         if arrival_time is not None:
@@ -130,6 +146,14 @@ class Engine:
         self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
         return seq
+
+    def adapter_id(self, name: str | None) -> int:
+        """-1 for the base model (None or ''), else the adapter's id; ValueError if unknown."""
+        if not name:
+            return -1
+        if self.adapters is None:
+            raise ValueError(f"model: unknown adapter {name!r}; no adapters are configured")
+        return self.adapters.id_of(name)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every unfinished choice of the request; their final outputs (none if all had finished)."""
@@ -150,6 +174,7 @@ class Engine:
         logits, sample_seqs = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n
+            seq.prefill_chunks += seq.first_token_time is None
             self.block_manager.commit(seq)
         sample_seqs, logits = self._fork(sample_seqs, logits)
         bitmask, masked = self.masks.fill(sample_seqs)
@@ -182,7 +207,12 @@ class Engine:
             if parent.params.n == 1 or parent.output_token_ids or len(self.groups[parent.group_id]) > 1:
                 continue
             for i in range(1, parent.params.n):
-                child = Sequence(f"{parent.request_id}#{i}", parent.prompt_token_ids, parent.params)
+                child = Sequence(
+                    f"{parent.request_id}#{i}",
+                    parent.prompt_token_ids,
+                    parent.params,
+                    adapter_id=parent.adapter_id,
+                )
                 child.group_id, child.index, child.arrival_time = parent.group_id, i, parent.arrival_time
                 child.first_scheduled_time = parent.first_scheduled_time
                 if parent.grammar is not None:
@@ -242,6 +272,7 @@ class Engine:
                 seq.first_token_time,
                 seq.last_token_time,
                 seq.finished_time,
+                seq.prefill_chunks,
             ),
             num_preemptions=seq.num_preemptions,
             index=seq.index,
@@ -262,6 +293,8 @@ class Engine:
             generation_tokens_total=self.generation_tokens_total,
             steps_total=self.steps_total,
             prefix_cache_hit_tokens=bm.hits,
+            lora_resident=tuple(self.adapters.resident_names()) if self.adapters else (),
+            lora_loads_total=self.adapters.loads_total if self.adapters else 0,
         )
 
     def info(self) -> dict:
@@ -277,4 +310,18 @@ class Engine:
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,
             "grammar_library": dict(LIBRARY),
+            "adapters": self.adapters.info() if self.adapters else [],
+            "lora": (
+                {
+                    "max_loras": self.adapters.num_slots,
+                    "max_rank": self.adapters.rank,
+                    "sites": list(self.adapters.sites),
+                    "slot_bytes": self.adapters.slot_bytes,
+                    "device_bytes": self.adapters.device_bytes,
+                    "host_bytes": self.adapters.host_bytes,
+                    "resident": self.adapters.resident_names(),
+                }
+                if self.adapters
+                else None
+            ),
         }
