@@ -186,7 +186,7 @@ async def ttft_while_compiling(model: str, rounds: int) -> dict:
         t0 = time.perf_counter()
         if on_loop:  # the counterfactual: hand it to the step loop uncompiled, so the engine thread compiles
             eng._queues[rid] = asyncio.Queue()
-            eng._post("add", (rid, ids, params))
+            eng._post("add", (rid, ids, params, None))
             while True:
                 out = await eng._queues[rid].get()
                 if isinstance(out, BaseException) or out.finished:
