@@ -21,6 +21,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds")
     p.add_argument("--expect-bundle", default=None, help="fail unless the server serves this bundle id")
     p.add_argument("--skip", action="append", default=[], choices=CHECKS, help="skip a check (repeatable)")
+    p.add_argument(
+        "--structured-output",
+        action="store_true",
+        help="also check response_format json_schema (the bundle declares structured output)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -39,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         skip=args.skip,
         expect_bundle=args.expect_bundle,
+        structured_output=args.structured_output,
     )
     try:
         report = run_conformance(cfg, log=lambda s: print(s, file=sys.stderr))

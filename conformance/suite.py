@@ -22,6 +22,7 @@ from modeldeploy.conformance.http import Server
 from modeldeploy.conformance.load import bounded_load
 from modeldeploy.conformance.prom import scrape
 from modeldeploy.conformance.result import CheckResult, Target
+from modeldeploy.conformance.structured import structured_output
 
 CHECKS = (
     "bundle_identity",
@@ -34,6 +35,7 @@ CHECKS = (
     "cancellation",
     "bounded_load",
     "adapters",
+    "structured_output",  # only when the bundle declares structured output (structured_output=True)
 )
 
 
@@ -47,6 +49,7 @@ class ConformanceConfig:
     timeout_s: float = 60.0  # per HTTP request
     skip: list[str] = field(default_factory=list)
     expect_bundle: str | None = None  # require /v1/bundle and metric labels to name this bundle id
+    structured_output: bool = False  # the bundle serves response_format json_schema: check it
 
 
 @dataclass
@@ -154,10 +157,13 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
             "cancellation": lambda: checks.cancellation(target),
             "bounded_load": lambda: bounded_load(target, cfg.requests, cfg.concurrency),
             "adapters": lambda: adapters.adapters(target),
+            "structured_output": lambda: structured_output(target),
         }
         results = []
         for name in CHECKS:
             if name in cfg.skip or (name == "bundle_identity" and cfg.expect_bundle is None):
+                continue
+            if name == "structured_output" and not cfg.structured_output:
                 continue
             log(f"running {name}")
             s = time.monotonic()

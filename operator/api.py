@@ -160,6 +160,11 @@ class ServingConfig(_Model):
     chunked_prefill: bool = Field(
         default=True, description="Split long prompts across steps (off: --no-chunked-prefill)."
     )
+    structured_output: bool = Field(
+        default=False,
+        description="The bundle serves response_format json_schema: the conformance gate then checks "
+        "that constrained outputs validate and that unsupported schema features get a 400.",
+    )
     served_model_name: str | None = Field(
         default=None, max_length=256, description="Model name clients send (--served-model-name)."
     )

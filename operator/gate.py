@@ -66,12 +66,25 @@ class ConformanceRunner:
         self._lock = threading.Lock()
         self._runs: dict[Key, _Run] = {}
 
-    def start(self, key: Key, url: str, api_key: str | None = None, model: str | None = None) -> bool:
+    def start(
+        self,
+        key: Key,
+        url: str,
+        api_key: str | None = None,
+        model: str | None = None,
+        structured_output: bool = False,
+    ) -> bool:
         """Start a run unless one exists for this key (running or finished); True if started."""
         with self._lock:
             if key in self._runs:
                 return False
-            cfg = ConformanceConfig(url=url, api_key=api_key, model=model, timeout_s=self.request_timeout_s)
+            cfg = ConformanceConfig(
+                url=url,
+                api_key=api_key,
+                model=model,
+                timeout_s=self.request_timeout_s,
+                structured_output=structured_output,  # the bundle declares it: check response_format too
+            )
             t = threading.Thread(
                 target=self._work, args=(key, cfg), name=f"conformance-{key[1]}", daemon=True
             )

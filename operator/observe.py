@@ -180,7 +180,11 @@ class Observer:
 
         if phase == "Verifying":
             if (canary_ips := ips(canary)) and spec.rollout.conformance_gate:
-                obs.conformance = self.gate.ensure((meta["uid"], canary), pod_url(canary_ips[0]))
+                obs.conformance = self.gate.ensure(
+                    (meta["uid"], canary),
+                    pod_url(canary_ips[0]),
+                    structured_output=spec.bundle.config.structured_output,
+                )
             return
         cfg, step = spec.rollout.analysis, st.get("currentStep")
         now = time.time()

@@ -35,6 +35,7 @@ class EngineConfig:
     bundle_id: str = ""  # keys the prefix cache; labels every metric
     load_format: str = "safetensors"  # dummy: random weights from config.json (benchmarks)
     seed: int = 0  # for dummy weights
+    grammar_cache_size: int = 64  # compiled grammars kept (LRU, keyed by schema hash)
     extra: dict[str, str] = field(default_factory=dict)
     # LoRA adapters, pinned like the model: [{"name", "path", "digest", "revision"}]; a request
     # selects one by name. At most max_loras are on the device at once, the rest in host memory.
@@ -51,7 +52,7 @@ class EngineConfig:
             raise ValueError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format: {self.load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "grammar_cache_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 1:

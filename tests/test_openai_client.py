@@ -77,11 +77,11 @@ def test_responses_plain_and_stream(client):
 
 def test_unsupported_field_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="tiny", prompt="x", max_tokens=2, logit_bias={"5": 1})
-    assert e.value.status_code == 400 and e.value.body["param"] == "logit_bias"
-    assert "unsupported parameter: logit_bias" in e.value.body["message"]
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, best_of=2)
+    assert e.value.status_code == 400 and e.value.body["param"] == "best_of"
+    assert "unsupported parameter: best_of" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=17)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt="x", max_tokens=2)
 

@@ -160,9 +160,9 @@ def test_health_models_and_error_format(server):
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     r = c.post(
         "/v1/chat/completions",
-        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": []},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "functions": []},
     )
-    assert r.status_code == 400 and r.json()["error"]["message"] == "unsupported parameter: tools"
+    assert r.status_code == 400 and r.json()["error"]["message"] == "unsupported parameter: functions"
     r = c.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2, 10**6]})
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
     r = c.post("/v1/completions", json={"model": "tiny", "prompt": ""})

@@ -26,12 +26,12 @@ def _err(body, model=CompletionRequest) -> APIError:
 
 
 def test_unsupported_parameter_is_named():
-    e = _err({"model": "m", "prompt": "hi", "logit_bias": {"1": 2}})
+    e = _err({"model": "m", "prompt": "hi", "best_of": 2})
     assert e.body() == {
         "error": {
-            "message": "unsupported parameter: logit_bias",
+            "message": "unsupported parameter: best_of",
             "type": "invalid_request_error",
-            "param": "logit_bias",
+            "param": "best_of",
             "code": "unsupported_parameter",
         }
     }
@@ -98,8 +98,8 @@ def test_valid_bodies_parse():
 
 
 def test_semantic_checks_name_the_field():
-    with pytest.raises(APIError, match="n: only n=1"):
-        parse_body(b'{"model": "m", "prompt": "x", "n": 2}', CompletionRequest).check_n()
+    with pytest.raises(APIError, match="n: Input should be less than or equal to 16"):
+        parse_body(b'{"model": "m", "prompt": "x", "n": 17}', CompletionRequest).check_n()
     with pytest.raises(APIError, match="stream_options"):
         parse_body(b'{"model": "m", "prompt": "x", "stream_options": {}}', CompletionRequest).check_n()
     with pytest.raises(APIError, match="mutually exclusive"):

@@ -8,10 +8,13 @@ back with `loop.call_soon_threadsafe` into one asyncio.Queue per request.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.engine.grammar import CompileResult
 from modeldeploy.runtime.engine.llm_engine import Engine
 from modeldeploy.runtime.engine.output import EngineStats, RequestOutput
 from modeldeploy.runtime.engine.request_check import check_request
@@ -30,6 +33,9 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self._compile_pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
+        )
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
         """Load in a worker thread (the event loop keeps serving health checks), then start stepping."""
@@ -52,7 +58,8 @@ class AsyncEngine:
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
     ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs; leaving the loop early (break, cancel, disconnect) aborts the request."""
+        """Stream outputs (with n > 1, every choice's, tagged by `index`) until all choices finish;
+        leaving the loop early (break, cancel, disconnect) aborts the request."""
         if self.engine is None:
             raise RuntimeError("engine not started")
         if self.error is not None:
@@ -67,22 +74,33 @@ class AsyncEngine:
             if request_id in self._queues:
                 raise ValueError(f"request_id: {request_id!r} is already running")
             self._queues[request_id] = queue
+        if params.structured is not None and params.structured.compiled is None:
+            await self.compile(params)
         self._post("add", (request_id, ids, params, adapter))
         finished = False
+        open_choices = params.n
         try:
             while True:
                 out = await queue.get()
                 if isinstance(out, BaseException):
                     raise out
-                yield out
-                if out.finished:
+                open_choices -= out.finished
+                if open_choices == 0:
                     finished = True
+                yield out
+                if finished:
                     return
         finally:
             if not finished:
                 self.abort(request_id)
             with self._lock:
                 self._queues.pop(request_id, None)
+
+    async def compile(self, params: SamplingParams) -> CompileResult:
+        """Compile the request's grammar on the compile thread, never on the step loop (a large schema
+        must not stall other requests); fills params.structured.compiled. ValueError: a bad schema."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._compile_pool, self.engine.grammars.compile, params.structured)
 
     def abort(self, request_id: str) -> None:
         self._post("abort", (request_id,))
@@ -92,6 +110,7 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
 
     # --- engine thread -------------------------------------------------------------
     def _post(self, kind: str, payload: tuple) -> None:
@@ -116,8 +135,7 @@ class AsyncEngine:
                 except ValueError as e:
                     self._deliver(e, rid)
             else:
-                out = self.engine.abort(payload[0])
-                if out is not None:
+                for out in self.engine.abort(payload[0]):
                     self._deliver(out, out.request_id)
 
     def _run(self) -> None:
@@ -136,3 +154,12 @@ class AsyncEngine:
                 rids = list(self._queues)
             for rid in rids:
                 self._deliver(RuntimeError(f"engine failed: {e}"), rid)
+
+
+def _background_priority() -> None:
+    """Run grammar compiles at a lower CPU priority than the step loop (Linux threads carry their own
+    nice value), so a large schema takes spare CPU instead of stretching other requests' steps."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: plain priority
+        pass

@@ -36,6 +36,7 @@ class BlockManager:
         self.root_hash = hash(("modeldeploy-prefix", bundle_id))
         self.prefix_caching = enable_prefix_caching
         self.hits = 0  # cached tokens reused (counter)
+        self.forked_tokens = 0  # tokens whose KV a forked sequence (n > 1) took by reference (counter)
 
     @property
     def num_total(self) -> int:
@@ -135,3 +136,20 @@ class BlockManager:
                 self.free[bid] = None
         seq.block_table = []
         seq.num_hashed_blocks = 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
+        """Give child parent's computed KV: full blocks shared by reference, the partial last block
+        copied into a fresh one. Returns the (src, dst) block copies the caller must make."""
+        assert not child.block_table
+        bs = self.block_size
+        full = parent.num_computed_tokens // bs
+        for bid in parent.block_table[:full]:
+            self.blocks[bid].ref_count += 1
+        child.block_table = list(parent.block_table[:full])
+        child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.forked_tokens += full * bs
+        if parent.num_computed_tokens % bs == 0:
+            return []
+        self.grow(child, parent.num_computed_tokens)
+        return [(parent.block_table[full], child.block_table[full])]

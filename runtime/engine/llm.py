@@ -25,7 +25,8 @@ class LLM:
         params: SamplingParams | Seq[SamplingParams] | None = None,
         adapter: str | None | Seq[str | None] = None,
     ) -> list[RequestOutput]:
-        """All prompts are submitted together and batched continuously; outputs keep prompt order.
+        """All prompts are submitted together and batched continuously; outputs keep prompt order
+        (with n > 1, a prompt's n choices in index order).
         `adapter`: a LoRA adapter name for all prompts, or one per prompt (None = base model)."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -44,9 +45,9 @@ class LLM:
             self._next_id += 1
             self.engine.add_request(rid, prompt, p, adapter=a)
             ids.append(rid)
-        done: dict[str, RequestOutput] = {}
+        done: dict[tuple[str, int], RequestOutput] = {}
         while self.engine.has_work():
             for out in self.engine.step():
                 if out.finished:
-                    done[out.request_id] = out
-        return [done[r] for r in ids]
+                    done[(out.request_id, out.index)] = out
+        return [done[(r, i)] for r, p in zip(ids, plist, strict=True) for i in range(p.n)]

@@ -15,6 +15,7 @@ import torch
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.detokenizer import Detokenizer
+from modeldeploy.runtime.engine.grammar import LIBRARY, GrammarCompiler, GrammarMasks, apply_bitmask
 from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
@@ -69,8 +70,14 @@ class Engine:
             config.enable_chunked_prefill,
             self.adapters.num_slots if self.adapters else None,
         )
-        self.sampler = Sampler()
-        self.seqs: dict[str, Sequence] = {}
+        self.sampler = Sampler(self.eos_token_ids, apply_bitmask)
+        vocab = loaded.args.vocab_size
+        self.grammars = GrammarCompiler(
+            self.tokenizer, vocab, sorted(self.eos_token_ids), config.grammar_cache_size
+        )
+        self.masks = GrammarMasks(vocab)
+        self.seqs: dict[str, Sequence] = {}  # by sequence id (a request's choice i > 0 is 'rid#i')
+        self.groups: dict[str, list[Sequence]] = {}  # by request id: its choices
         self.detoks: dict[str, Detokenizer] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -119,17 +126,22 @@ class Engine:
         `adapter`: a configured LoRA adapter's name (None = the base model)."""
         params.validate()
         adapter_id = self.adapter_id(adapter)
-        if request_id in self.seqs:
+        if request_id in self.groups:
             raise ValueError(f"request_id: {request_id!r} is already running")
         ids = self.encode(prompt)
         vocab = self.loaded_info.args.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         check_request(len(ids), params.max_tokens, self.config.max_model_len)
+        if any(t >= vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
         seq = Sequence(request_id, ids, params, adapter_id=adapter_id)
+        if params.structured is not None:
+            seq.grammar = self.grammars.matcher(params.structured)  # compiled already when prepared off-loop
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         self.seqs[request_id] = seq
+        self.groups[request_id] = [seq]
         self.detoks[request_id] = Detokenizer(self.tokenizer, list(params.stop))
         self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
@@ -143,12 +155,14 @@ class Engine:
             raise ValueError(f"model: unknown adapter {name!r}; no adapters are configured")
         return self.adapters.id_of(name)
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        seq = self.seqs.get(request_id)
-        if seq is None or seq.finished:
-            return None
-        self.scheduler.finish(seq, "abort")
-        return self._output(seq, final=True)
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """Abort every unfinished choice of the request; their final outputs (none if all had finished)."""
+        outs = []
+        for seq in self.groups.get(request_id, []):
+            if not seq.finished:
+                self.scheduler.finish(seq, "abort")
+                outs.append(self._output(seq, final=True))
+        return outs
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -162,25 +176,68 @@ class Engine:
             seq.num_computed_tokens += n
             seq.prefill_chunks += seq.first_token_time is None
             self.block_manager.commit(seq)
-        tokens = self.sampler.sample(logits, sample_seqs)
+        sample_seqs, logits = self._fork(sample_seqs, logits)
+        bitmask, masked = self.masks.fill(sample_seqs)
+        sampled = self.sampler.sample(logits, sample_seqs, bitmask, masked)
+        tokens = sampled.tokens
+        refused = {id(s) for s in self.masks.accept(sample_seqs, tokens, masked)}
         now = time.monotonic()
         self.steps_total += 1
         outputs = []
-        for seq, tok in zip(sample_seqs, tokens, strict=True):
+        for seq, tok, lp in zip(sample_seqs, tokens, sampled.logprobs, strict=True):
             seq.token_ids.append(tok)
+            if lp is not None:
+                seq.logprobs.append(lp)
             seq.first_token_time = seq.first_token_time or now
             seq.last_token_time = now
             self.generation_tokens_total += 1
-            reason = self._finish_reason(seq, tok)
+            reason = "abort" if id(seq) in refused else self._finish_reason(seq, tok)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, final=reason is not None))
         return outputs
 
+    def _fork(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
+        """n > 1: when a prompt's prefill completes, its other n-1 choices start here, sharing its
+        KV blocks by reference (the partial last block copied) and sampling from the same logits row."""
+        if all(s.params.n == 1 or s.output_token_ids or len(self.groups[s.group_id]) > 1 for s in seqs):
+            return seqs, logits
+        rows = list(range(len(seqs)))
+        for r, parent in enumerate(list(seqs)):
+            if parent.params.n == 1 or parent.output_token_ids or len(self.groups[parent.group_id]) > 1:
+                continue
+            for i in range(1, parent.params.n):
+                child = Sequence(
+                    f"{parent.request_id}#{i}",
+                    parent.prompt_token_ids,
+                    parent.params,
+                    adapter_id=parent.adapter_id,
+                )
+                child.group_id, child.index, child.arrival_time = parent.group_id, i, parent.arrival_time
+                child.first_scheduled_time = parent.first_scheduled_time
+                if parent.grammar is not None:
+                    child.grammar = parent.grammar.fork()
+                self.seqs[child.request_id] = child
+                self.groups[parent.group_id].append(child)
+                self.detoks[child.request_id] = Detokenizer(self.tokenizer, list(parent.params.stop))
+                partial = parent.num_computed_tokens % self.block_manager.block_size != 0
+                if partial and self.block_manager.num_free == 0:
+                    self.scheduler.add(child)  # no block to copy into: it waits and reuses the prefix cache
+                    continue
+                copies = self.block_manager.fork(parent, child)
+                if copies:
+                    self.runner.copy_blocks(copies)
+                self.scheduler.adopt(child)
+                seqs.append(child)
+                rows.append(r)
+        return seqs, logits[torch.tensor(rows, device=logits.device)]
+
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
         detok = self.detoks[seq.request_id]
         detok.add(seq.output_token_ids)
+        if seq.grammar is not None and seq.grammar.is_terminated():
+            return "stop"  # the grammar is complete (its stop token was accepted)
         if detok.stopped or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             return "stop"
         if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
@@ -191,13 +248,17 @@ class Engine:
         detok = self.detoks[seq.request_id]
         out_ids = seq.output_token_ids
         new = out_ids[seq.num_emitted_tokens :]
+        new_lps = seq.logprobs[seq.num_emitted_tokens :]
         seq.num_emitted_tokens = len(out_ids)
         if final:
             self.seqs.pop(seq.request_id, None)
             self.detoks.pop(seq.request_id, None)
             self.sampler.forget(seq.request_id)
+            group = self.groups.get(seq.group_id, [])
+            if all(s.finished for s in group):
+                self.groups.pop(seq.group_id, None)
         return RequestOutput(
-            request_id=seq.request_id,
+            request_id=seq.group_id,
             prompt_token_ids=seq.prompt_token_ids,
             token_ids=list(out_ids),
             new_token_ids=new,
@@ -214,6 +275,9 @@ class Engine:
                 seq.prefill_chunks,
             ),
             num_preemptions=seq.num_preemptions,
+            index=seq.index,
+            logprobs=list(seq.logprobs),
+            new_logprobs=new_lps,
         )
 
     def stats(self) -> EngineStats:
@@ -245,6 +309,7 @@ class Engine:
             "num_kv_blocks": self.config.num_kv_blocks,
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,
+            "grammar_library": dict(LIBRARY),
             "adapters": self.adapters.info() if self.adapters else [],
             "lora": (
                 {

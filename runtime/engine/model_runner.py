@@ -104,3 +104,12 @@ class ModelRunner:
         )
         logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
         return logits, sample_seqs
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks src -> dst in every layer (copy-on-fork of a partial block, n > 1)."""
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
+        for k, v in self.kv_caches:
+            k[dst] = k[src]
+            v[dst] = v[src]

@@ -28,6 +28,9 @@ class RequestOutput:
     metrics: RequestMetrics
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
+    index: int = 0  # choice index (n > 1)
+    logprobs: list = field(default_factory=list)  # TokenLogprob per generated token, when asked
+    new_logprobs: list = field(default_factory=list)  # those of new_token_ids
 
     @property
     def num_prompt_tokens(self) -> int:

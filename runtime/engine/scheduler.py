@@ -129,3 +129,8 @@ class Scheduler:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.finished_time = time.monotonic()
+
+    def adopt(self, seq: Sequence) -> None:
+        """Run a sequence forked from a running one (n > 1); it already holds its blocks."""
+        seq.status = Status.RUNNING
+        self.running.append(seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 
@@ -35,9 +36,14 @@ class Sequence:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_emitted_tokens: int = 0  # generated tokens already handed to the client
+    group_id: str = ""  # the request this sequence answers (n > 1: several sequences share it)
+    index: int = 0  # choice index within the request
+    grammar: Any = None  # the grammar matcher of a constrained sequence; advances with each token
+    logprobs: list = field(default_factory=list)  # TokenLogprob per generated token, when asked
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        self.group_id = self.group_id or self.request_id
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -40,6 +40,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-fraction", type=float, default=0.9)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument(
+        "--grammar-cache-size", type=int, default=64, help="compiled grammars kept (LRU by schema hash)"
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
@@ -118,6 +121,7 @@ def build_config(args: argparse.Namespace):
         load_format=args.load_format,
         adapters=adapters,
         max_loras=args.max_loras,
+        grammar_cache_size=args.grammar_cache_size,
     )
     name = args.served_model_name or Path(args.model).resolve().name
     if name in {a["name"] for a in adapters}:

@@ -16,7 +16,10 @@ from modeldeploy.runtime.server.metrics import ServerMetrics
 from modeldeploy.runtime.server.readiness import LoadState
 
 log = logging.getLogger("modeldeploy.server")
-_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+_SAMPLING_FIELDS = (
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n",
+)  # fmt: skip
 # Below this a temperature is greedy in all but name; dividing logits by it overflows float32
 # (the engine's sampler then fails), so it is served as temperature 0, as vLLM does.
 GREEDY_EPS = 1e-5
@@ -110,10 +113,16 @@ class ServerContext:
     def encode_text(self, text: str) -> list[int]:
         return list(self.engine.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.engine.tokenizer, "chat_template", None)
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         tok = self.engine.tokenizer
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
             raise APIError(400, f"messages: the chat template rejected them: {e}", param="messages") from None
         return list(tok(text, add_special_tokens=False)["input_ids"])
@@ -133,10 +142,19 @@ class ServerContext:
         except RequestError as e:
             raise APIError(400, str(e), param=e.field, code=e.code) from None
 
-    def sampling(self, req: Any, max_tokens: int) -> Any:
+    def sampling(self, req: Any, max_tokens: int, structured: Any = None, logprobs: int | None = None) -> Any:
         from modeldeploy.runtime import SamplingParams
 
         temperature = 0.0 if req.temperature < GREEDY_EPS else req.temperature
+        bias = {}
+        for key, value in (req.logit_bias or {}).items():
+            if not key.isdigit() or int(key) >= len(self.engine.tokenizer):
+                raise APIError(
+                    400,
+                    f"logit_bias: key {key!r} is not a token id of this model's vocabulary",
+                    param="logit_bias",
+                )
+            bias[int(key)] = float(value)
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -145,6 +163,14 @@ class ServerContext:
             seed=req.seed,
             stop=req.stop_list(),
             ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=bias,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            n=getattr(req, "n", 1),
+            structured=structured,
         )
         try:
             params.validate()
@@ -188,6 +214,7 @@ class ServerContext:
             "dtype": info.get("dtype", ecfg.get("dtype")),
             "engine_config": ecfg,
             "engine_info": info,
+            "grammar_library": info.get("grammar_library") or _grammar_library(),
             "server": {
                 "max_num_seqs": self.admission.max_running,
                 "max_queue": self.cfg.max_queue,
@@ -227,3 +254,13 @@ class ServerContext:
                 "dtype": str(info.get("dtype", ecfg.dtype)),
             },
         }
+
+
+def _grammar_library() -> dict[str, str]:
+    """The constrained-decoding library this image carries (known before the engine has loaded)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"name": "xgrammar", "version": version("xgrammar")}
+    except PackageNotFoundError:
+        return {"name": "xgrammar", "version": "not installed"}

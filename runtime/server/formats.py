@@ -9,37 +9,109 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def out_usage(out: Any) -> dict[str, int]:
-    return usage(out.num_prompt_tokens, len(out.token_ids))
+def out_usage(out: Any, outs: list[Any] | None = None) -> dict[str, int]:
+    """Usage of a request: the prompt once, the completion tokens of every choice."""
+    return usage(out.num_prompt_tokens, sum(len(o.token_ids) for o in (outs or [out])))
 
 
-def completion(rid: str, created: int, model: str, out: Any) -> dict[str, Any]:
+def token_text(tok: Any, token_id: int) -> str:
+    return tok.decode([token_id])
+
+
+def chat_logprobs(tok: Any, token_ids: list[int], lps: list[Any], top: int) -> dict[str, Any] | None:
+    """OpenAI chat `logprobs.content`: per token its logprob, bytes and the `top` most likely."""
+    if not lps:
+        return None
+
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        text = token_text(tok, t)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top[:top]]}
+            for t, lp in zip(token_ids, lps, strict=True)
+        ]
+    }
+
+
+def completion_logprobs(
+    tok: Any, token_ids: list[int], lps: list[Any], offset: int = 0
+) -> dict[str, Any] | None:
+    """OpenAI legacy completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    if not lps:
+        return None
+    texts = [token_text(tok, t) for t in token_ids]
+    offsets, at = [], offset
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": texts,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{token_text(tok, i): v for i, v in lp.top} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+def completion(rid: str, created: int, model: str, outs: list[Any], tok: Any = None) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}],
-        "usage": out_usage(out),
+        "choices": [
+            {
+                "index": o.index,
+                "text": o.text,
+                "logprobs": completion_logprobs(tok, o.token_ids, o.logprobs),
+                "finish_reason": o.finish_reason,
+            }
+            for o in outs
+        ],
+        "usage": out_usage(outs[0], outs),
     }
 
 
 def completion_chunk(
-    rid: str, created: int, model: str, text: str, finish: str | None, with_usage: bool
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str | None,
+    with_usage: bool,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     chunk = {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
     }
     if with_usage:
         chunk["usage"] = None
     return chunk
 
 
-def chat(rid: str, created: int, model: str, out: Any) -> dict[str, Any]:
+def chat_message(out: Any, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The assistant message; with tool calls, content is the text outside them (None if there is none)."""
+    if calls:
+        return {"role": "assistant", "content": out.text or None, "tool_calls": calls}
+    return {"role": "assistant", "content": out.text}
+
+
+def chat(
+    rid: str,
+    created: int,
+    model: str,
+    outs: list[Any],
+    tok: Any = None,
+    top: int | None = None,
+    calls: list[list[dict[str, Any]] | None] | None = None,
+) -> dict[str, Any]:
+    calls = calls or [None] * len(outs)
     return {
         "id": rid,
         "object": "chat.completion",
@@ -47,32 +119,40 @@ def chat(rid: str, created: int, model: str, out: Any) -> dict[str, Any]:
         "model": model,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": out.text},
-                "logprobs": None,
-                "finish_reason": out.finish_reason,
+                "index": o.index,
+                "message": chat_message(o, c),
+                "logprobs": chat_logprobs(tok, o.token_ids, o.logprobs, top or 0),
+                "finish_reason": "tool_calls" if c else o.finish_reason,
             }
+            for o, c in zip(outs, calls, strict=True)
         ],
-        "usage": out_usage(out),
+        "usage": out_usage(outs[0], outs),
     }
 
 
 def chat_chunk(
-    rid: str, created: int, model: str, delta: dict[str, Any], finish: str | None, with_usage: bool
+    rid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None,
+    with_usage: bool,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     chunk = {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
     }
     if with_usage:
         chunk["usage"] = None
     return chunk
 
 
-def usage_chunk(rid: str, created: int, model: str, obj: str, out: Any) -> dict[str, Any]:
+def usage_chunk(rid: str, created: int, model: str, obj: str, outs: list[Any]) -> dict[str, Any]:
     """The extra last chunk of `stream_options.include_usage`: empty choices, usage filled."""
     return {
         "id": rid,
@@ -80,7 +160,7 @@ def usage_chunk(rid: str, created: int, model: str, obj: str, out: Any) -> dict[
         "created": created,
         "model": model,
         "choices": [],
-        "usage": out_usage(out),
+        "usage": out_usage(outs[0], outs),
     }
 
 

@@ -31,14 +31,24 @@ class Job:
         self.tracker = ctx.metrics.tracker(arrival, adapter or "")
         self.ticket = None
         self.agen: AsyncIterator | None = None
-        self.final: Any = None
+        self.final: Any = None  # the last output, once every choice has finished
+        self.finals: dict[int, Any] = {}  # choice index -> its final output
         self.refused: str | None = None  # outcome of a request refused before generation
         self.server_aborted = False  # drain timeout: not the client's doing
         self.last: Any = None  # the latest output (its metrics and tokens), for the request's evidence
         self.evidence: Any = None  # evidence.Evidence of this HTTP request, if the middleware made one
 
     async def start(self) -> Any:
-        """Wait for a running slot, submit to the engine, return its first output."""
+        """Compile any grammar (off the step loop), wait for a running slot, submit to the engine,
+        return its first output."""
+        spec = getattr(self.params, "structured", None)
+        if spec is not None and spec.compiled is None:
+            try:
+                result = await self.ctx.engine.compile(self.params)
+            except ValueError as e:
+                self.refused = "invalid"
+                raise APIError(400, str(e), param="response_format") from None
+            self.ctx.metrics.grammar_compile(result.seconds, result.cached)
         try:
             self.ticket = self.ctx.admission.enter()
         except APIError as e:
@@ -66,18 +76,20 @@ class Job:
             self._see(out)
             yield out
 
-    async def run(self) -> Any:
-        """Start and run to the final output (non-streaming)."""
-        last = await self.start()
-        async for out in self.outputs():
-            last = out
-        return last
+    async def run(self) -> list[Any]:
+        """Start and run to the end (non-streaming): every choice's final output, by index."""
+        await self.start()
+        async for _ in self.outputs():
+            pass
+        return [self.finals[i] for i in sorted(self.finals)]
 
     def _see(self, out: Any) -> None:
         self.tracker.observe(out)
         self.last = out
         if out.finished:
-            self.final = out
+            self.finals[out.index] = out
+            if len(self.finals) == getattr(self.params, "n", 1):
+                self.final = out
 
     async def close(self, client_gone: bool) -> None:
         if self.tracker.done:

@@ -120,7 +120,19 @@ class ServerMetrics:
         for family in self._families.values():  # present from the start too (the operator reads
             for adapter in ("", *adapters):  # a pod without them as serving another bundle)
                 family.labels(**labels, adapter=adapter)
+        self._compile = Histogram(
+            "modeldeploy_grammar_compile_seconds",
+            "Time to compile (or fetch from the cache) a request's grammar, on the compile thread",
+            list(LABELS) + ["cache"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        for cache in ("hit", "miss"):
+            self._compile.labels(**labels, cache=cache)
         self.registry.register(_Live(labels, read_live))
+
+    def grammar_compile(self, seconds: float, cached: bool) -> None:
+        self._compile.labels(**self.labels, cache="hit" if cached else "miss").observe(seconds)
 
     def hist(self, kind: str, adapter: str = "") -> Any:
         return self._families[kind].labels(**self.labels, adapter=adapter)

@@ -24,6 +24,38 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool = Field(default_factory=dict, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text (unconstrained), json_object, or json_schema."""
+
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class TextFormat(BaseModel):
+    """/v1/responses `text.format`: the json_schema fields sit beside `type`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = _STRICT
+    format: TextFormat | None = None
+
+
 class _Common(BaseModel):
     """Fields shared by the three generation endpoints."""
 
@@ -37,6 +69,11 @@ class _Common(BaseModel):
     stream: StrictBool = False
     user: StrictStr | None = None
     ignore_eos: StrictBool = False  # extension (as in vLLM): fixed-length outputs for load tests
+    presence_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[Number, Field(gt=0.0, le=10.0)] = 1.0  # extension (vLLM)
+    logit_bias: dict[StrictStr, Annotated[Number, Field(ge=-100.0, le=100.0)]] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0  # extension (vLLM)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -48,12 +85,11 @@ class _Common(BaseModel):
 
 
 class _Choices(_Common):
-    n: Annotated[StrictInt, Field(ge=1)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
 
     def check_n(self) -> None:
-        if self.n != 1:
-            raise APIError(400, f"n: only n=1 is supported (got {self.n})", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
 
@@ -65,6 +101,9 @@ class _Choices(_Common):
 class CompletionRequest(_Choices):
     prompt: StrictStr | list[StrictInt]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = (
+        None  # top-k per token, as OpenAI's legacy API
+    )
 
 
 class TextPart(BaseModel):
@@ -73,22 +112,94 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = _STRICT
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = _STRICT
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: StrictStr | None = None  # role "tool": which call this answers
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+    def render(self) -> dict[str, Any]:
+        """The message as the chat template sees it (tool calls with parsed arguments, as HF templates expect)."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _args(c)}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            msg["name"] = self.name
+        return msg
+
+
+def _args(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.function.arguments)
+    except json.JSONDecodeError:
+        raise APIError(
+            400,
+            f"messages: tool call {call.id} has arguments that are not JSON",
+            param="messages.tool_calls.function.arguments",
+        ) from None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_Choices):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     def token_limit(self) -> int | None:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
@@ -107,6 +218,7 @@ class InputMessage(ChatMessage):
 class ResponsesRequest(_Common):
     input: StrictStr | Annotated[list[InputMessage], Field(min_length=1)]
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    text: TextConfig | None = None
 
     def messages(self) -> list[dict[str, str]]:
         if isinstance(self.input, str):

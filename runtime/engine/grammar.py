@@ -1,0 +1,220 @@
+"""Constrained decoding through xgrammar: schema checks, compiled-grammar cache, per-step masks.
+
+Why xgrammar (README, "Structured output"): CPU wheels, a packed int32 token bitmask filled for a
+whole batch in one call (`BatchGrammarMatcher`), JSON Schema with `$ref`, patterns, formats and
+numeric bounds, millisecond compiles, Apache-2.0. No JSON state machine is written here.
+
+A schema feature xgrammar parses but does not enforce (we probed each one) is refused by
+`check_schema` with its name, so a constrained request is never silently unconstrained.
+Compiles are cached by the sha256 of the canonical schema in a bounded LRU; `compile` is
+thread-safe and meant to run on a worker thread, off the step loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from modeldeploy.runtime.engine.sampling_params import Structured
+from modeldeploy.runtime.engine.sequence import Sequence
+
+LIBRARY = {"name": "xgrammar", "version": version("xgrammar")}
+
+# Enforced by xgrammar 0.2 (each one probed with a violating document, tests/test_grammar.py).
+_ENFORCED = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
+    "anyOf", "$ref", "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "pattern", "format", "minItems", "maxItems",
+    "patternProperties", "propertyNames", "minProperties", "maxProperties", "contains", "minContains",
+    "maxContains", "allOf",
+}  # fmt: skip
+_ANNOTATIONS = {
+    "title", "description", "examples", "default", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly",
+}  # fmt: skip
+_FORMATS = {
+    "date", "date-time", "time", "duration", "email", "uuid", "ipv4", "ipv6", "uri", "uri-reference",
+    "hostname",
+}  # fmt: skip
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMAS = ("items", "additionalProperties", "propertyNames", "contains")
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")
+
+
+class UnsupportedSchema(ValueError):
+    """A schema feature the grammar library cannot enforce; the message names it and where."""
+
+    def __init__(self, feature: str, where: str):
+        super().__init__(f"unsupported JSON Schema feature '{feature}' at {where or '/'}")
+        self.feature, self.where = feature, where
+
+
+def check_schema(schema: Any, where: str = "") -> None:
+    """Raise UnsupportedSchema for the first keyword that would not be enforced."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise UnsupportedSchema(f"schema of type {type(schema).__name__}", where)
+    for key, value in schema.items():
+        if key in _ANNOTATIONS:
+            continue
+        if key in (
+            "minLength",
+            "maxLength",
+        ):  # xgrammar 0.2.9 then lets raw control characters into the string
+            raise UnsupportedSchema(f"{key} (use a 'pattern' such as '^.{{0,12}}$' instead)", where)
+        if key not in _ENFORCED:
+            raise UnsupportedSchema(key, where)
+        at = f"{where}/{key}"
+        if key == "allOf" and len(value) != 1:
+            raise UnsupportedSchema("allOf with more than one subschema", at)
+        if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            raise UnsupportedSchema(f"$ref to {value!r} (only local '#/...' references)", at)
+        if key == "format" and value not in _FORMATS:
+            raise UnsupportedSchema(f"format {value!r}", at)
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                check_schema(sub, f"{at}/{name}")
+        elif key in _SUBSCHEMAS:
+            check_schema(value, at)
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                check_schema(sub, f"{at}/{i}")
+
+
+def tool_tag_spec(call_schema: dict[str, Any], begin: str, end: str, stop_after_first: bool) -> Structured:
+    """Free text until `begin` appears; then a JSON call matching call_schema, closed by `end`
+    (xgrammar's triggered structural tag). The call schema must have passed check_schema."""
+    check_schema(call_schema)
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": [begin],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": begin,
+                    "content": {"type": "json_schema", "json_schema": call_schema},
+                    "end": end,
+                }
+            ],
+            "at_least_one": False,
+            "stop_after_first": stop_after_first,
+        },
+    }
+    return Structured("structural_tag", json.dumps(tag, separators=(",", ":")))
+
+
+def schema_spec(kind: str, schema: Any = None) -> Structured:
+    """A Structured constraint with the schema checked and in canonical JSON (the cache key)."""
+    if kind == "json_object":
+        return Structured("json_object")
+    check_schema(schema)
+    # key order is kept: it is the order the properties are generated in
+    return Structured("json_schema", json.dumps(schema, separators=(",", ":")))
+
+
+@dataclass
+class CompileResult:
+    compiled: Any
+    seconds: float
+    cached: bool
+
+
+class GrammarCompiler:
+    """Compiled grammars by schema hash, bounded LRU; `compile` may run on any thread."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], cache_size: int = 64):
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=eos_token_ids
+        )
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self.vocab_size = vocab_size
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(spec: Structured) -> str:
+        return hashlib.sha256(f"{spec.kind}\0{spec.schema or ''}".encode()).hexdigest()
+
+    def compile(self, spec: Structured) -> CompileResult:
+        """Compile (or fetch) and store it in spec.compiled; ValueError names an invalid schema."""
+        start = time.perf_counter()
+        key = self.key(spec)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+        cached = hit is not None
+        if not cached:
+            try:
+                if spec.kind == "structural_tag":
+                    hit = self.compiler.compile_structural_tag(spec.schema)
+                elif spec.kind == "json_object":
+                    hit = self.compiler.compile_json_schema(
+                        '{"type": "object"}', any_whitespace=False, strict_mode=False
+                    )
+                else:
+                    hit = self.compiler.compile_json_schema(
+                        spec.schema, any_whitespace=False, strict_mode=True
+                    )
+            except (RuntimeError, ValueError) as e:
+                raise ValueError(f"response_format: the schema cannot be compiled: {e}") from None
+            with self._lock:
+                self._cache[key] = hit
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        spec.compiled = hit
+        return CompileResult(hit, time.perf_counter() - start, cached)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def matcher(self, spec: Structured) -> Any:
+        if spec.compiled is None:
+            self.compile(spec)
+        return xgr.GrammarMatcher(spec.compiled)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """xgrammar's masking kernel (CPU, CUDA) on the constrained rows, in place, in one call."""
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)
+    return logits
+
+
+class GrammarMasks:
+    """The per-step side: one bitmask for the batch, filled for the constrained rows in one call."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self._batch = xgr.BatchGrammarMatcher(max_threads=1)
+
+    def fill(self, seqs: list[Sequence]) -> tuple[torch.Tensor | None, list[int]]:
+        rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        if not rows:
+            return None, rows
+        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
+        self._batch.batch_fill_next_token_bitmask([seqs[i].grammar for i in rows], bitmask, rows)
+        return bitmask, rows
+
+    @staticmethod
+    def accept(seqs: list[Sequence], tokens: list[int], rows: list[int]) -> list[Sequence]:
+        """Advance each constrained row's grammar; returns the sequences whose token it refused
+        (it allowed none: cannot happen with its own mask, but must not take the engine down)."""
+        if not rows:
+            return []
+        ok = xgr.BatchGrammarMatcher.batch_accept_token(
+            [seqs[i].grammar for i in rows], [tokens[i] for i in rows]
+        )
+        return [seqs[r] for r, good in zip(rows, ok, strict=True) if not good]

@@ -1,0 +1,193 @@
+"""Request -> decoding constraint: response_format, /v1/responses text.format, and tool calls.
+
+The schema checks and the grammar itself live in the engine (xgrammar); this file maps the
+OpenAI request shapes onto it, turns an unsupported schema feature into a 400 naming the
+feature and where it came from, and turns a constrained tool-call output back into OpenAI
+`tool_calls`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from modeldeploy.runtime.server.errors import APIError
+
+
+def _spec(kind: str, schema: Any, param: str) -> Any:
+    from modeldeploy.runtime.engine.grammar import UnsupportedSchema, schema_spec
+
+    if kind == "json_schema" and not isinstance(schema, dict | bool):
+        raise APIError(400, f"{param}: a JSON Schema object is required", param=param)
+    try:
+        return schema_spec(kind, schema)
+    except UnsupportedSchema as e:
+        raise APIError(400, f"{param}: {e}", param=param, code="unsupported_schema_feature") from None
+
+
+def from_response_format(rf: Any) -> Any:
+    """response_format -> Structured (None for type text)."""
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return _spec("json_object", None, "response_format")
+    if rf.json_schema is None:
+        raise APIError(
+            400,
+            "response_format.json_schema: required when type is json_schema",
+            param="response_format.json_schema",
+        )
+    return _spec("json_schema", rf.json_schema.schema_, "response_format.json_schema.schema")
+
+
+def from_text_format(text: Any) -> Any:
+    """/v1/responses text.format -> Structured (None for type text)."""
+    fmt = text.format if text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return _spec("json_object", None, "text.format")
+    if fmt.schema_ is None or fmt.name is None:
+        raise APIError(400, "text.format: name and schema are required for json_schema", param="text.format")
+    return _spec("json_schema", fmt.schema_, "text.format.schema")
+
+
+# The Hermes/Qwen tool-call format; `auto` is offered where the chat template uses it.
+CALL_BEGIN, CALL_END = "<tool_call>", "</tool_call>"
+_CALLS = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(CALL_END), re.S)
+
+
+@dataclass
+class ToolPlan:
+    """How a chat request's tools shape decoding: `named` or `required` constrain the whole output to
+    a call; `auto` leaves text free until the template's call tag opens, then constrains the call;
+    `none` (or no tools) leaves it free."""
+
+    mode: str
+    structured: Any = None
+    function: str | None = None  # the named function
+
+
+def _params_schema(tool: Any, i: int) -> Any:
+    schema = tool.function.parameters if tool.function.parameters is not None else {"type": "object"}
+    param = f"tools.{i}.function.parameters"
+    _spec("json_schema", schema, param)  # checked here so the 400 names the tool
+    return schema
+
+
+def tool_plan(req: Any, template: str | None) -> ToolPlan:
+    tools, choice = req.tools or [], req.tool_choice
+    uses_tools = tools or any(m.role == "tool" or m.tool_calls for m in req.messages)
+    if uses_tools and "tool" not in (template or ""):
+        raise APIError(
+            400,
+            "tools: this model's chat template cannot express tools or tool messages",
+            param="tools" if tools else "messages",
+            code="tools_unsupported",
+        )
+    if choice is not None and not tools and choice != "none":
+        raise APIError(400, "tool_choice: given without tools", param="tool_choice")
+    if not tools or choice == "none":
+        return ToolPlan("none")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise APIError(400, "response_format: cannot be combined with tools", param="response_format")
+    if req.n != 1:
+        raise APIError(400, "n: must be 1 when tools are given", param="n")
+    if choice is None or choice == "auto":
+        if CALL_BEGIN not in (template or ""):
+            raise APIError(
+                400,
+                f"tool_choice: 'auto' needs a chat template with the {CALL_BEGIN} call format; "
+                "use 'required' or a named function",
+                param="tool_choice",
+                code="unsupported_value",
+            )
+        from modeldeploy.runtime.engine.grammar import UnsupportedSchema, tool_tag_spec
+
+        try:
+            spec = tool_tag_spec(_call_schema(tools), CALL_BEGIN, CALL_END, req.parallel_tool_calls is False)
+        except UnsupportedSchema as e:
+            raise APIError(400, f"tools: {e}", param="tools", code="unsupported_schema_feature") from None
+        return ToolPlan("auto", spec)
+    by_name = {t.function.name: (i, t) for i, t in enumerate(tools)}
+    if not isinstance(choice, str):
+        if choice.function.name not in by_name:
+            raise APIError(400, f"tool_choice: no tool named {choice.function.name!r}", param="tool_choice")
+        i, tool = by_name[choice.function.name]
+        return ToolPlan(
+            "named",
+            _spec("json_schema", _params_schema(tool, i), f"tools.{i}.function.parameters"),
+            tool.function.name,
+        )
+    return ToolPlan("required", _spec("json_schema", _call_schema(tools), "tools"))
+
+
+def _call_schema(tools: list[Any]) -> dict[str, Any]:
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.function.name}, "arguments": _params_schema(t, i)},
+            "required": ["name", "arguments"],
+        }
+        for i, t in enumerate(tools)
+    ]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def split_auto(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """`auto` output -> (content, tool_calls): the calls inside the template's tags, the text around them."""
+    calls = []
+    for body in _CALLS.findall(text):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        calls.append(call(obj["name"], json.dumps(obj["arguments"], separators=(",", ":"))))
+    if not calls:
+        return text, None
+    content = _CALLS.sub("", text).strip()
+    return content or None, calls
+
+
+def auto_visible(text: str) -> int:
+    """How much of an `auto` output may stream as content: up to a call tag or a possible start of one."""
+    at = text.find(CALL_BEGIN)
+    if at >= 0:
+        return at
+    for k in range(min(len(CALL_BEGIN) - 1, len(text)), 0, -1):
+        if text.endswith(CALL_BEGIN[:k]):
+            return len(text) - k
+    return len(text)
+
+
+def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
+    """The OpenAI tool_calls for a constrained output (None when the output is not a complete call)."""
+    if plan.mode == "auto":
+        return split_auto(text)[1]
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if plan.mode == "named":  # the output is the arguments, verbatim (streamed deltas concatenate to it)
+        name, args = plan.function, text
+    else:
+        name, args = obj["name"], json.dumps(obj["arguments"], separators=(",", ":"))
+    return [call(name, args)]
+
+
+def call(name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def with_text(out: Any, text: str | None) -> Any:
+    """A copy of an engine output with its text replaced (the content left around `auto` tool calls)."""
+    import dataclasses
+
+    return dataclasses.replace(out, text=text)
