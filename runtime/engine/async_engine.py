@@ -81,8 +81,11 @@ class AsyncEngine:
             with self._lock:
                 self._queues.pop(request_id, None)
 
-    def abort(self, request_id: str) -> None:
-        self._post("abort", (request_id,))
+    def abort(self, request_id: str, on_release: Callable[[float], None] | None = None) -> None:
+        """Abort within one step. `on_release(t)` gets the engine's monotonic time at which the
+        sequence's KV blocks were freed (called on the engine thread; not called when the request
+        had already finished), so the server can measure cancellation release from its own clocks."""
+        self._post("abort", (request_id, on_release))
 
     async def shutdown(self) -> None:
         self._stop = True
@@ -113,8 +116,11 @@ class AsyncEngine:
                 except ValueError as e:
                     self._deliver(e, rid)
             else:
-                out = self.engine.abort(payload[0])
+                rid, on_release = payload
+                out = self.engine.abort(rid)
                 if out is not None:
+                    if on_release is not None and out.metrics.finished_time is not None:
+                        on_release(out.metrics.finished_time)
                     self._deliver(out, out.request_id)
 
     def _run(self) -> None:

@@ -6,6 +6,13 @@ from the engine's `RequestOutput.metrics` timestamps (time.monotonic), measured 
 moment the server received the request, so queue time includes admission waiting.
 Engine totals (tokens, preemptions, KV usage) are read from `engine.stats()` at scrape.
 
+Phases split each request at the engine's timestamps: queue (receipt to first scheduling),
+prefill (first scheduling to first token), decode (first token to finish). Queue, prefill and
+TTFT are observed together at the first token, so TTFT = queue + prefill holds per request and
+in the histogram sums and counts (`modeldeploy bench` checks it). Cancellation release is the
+server noticing a client disconnect to the engine freeing that sequence's KV blocks, both on
+the server's own monotonic clock.
+
 Outcomes: completed (finished normally), cancelled (the client went away), invalid (the
 request's own fault: 400/401/404...), rejected (refused for capacity or state: 429 queue full,
 503 loading/draining), error (engine failure, a 5xx, or aborted by the drain timeout). Canary
@@ -34,6 +41,7 @@ def refusal_outcome(status: int) -> str:
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_RELEASE = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class _Live:
@@ -91,6 +99,13 @@ class ServerMetrics:
             "itl": ("inter_token_latency_seconds", "Time between consecutive generated tokens", _ITL),
             "e2e": ("request_latency_seconds", "Request receipt to last token (completed requests)", _LAT),
             "queue": ("queue_time_seconds", "Request receipt to first scheduling by the engine", _LAT),
+            "prefill": ("prefill_time_seconds", "First scheduling to first generated token", _LAT),
+            "decode": ("decode_time_seconds", "First to last token (completed requests)", _LAT),
+            "release": (
+                "cancel_release_seconds",
+                "Client disconnect noticed by the server to the engine freeing its KV blocks",
+                _RELEASE,
+            ),
         }
         self._hist = {
             k: Histogram(f"modeldeploy_{n}", d, names, buckets=b, registry=self.registry).labels(**labels)
@@ -107,6 +122,10 @@ class ServerMetrics:
     def tracker(self, arrival: float) -> RequestTracker:
         return RequestTracker(self, arrival)
 
+    def cancel_released(self, seconds: float) -> None:
+        """One cancelled sequence's release time (thread-safe: called on the engine thread)."""
+        self._hist["release"].observe(max(0.0, seconds))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -117,21 +136,22 @@ class RequestTracker:
     def __init__(self, metrics: ServerMetrics, arrival: float):
         self.m, self.arrival = metrics, arrival
         self._last_token_time: float | None = None
-        self._scheduled = False
         self.done = False
 
     def observe(self, out: Any) -> None:
         rm = getattr(out, "metrics", None)
         if rm is None:
             return
-        if not self._scheduled and rm.first_scheduled_time is not None:
-            self._scheduled = True
-            self.m._hist["queue"].observe(max(0.0, rm.first_scheduled_time - self.arrival))
         n_new = len(out.new_token_ids)
         if n_new == 0 or rm.last_token_time is None:
             return
         if self._last_token_time is None:
-            self.m._hist["ttft"].observe(max(0.0, rm.first_token_time - self.arrival))
+            ttft = max(0.0, rm.first_token_time - self.arrival)
+            sched = rm.first_scheduled_time if rm.first_scheduled_time is not None else rm.first_token_time
+            queue = min(max(0.0, sched - self.arrival), ttft)  # clamped: queue + prefill == ttft exactly
+            self.m._hist["queue"].observe(queue)
+            self.m._hist["prefill"].observe(ttft - queue)
+            self.m._hist["ttft"].observe(ttft)
             n_new -= 1  # the first token has no predecessor
             prev = rm.first_token_time
         else:
@@ -150,3 +170,5 @@ class RequestTracker:
         rm = getattr(out, "metrics", None)
         if outcome == "completed" and rm is not None and rm.finished_time is not None:
             self.m._hist["e2e"].observe(max(0.0, rm.finished_time - self.arrival))
+            if rm.first_token_time is not None:
+                self.m._hist["decode"].observe(max(0.0, rm.finished_time - rm.first_token_time))
