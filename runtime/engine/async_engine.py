@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 from modeldeploy.runtime.config import EngineConfig
@@ -29,6 +30,9 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        # Called on the engine thread with the seconds from an abort being requested (client gone,
+        # drain timeout) to the sequence's KV blocks being freed; the server turns it into a metric.
+        self.on_abort_release: Callable[[float], None] | None = None
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
         """Load in a worker thread (the event loop keeps serving health checks), then start stepping."""
@@ -81,11 +85,8 @@ class AsyncEngine:
             with self._lock:
                 self._queues.pop(request_id, None)
 
-    def abort(self, request_id: str, on_release: Callable[[float], None] | None = None) -> None:
-        """Abort within one step. `on_release(t)` gets the engine's monotonic time at which the
-        sequence's KV blocks were freed (called on the engine thread; not called when the request
-        had already finished), so the server can measure cancellation release from its own clocks."""
-        self._post("abort", (request_id, on_release))
+    def abort(self, request_id: str) -> None:
+        self._post("abort", (request_id, time.monotonic()))
 
     async def shutdown(self) -> None:
         self._stop = True
@@ -116,11 +117,12 @@ class AsyncEngine:
                 except ValueError as e:
                     self._deliver(e, rid)
             else:
-                rid, on_release = payload
+                rid, requested = payload
                 out = self.engine.abort(rid)
                 if out is not None:
-                    if on_release is not None and out.metrics.finished_time is not None:
-                        on_release(out.metrics.finished_time)
+                    released = out.metrics.finished_time
+                    if self.on_abort_release is not None and released is not None:
+                        self.on_abort_release(released - requested)
                     self._deliver(out, out.request_id)
 
     def _run(self) -> None:

@@ -43,6 +43,8 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
 
     def on_engine(e: Any) -> None:
         ctx.engine = e
+        if hasattr(e, "on_abort_release"):
+            e.on_abort_release = ctx.metrics.cancel_released
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

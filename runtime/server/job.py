@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -75,11 +74,7 @@ class Job:
         if self.tracker.done:
             return
         if self.final is None and self.agen is not None:
-            on_release = None
-            if client_gone:
-                noticed = time.monotonic()
-                on_release = lambda t: self.ctx.metrics.cancel_released(t - noticed)  # noqa: E731
-            self.ctx.engine.abort(self.rid, on_release=on_release)
+            self.ctx.engine.abort(self.rid)
             try:
                 await self.agen.aclose()
             except Exception:  # noqa: BLE001 - cleanup must finish

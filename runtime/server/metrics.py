@@ -10,8 +10,8 @@ Phases split each request at the engine's timestamps: queue (receipt to first sc
 prefill (first scheduling to first token), decode (first token to finish). Queue, prefill and
 TTFT are observed together at the first token, so TTFT = queue + prefill holds per request and
 in the histogram sums and counts (`modeldeploy bench` checks it). Cancellation release is the
-server noticing a client disconnect to the engine freeing that sequence's KV blocks, both on
-the server's own monotonic clock.
+server's abort of a sequence (its client went away, or the drain timeout hit) to the engine
+freeing that sequence's KV blocks, both on the server's own monotonic clock.
 
 Outcomes: completed (finished normally), cancelled (the client went away), invalid (the
 request's own fault: 400/401/404...), rejected (refused for capacity or state: 429 queue full,
@@ -103,7 +103,7 @@ class ServerMetrics:
             "decode": ("decode_time_seconds", "First to last token (completed requests)", _LAT),
             "release": (
                 "cancel_release_seconds",
-                "Client disconnect noticed by the server to the engine freeing its KV blocks",
+                "Abort of a sequence (client gone, drain timeout) to the engine freeing its KV blocks",
                 _RELEASE,
             ),
         }
