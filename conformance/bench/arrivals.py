@@ -43,5 +43,6 @@ def schedule(
     t, out = 0.0, []
     while len(out) < limit and (duration_s is None or t < duration_s):
         out.append(t)
-        t += gap(kind, rate, rng, burstiness)
+        # constant: i / rate exactly (summing 1/rate drifts, and a 1 s window would get 11 sends at 10/s)
+        t = len(out) / rate if kind == "constant" else t + gap(kind, rate, rng, burstiness)
     return out

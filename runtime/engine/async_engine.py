@@ -33,6 +33,7 @@ class AsyncEngine:
         # Called on the engine thread with the seconds from an abort being requested (client gone,
         # drain timeout) to the sequence's KV blocks being freed; the server turns it into a metric.
         self.on_abort_release: Callable[[float], None] | None = None
+        self.step_delay_s = 0.0  # test hook (server env MODELDEPLOY_STEP_DELAY_S): sleep after each step
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
         """Load in a worker thread (the event loop keeps serving health checks), then start stepping."""
@@ -135,6 +136,8 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._deliver(out, out.request_id)
+                if self.step_delay_s:
+                    time.sleep(self.step_delay_s)
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting request and to health
             self.error = e
             with self._lock:
