@@ -34,7 +34,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("MODELDEPLOY_API_KEY"), help="bearer token for /v1/*")
     p.add_argument("--model", default=None, help="model name (default: first in /v1/models of each URL)")
     p.add_argument(
-        "--endpoint", choices=["completions", "chat"], default="completions", help="streamed API to drive"
+        "--endpoint",
+        choices=["completions", "chat", "responses"],
+        default="completions",
+        help="streamed API to drive",
     )
     g = p.add_argument_group("rates and arrivals")
     g.add_argument("--rates", default=None, help="comma-separated offered rates in requests/s, e.g. 1,2,4,8")

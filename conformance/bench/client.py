@@ -25,7 +25,7 @@ class Settings:
     """What every request of a run shares."""
 
     model: str
-    endpoint: str = "completions"  # completions | chat
+    endpoint: str = "completions"  # completions | chat | responses
     ignore_eos: bool = False
     temperature: float = 0.0
     timeout_s: float = 120.0
@@ -62,18 +62,20 @@ class Record:
         return d
 
 
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
+
+
 def body(item: Item, s: Settings) -> dict[str, Any]:
-    b: dict[str, Any] = {
-        "model": s.model,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "temperature": s.temperature,
-    }
+    b: dict[str, Any] = {"model": s.model, "stream": True, "temperature": s.temperature}
+    if s.endpoint != "responses":  # the Responses API always reports usage, in response.completed
+        b["stream_options"] = {"include_usage": True}
     if item.output_tokens is not None:
-        b["max_tokens"] = item.output_tokens
+        b["max_output_tokens" if s.endpoint == "responses" else "max_tokens"] = item.output_tokens
     if s.ignore_eos:
         b["ignore_eos"] = True
-    if s.endpoint == "chat":
+    if s.endpoint == "responses":
+        b["input"] = item.messages or [{"role": "user", "content": item.prompt}]
+    elif s.endpoint == "chat":
         b["messages"] = item.messages or [{"role": "user", "content": item.prompt}]
     else:
         b["prompt"] = item.prompt
@@ -81,6 +83,8 @@ def body(item: Item, s: Settings) -> dict[str, Any]:
 
 
 def _text_of(chunk: dict[str, Any]) -> str:
+    if chunk.get("type") == "response.output_text.delta":
+        return chunk.get("delta") or ""
     for c in chunk.get("choices") or []:
         if c.get("text"):
             return c["text"]
@@ -91,6 +95,8 @@ def _text_of(chunk: dict[str, Any]) -> str:
 
 
 def _finish_of(chunk: dict[str, Any]) -> str | None:
+    if chunk.get("type") == "response.completed":
+        return (chunk.get("response") or {}).get("status")
     for c in chunk.get("choices") or []:
         if c.get("finish_reason"):
             return c["finish_reason"]
@@ -107,7 +113,7 @@ async def send(
     cancel: bool,
 ) -> Record:
     """Send one streamed request; with `cancel`, close the stream right after the first token."""
-    path = "/v1/chat/completions" if s.endpoint == "chat" else "/v1/completions"
+    path = PATHS[s.endpoint]
     rec = Record(index, item.shape, scheduled_s, max_tokens=item.output_tokens)
     start = time.monotonic()
     rec.sent_s = start - t0
@@ -128,9 +134,10 @@ async def send(
                     break
                 now = time.monotonic()
                 chunk = json.loads(data)
-                if chunk.get("usage"):
-                    rec.prompt_tokens = chunk["usage"].get("prompt_tokens")
-                    rec.output_tokens = chunk["usage"].get("completion_tokens")
+                usage = chunk.get("usage") or (chunk.get("response") or {}).get("usage")
+                if usage:  # chat/completions name them prompt/completion, responses input/output
+                    rec.prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
+                    rec.output_tokens = usage.get("completion_tokens", usage.get("output_tokens"))
                 rec.finish_reason = _finish_of(chunk) or rec.finish_reason
                 if not _text_of(chunk):
                     continue

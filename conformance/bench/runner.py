@@ -33,7 +33,7 @@ class BenchConfig:
     names: list[str] = field(default_factory=list)  # labels in reports (default A, B, C ...)
     api_key: str | None = None
     model: str | None = None
-    endpoint: str = "completions"  # completions | chat (always streamed)
+    endpoint: str = "completions"  # completions | chat | responses (always streamed)
     rates: list[float] = field(default_factory=list)
     find_capacity: bool = False
     capacity_fraction: float = 0.9  # a rate passes when good / sent >= this (and aggregate SLOs hold)
@@ -72,8 +72,8 @@ class BenchConfig:
             raise ValueError("give --rates or --find-capacity")
         if self.find_capacity and self.rates:
             raise ValueError("--rates and --find-capacity exclude each other")
-        if self.endpoint not in ("completions", "chat"):
-            raise ValueError(f"--endpoint: {self.endpoint!r} is not completions or chat")
+        if self.endpoint not in ("completions", "chat", "responses"):
+            raise ValueError(f"--endpoint: {self.endpoint!r} is not completions, chat or responses")
         if self.arrival not in arrivals.KINDS:
             raise ValueError(f"--arrival: {self.arrival!r} is not one of {', '.join(arrivals.KINDS)}")
         if not 0.0 <= self.cancel_fraction <= 1.0:
