@@ -66,6 +66,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--mix", default=None, help="name:weight:prompt_tokens:output_tokens,... (default 70/25/5)"
     )
     w.add_argument(
+        "--length-jitter", type=float, default=0.1, help="synthetic lengths: up to this share shorter"
+    )
+    w.add_argument(
         "--dataset", default=None, help="JSONL of prompts/chats (optional output_tokens) or ShareGPT JSON"
     )
     w.add_argument("--tokenizer", default=None, help="dir with tokenizer.json: count tokens (else estimate)")
@@ -127,6 +130,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         warmup=args.warmup,
         seed=args.seed,
         mix=W.parse_mix(args.mix) if args.mix else W.DEFAULT_MIX,
+        length_jitter=args.length_jitter,
         dataset=args.dataset,
         tokenizer=args.tokenizer,
         ignore_eos=args.ignore_eos,

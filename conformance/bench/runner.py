@@ -47,6 +47,7 @@ class BenchConfig:
     warmup: int = 4  # requests per URL before the first rate, not recorded
     seed: int = 0
     mix: tuple[W.Shape, ...] = W.DEFAULT_MIX
+    length_jitter: float = 0.1  # synthetic lengths drawn from [1 - jitter, 1] x the shape's
     dataset: str | None = None
     tokenizer: str | None = None
     ignore_eos: bool | None = None  # None: on where the server is known to support it (modeldeploy)
@@ -76,6 +77,8 @@ class BenchConfig:
             raise ValueError(f"--endpoint: {self.endpoint!r} is not completions, chat or responses")
         if self.arrival not in arrivals.KINDS:
             raise ValueError(f"--arrival: {self.arrival!r} is not one of {', '.join(arrivals.KINDS)}")
+        if not 0.0 <= self.length_jitter < 1.0:
+            raise ValueError(f"--length-jitter: must be in [0, 1), got {self.length_jitter}")
         if not 0.0 <= self.cancel_fraction <= 1.0:
             raise ValueError(f"--cancel-fraction: must be in [0, 1], got {self.cancel_fraction}")
         if not 0.0 < self.capacity_fraction <= 1.0:
@@ -154,7 +157,7 @@ class Bench:
         if self.dataset is not None:
             items = W.sample(self.dataset, len(offsets), rng)
         else:
-            items = W.synthetic(self.cfg.mix, len(offsets), rng, self.counter)
+            items = W.synthetic(self.cfg.mix, len(offsets), rng, self.counter, self.cfg.length_jitter)
         cancels = [rng.random() < self.cfg.cancel_fraction for _ in offsets]
         return offsets, items, cancels
 

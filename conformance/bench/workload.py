@@ -117,14 +117,16 @@ class Item:
         return d
 
 
-def synthetic(shapes: tuple[Shape, ...], n: int, rng: random.Random, counter: TokenCounter) -> list[Item]:
-    """n requests drawn from the mix by weight; lengths jittered +-10 % so batches are not uniform."""
+def synthetic(
+    shapes: tuple[Shape, ...], n: int, rng: random.Random, counter: TokenCounter, jitter: float = 0.1
+) -> list[Item]:
+    """n requests drawn from the mix by weight; lengths cut by up to `jitter` so batches are not uniform."""
     weights = [s.weight for s in shapes]
     out = []
     for _ in range(n):
         s = rng.choices(shapes, weights)[0]
-        p = max(1, round(s.prompt_tokens * rng.uniform(0.9, 1.0)))
-        o = max(1, round(s.output_tokens * rng.uniform(0.9, 1.0)))
+        p = max(1, round(s.prompt_tokens * rng.uniform(1.0 - jitter, 1.0)))
+        o = max(1, round(s.output_tokens * rng.uniform(1.0 - jitter, 1.0)))
         text = counter.text_of(rng, p)
         out.append(Item(s.name, text, counter.count(text), o))
     return out
