@@ -50,7 +50,7 @@ class BenchConfig:
     length_jitter: float = 0.1  # synthetic lengths drawn from [1 - jitter, 1] x the shape's
     dataset: str | None = None
     tokenizer: str | None = None
-    ignore_eos: bool | None = None  # None: on where the server is known to support it (modeldeploy)
+    ignore_eos: bool | None = None  # None: on when every target is known to support it (modeldeploy)
     cancel_fraction: float = 0.0
     slo: dict[str, float] = field(default_factory=lambda: dict(stats.DEFAULT_SLO))
     temperature: float = 0.0
@@ -162,7 +162,11 @@ class Bench:
         return offsets, items, cancels
 
     def settings(self, t: Target) -> Settings:
-        ignore = t.is_modeldeploy if self.cfg.ignore_eos is None else self.cfg.ignore_eos
+        """The same request settings for every target (only the model name differs): a compare
+        where one side stops at EOS and the other does not would compare different work."""
+        ignore = self.cfg.ignore_eos
+        if ignore is None:
+            ignore = all(x.is_modeldeploy for x in self.targets)
         return Settings(t.model, self.cfg.endpoint, ignore, self.cfg.temperature, self.cfg.timeout_s)
 
     # ---- one rate on one URL ----------------------------------------------------------------
