@@ -8,10 +8,10 @@ OUT ?= out
 
 setup: .venv/.installed
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml devtools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[runtime,dev]'
+	$(PIP) install -q -e '.[runtime,dev]' -e devtools
 	touch $@
 
 test: setup cluster-build
@@ -52,7 +52,7 @@ example-model: setup
 # Local Kubernetes (e2e/cluster): pinned etcd/kube-*/kwok/helm compiled from Go modules into
 # ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".
 cluster-build:
-	bash e2e/cluster/build.sh
+	bash devtools/modeldeploy_dev/cluster/build.sh
 
 cluster: setup cluster-build
 	$(PY) -m modeldeploy cluster up

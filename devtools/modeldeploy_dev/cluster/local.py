@@ -3,7 +3,7 @@
 kwokctl (`create cluster --runtime binary`) owns certificates, ports, component flags, pid files
 and process lifecycles of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the
 kwok controller; we only point it at the binaries `build.sh` compiled. What kwokctl cannot do is
-run real pods, so the process node (`modeldeploy.e2e.procnode`) is started here as one more
+run real pods, so the process node (`modeldeploy_dev.procnode`) is started here as one more
 background process with its own pid file, and `down` stops it before deleting the cluster.
 """
 
@@ -247,12 +247,12 @@ class LocalCluster:
                     )
             self._write_kubeconfig()
             self.settings_file.write_text(json.dumps(dataclasses.asdict(self.s)))
-            from modeldeploy.e2e.cluster.nodes import apply_nodes
+            from modeldeploy_dev.cluster.nodes import apply_nodes
 
             apply_nodes(str(self.kubeconfig), self.s)
             if self.procnode_pid() is None:
                 self._start_procnode()
-            from modeldeploy.e2e.cluster.nodes import wait_ready
+            from modeldeploy_dev.cluster.nodes import wait_ready
 
             wait_ready(str(self.kubeconfig), self.s, timeout=90)
         dt = time.monotonic() - t0
@@ -270,7 +270,7 @@ class LocalCluster:
         cmd = [
             sys.executable,
             "-m",
-            "modeldeploy.e2e.procnode",
+            "modeldeploy_dev.procnode",
             "--kubeconfig",
             str(self.kubeconfig),
             "--node",
@@ -304,8 +304,8 @@ class LocalCluster:
                 if not _wait_gone(pid, 60):
                     os.kill(pid, signal.SIGKILL)
                     _wait_gone(pid, 5)
-            from modeldeploy.e2e.procnode.net import Network
-            from modeldeploy.e2e.procnode.pids import kill_leftovers
+            from modeldeploy_dev.procnode.net import Network
+            from modeldeploy_dev.procnode.pids import kill_leftovers
 
             if left := kill_leftovers(self.procnode_dir):  # a crashed node leaves pod processes
                 log(f"[cluster] killed leftover pod processes {left}")
