@@ -158,7 +158,7 @@ def summarize(rs: list[Record], slo: dict[str, float], rate: float) -> dict[str,
         "requests": len(rs),
         "outcomes": _outcomes(rs),
         "window_s": window,
-        "offered_rps": len(rs) / window if rs else 0.0,
+        "offered_rps": offered_rps(rs, rate),
         "throughput_rps": len(completed) / window,
         "output_tok_s": out_tokens / window,
         "goodput_rps": len(good) / window,
@@ -177,6 +177,15 @@ def summarize(rs: list[Record], slo: dict[str, float], rate: float) -> dict[str,
     }
     s["slo_flags"] = slo_flags(s, slo)
     return s
+
+
+def offered_rps(rs: Sequence[Record], rate: float) -> float:
+    """The rate really offered: sends over the send span (a short Poisson sample strays from the
+    nominal rate), not over the whole window, which a slow server's backlog would stretch."""
+    sent = sorted(r.sent_s for r in rs)
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return rate
+    return (len(sent) - 1) / (sent[-1] - sent[0])
 
 
 def slo_flags(s: dict[str, Any], slo: dict[str, float]) -> dict[str, dict[str, Any]]:
