@@ -189,3 +189,12 @@ def test_config_errors_name_the_flag():
     ):
         with pytest.raises(ValueError, match=msg):
             BenchConfig(**kw).validate()
+
+
+def test_offered_rate_is_sends_over_the_send_span_not_the_backlog():
+    rs = [_rec(i, 0.1, 0.01) for i in range(5)]
+    for i, r in enumerate(rs):
+        r.sent_s, r.e2e = i * 0.5, 30.0  # a slow server: every answer 30 s later
+    s = stats.summarize(rs, {"ttft": 1.0}, rate=2.0)
+    assert s["offered_rps"] == 2.0 and s["window_s"] == 32.0
+    assert stats.offered_rps(rs[:1], 3.0) == 3.0  # one send: the nominal rate
