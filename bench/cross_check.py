@@ -101,6 +101,7 @@ def run_md(url: str, args: argparse.Namespace, seed: int) -> dict[str, float | N
         warmup=0,
         seed=seed,
         bootstrap=10,
+        scrape_interval_s=args.scrape_interval,
     )
     before = scrape(url)
     bench = Bench(cfg, [probe(url)])
@@ -191,6 +192,9 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument(
+        "--scrape-interval", type=float, default=0.5, help="modeldeploy bench's /metrics peak sampling"
+    )
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     if not Path(args.model, "config.json").exists():
