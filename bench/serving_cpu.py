@@ -76,6 +76,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=12)
     p.add_argument("--skip", action="append", default=[], choices=["compare", "capacity", "tiny", "md30m"])
     p.add_argument(
+        "--threads", type=int, default=None, help="OMP_NUM_THREADS for both servers (default: torch's)"
+    )
+    p.add_argument(
         "--hf-capacity", action="store_true", help="also search transformers serve's capacity (slow)"
     )
     a = p.parse_args()
@@ -91,6 +94,7 @@ def main() -> int:
             check=True,
         )
     procs = []
+    threads = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
     try:
         md_port, hf_port, tiny_port = _port(), _port(), _port()
         md = start(
@@ -108,6 +112,7 @@ def main() -> int:
             ]
             + ["--served-model-name", "llama30m", "--bundle-id", "md-30m", "--max-queue", "256"],
             out / "md30m.log",
+            threads,
         )
         procs.append(md)
         md_url = f"http://127.0.0.1:{md_port}"
@@ -124,7 +129,7 @@ def main() -> int:
             ]
             + [str(Path(a.model30m).resolve())],
             out / "hf30m.log",
-            {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **threads},
         )
         procs.append(hf)
         hf_url = f"http://127.0.0.1:{hf_port}"
