@@ -75,6 +75,7 @@ def main() -> int:
     p.add_argument("--rates", default="0.25,0.5,1,2,4")
     p.add_argument("--requests", type=int, default=12)
     p.add_argument("--skip", action="append", default=[], choices=["compare", "capacity", "tiny", "md30m"])
+    p.add_argument("--start-rate", type=float, default=0.5, help="side-by-side capacity search: first probe")
     p.add_argument(
         "--threads", type=int, default=None, help="OMP_NUM_THREADS for both servers (default: torch's)"
     )
@@ -156,7 +157,7 @@ def main() -> int:
                     *common,
                     "--find-capacity",
                     "--start-rate",
-                    "0.5",
+                    str(a.start_rate),
                     "--max-rate",
                     "64",
                     "--requests",
