@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("modeldeploy.fetch", "download a model over http(s) and verify its digest (init container)"),
     "serve": ("modeldeploy.runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
     "conformance": ("modeldeploy.conformance.cli", "run the serving-contract suite against a server URL"),
+    "bench": (
+        "modeldeploy.conformance.bench.cli",
+        "open-loop goodput at SLO for OpenAI-compatible URLs; 2+ URLs: compare",
+    ),
     "rollout": (
         "modeldeploy.operator.rollout_cli",
         "rollout controls: status|promote|abort|rollback NAME [-n NS] [--to BUNDLE]",

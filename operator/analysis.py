@@ -14,85 +14,14 @@ Error rate counts errors and capacity refusals; requests refused as the client's
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+# Metric names, outcome classes and histogram arithmetic are shared with `modeldeploy bench`
+# (conformance/measures.py), so the canary analysis and the offline compare mean the same thing.
+from modeldeploy.conformance import measures
+from modeldeploy.conformance.measures import FAILED, INVALID, ITL, REQUESTS, TTFT, Histogram
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.api import Analysis, AnalysisResult, MetricVerdict
-
-TTFT = "modeldeploy_time_to_first_token_seconds"
-ITL = "modeldeploy_inter_token_latency_seconds"
-REQUESTS = "modeldeploy_requests_total"
-FAILED = ("error", "rejected")  # outcomes a user sees as failure (cancelled is the client's choice)
-INVALID = "invalid"  # the request's own fault: a failure only beyond the stable bundle's rate
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """Cumulative buckets (le, count) sorted by le, the last one +Inf."""
-
-    buckets: tuple[tuple[float, float], ...] = ()
-    count: float = 0.0
-    total: float = 0.0
-
-    @classmethod
-    def from_metrics(cls, m: Metrics, name: str, bundle: str) -> Histogram:
-        rows: dict[float, float] = {}
-        for s in m.samples:
-            if s.name == name + "_bucket" and s.labels.get("bundle") == bundle:
-                le = float(s.labels["le"])
-                rows[le] = rows.get(le, 0.0) + s.value
-        return cls(
-            tuple(sorted(rows.items())),
-            m.get(name + "_count", bundle=bundle) or 0.0,
-            m.get(name + "_sum", bundle=bundle) or 0.0,
-        )
-
-    def __add__(self, other: Histogram) -> Histogram:
-        if not self.buckets:
-            return other
-        if not other.buckets:
-            return self
-        b = tuple((le, c + dict(other.buckets).get(le, 0.0)) for le, c in self.buckets)
-        return Histogram(b, self.count + other.count, self.total + other.total)
-
-    def since(self, earlier: Histogram) -> Histogram:
-        """This scrape minus an earlier one; a restarted pod (counts went down) counts from zero."""
-        if earlier.count > self.count or not earlier.buckets:
-            return self
-        prev = dict(earlier.buckets)
-        return Histogram(
-            tuple((le, c - prev.get(le, 0.0)) for le, c in self.buckets),
-            self.count - earlier.count,
-            self.total - earlier.total,
-        )
-
-    def quantile(self, q: float) -> float | None:
-        """PromQL histogram_quantile: linear within the bucket; +Inf bucket -> highest finite bound."""
-        if self.count <= 0 or not self.buckets:
-            return None
-        rank = q * self.count
-        lo_le, lo_c = 0.0, 0.0
-        for le, c in self.buckets:
-            if c >= rank:
-                if math.isinf(le):
-                    return lo_le
-                return lo_le + (le - lo_le) * ((rank - lo_c) / (c - lo_c) if c > lo_c else 1.0)
-            lo_le, lo_c = le, c
-        return lo_le
-
-    def share_le(self, x: float) -> float | None:
-        """Share of observations <= x, interpolating linearly inside the bucket holding x."""
-        if self.count <= 0 or not self.buckets:
-            return None
-        lo_le, lo_c = 0.0, 0.0
-        for le, c in self.buckets:
-            if x <= le:
-                if math.isinf(le):
-                    return lo_c / self.count
-                return (lo_c + (c - lo_c) * (x - lo_le) / (le - lo_le)) / self.count
-            lo_le, lo_c = le, c
-        return 1.0
 
 
 @dataclass(frozen=True)
@@ -134,8 +63,7 @@ class CohortSample:
         return self.outcomes.get("completed", 0.0) + sum(self.outcomes.get(o, 0.0) for o in FAILED)
 
     def error_rate(self) -> float | None:
-        n = self.finished
-        return sum(self.outcomes.get(o, 0.0) for o in FAILED) / n if n else None
+        return measures.error_rate(self.outcomes)
 
     def invalid_rate(self) -> float | None:
         n = self.finished + self.outcomes.get(INVALID, 0.0)
@@ -194,7 +122,7 @@ def analyze(
         err += max(0.0, inv_c - (inv_s or 0.0))
     verdicts = [
         _ratio_check(
-            "ttft_p95_seconds",
+            measures.TTFT_P95,
             stable.ttft.quantile(0.95),
             canary.ttft.quantile(0.95),
             cfg.max_ttft_p95_ratio,
@@ -202,7 +130,7 @@ def analyze(
             enough,
         ),
         _ratio_check(
-            "inter_token_latency_p95_seconds",
+            measures.ITL_P95,
             stable.itl.quantile(0.95),
             canary.itl.quantile(0.95),
             cfg.max_inter_token_p95_ratio,
@@ -210,7 +138,7 @@ def analyze(
             enough,
         ),
         MetricVerdict(
-            metric="error_rate",
+            metric=measures.ERROR_RATE,
             stable=stable.error_rate(),
             canary=err,
             threshold=cfg.max_error_rate,
@@ -220,7 +148,7 @@ def analyze(
             else ("Fail" if err > cfg.max_error_rate else "Pass"),
         ),
         _ratio_check(
-            "goodput",
+            measures.GOODPUT,
             stable.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
             canary.goodput(cfg.slo.ttft_seconds, cfg.slo.inter_token_seconds),
             cfg.min_goodput_ratio,

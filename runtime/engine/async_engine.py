@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,10 @@ class AsyncEngine:
         self._compile_pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
         )
+        # Called on the engine thread with the seconds from an abort being requested (client gone,
+        # drain timeout) to the sequence's KV blocks being freed; the server turns it into a metric.
+        self.on_abort_release: Callable[[float], None] | None = None
+        self.step_delay_s = 0.0  # test hook (server env MODELDEPLOY_STEP_DELAY_S): sleep after each step
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
         """Load in a worker thread (the event loop keeps serving health checks), then start stepping."""
@@ -103,7 +108,7 @@ class AsyncEngine:
         return await loop.run_in_executor(self._compile_pool, self.engine.grammars.compile, params.structured)
 
     def abort(self, request_id: str) -> None:
-        self._post("abort", (request_id,))
+        self._post("abort", (request_id, time.monotonic()))
 
     async def shutdown(self) -> None:
         self._stop = True
@@ -135,7 +140,11 @@ class AsyncEngine:
                 except ValueError as e:
                     self._deliver(e, rid)
             else:
-                for out in self.engine.abort(payload[0]):
+                rid, requested = payload
+                for out in self.engine.abort(rid):  # n > 1: every choice of the request
+                    released = out.metrics.finished_time
+                    if self.on_abort_release is not None and released is not None:
+                        self.on_abort_release(released - requested)
                     self._deliver(out, out.request_id)
 
     def _run(self) -> None:
@@ -148,6 +157,8 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._deliver(out, out.request_id)
+                if self.step_delay_s:
+                    time.sleep(self.step_delay_s)
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting request and to health
             self.error = e
             with self._lock:

@@ -46,6 +46,10 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
 
     def on_engine(e: Any) -> None:
         ctx.engine = e
+        if hasattr(e, "on_abort_release"):
+            e.on_abort_release = ctx.metrics.cancel_released
+        if cfg.step_delay_s:
+            e.step_delay_s = cfg.step_delay_s  # test hook: a deliberately slowed server
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

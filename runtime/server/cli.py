@@ -5,8 +5,10 @@ first SIGTERM/SIGINT the server keeps listening but reports 503 on /health/ready
 refuses new requests, lets admitted requests (streams too) finish within --drain-timeout,
 then exits 0. A second signal exits at once.
 
-Test hook: env MODELDEPLOY_LOAD_DELAY_S (or the hidden flag --load-delay S) waits S seconds
-before loading, so readiness-during-load can be observed on a tiny model.
+Test hooks: env MODELDEPLOY_LOAD_DELAY_S (or the hidden flag --load-delay S) waits S seconds
+before loading, so readiness-during-load can be observed on a tiny model; env
+MODELDEPLOY_STEP_DELAY_S (or --step-delay S) sleeps S seconds after every engine step, a
+deliberately slowed server for `modeldeploy bench` compare tests. Never set them in production.
 """
 
 from __future__ import annotations
@@ -91,6 +93,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=float(os.environ.get("MODELDEPLOY_LOAD_DELAY_S", "0")),
         help=argparse.SUPPRESS,
     )
+    p.add_argument(
+        "--step-delay",
+        type=float,
+        default=float(os.environ.get("MODELDEPLOY_STEP_DELAY_S", "0")),
+        help=argparse.SUPPRESS,
+    )
 
 
 def build_config(args: argparse.Namespace):
@@ -133,6 +141,7 @@ def build_config(args: argparse.Namespace):
         api_key=args.api_key,
         drain_timeout_s=args.drain_timeout,
         load_delay_s=args.load_delay,
+        step_delay_s=args.step_delay,
         engine_build=args.engine_build,
         model_revision=args.model_revision,
     )

@@ -14,6 +14,7 @@ class ServerConfig:
     api_key: str | None = None  # bearer token for /v1/*; health and metrics stay open
     drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     load_delay_s: float = 0.0  # test hook (env MODELDEPLOY_LOAD_DELAY_S): wait before loading
+    step_delay_s: float = 0.0  # test hook (env MODELDEPLOY_STEP_DELAY_S): sleep after every engine step
     engine_build: str = ""  # engine image digest / build id, a metric label
     model_revision: str = ""  # bundle.model.revision, a metric label
     retry_after_s: int = 1  # Retry-After sent with 429 / 503
@@ -25,5 +26,7 @@ class ServerConfig:
             raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout_s}")
         if self.load_delay_s < 0:
             raise ValueError(f"load delay must be >= 0, got {self.load_delay_s}")
+        if self.step_delay_s < 0:
+            raise ValueError(f"step delay must be >= 0, got {self.step_delay_s}")
         if not self.served_model_name:
             raise ValueError("--served-model-name must not be empty")

@@ -8,6 +8,13 @@ from the engine's `RequestOutput.metrics` timestamps (time.monotonic), measured 
 moment the server received the request, so queue time includes admission waiting.
 Engine totals (tokens, preemptions, KV usage) are read from `engine.stats()` at scrape.
 
+Phases split each request at the engine's timestamps: queue (receipt to first scheduling),
+prefill (first scheduling to first token), decode (first token to finish). Queue, prefill and
+TTFT are observed together at the first token, so TTFT = queue + prefill holds per request and
+in the histogram sums and counts (`modeldeploy bench` checks it). Cancellation release is the
+server's abort of a sequence (its client went away, or the drain timeout hit) to the engine
+freeing that sequence's KV blocks, both on the server's own monotonic clock.
+
 Outcomes: completed (finished normally), cancelled (the client went away), invalid (the
 request's own fault: 400/401/404...), rejected (refused for capacity or state: 429 queue full,
 503 loading/draining), error (engine failure, a 5xx, or aborted by the drain timeout). Canary
@@ -37,6 +44,7 @@ def refusal_outcome(status: int) -> str:
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_RELEASE = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class _Live:
@@ -112,6 +120,13 @@ class ServerMetrics:
             "itl": ("inter_token_latency_seconds", "Time between consecutive generated tokens", _ITL),
             "e2e": ("request_latency_seconds", "Request receipt to last token (completed requests)", _LAT),
             "queue": ("queue_time_seconds", "Request receipt to first scheduling by the engine", _LAT),
+            "prefill": ("prefill_time_seconds", "First scheduling to first generated token", _LAT),
+            "decode": ("decode_time_seconds", "First to last token (completed requests)", _LAT),
+            "release": (
+                "cancel_release_seconds",
+                "Abort of a sequence (client gone, drain timeout) to the engine freeing its KV blocks",
+                _RELEASE,
+            ),
         }
         self._families = {
             k: Histogram(f"modeldeploy_{n}", d, names, buckets=b, registry=self.registry)
@@ -152,6 +167,11 @@ class ServerMetrics:
     def tracker(self, arrival: float, adapter: str = "") -> RequestTracker:
         return RequestTracker(self, arrival, adapter)
 
+    def cancel_released(self, seconds: float) -> None:
+        """One aborted sequence's release time (thread-safe: called on the engine thread, which
+        does not know the request's adapter: these are all under adapter="")."""
+        self.hist("release").observe(max(0.0, seconds))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -162,21 +182,22 @@ class RequestTracker:
     def __init__(self, metrics: ServerMetrics, arrival: float, adapter: str = ""):
         self.m, self.arrival, self.adapter = metrics, arrival, adapter
         self._last_token_time: float | None = None
-        self._scheduled = False
         self.done = False
 
     def observe(self, out: Any) -> None:
         rm = getattr(out, "metrics", None)
         if rm is None:
             return
-        if not self._scheduled and rm.first_scheduled_time is not None:
-            self._scheduled = True
-            self.m.hist("queue", self.adapter).observe(max(0.0, rm.first_scheduled_time - self.arrival))
         n_new = len(out.new_token_ids)
         if n_new == 0 or rm.last_token_time is None:
             return
         if self._last_token_time is None:
-            self.m.hist("ttft", self.adapter).observe(max(0.0, rm.first_token_time - self.arrival))
+            ttft = max(0.0, rm.first_token_time - self.arrival)
+            sched = rm.first_scheduled_time if rm.first_scheduled_time is not None else rm.first_token_time
+            queue = min(max(0.0, sched - self.arrival), ttft)  # clamped: queue + prefill == ttft exactly
+            self.m.hist("queue", self.adapter).observe(queue)
+            self.m.hist("prefill", self.adapter).observe(ttft - queue)
+            self.m.hist("ttft", self.adapter).observe(ttft)
             n_new -= 1  # the first token has no predecessor
             prev = rm.first_token_time
         else:
@@ -196,3 +217,5 @@ class RequestTracker:
         rm = getattr(out, "metrics", None)
         if outcome == "completed" and rm is not None and rm.finished_time is not None:
             self.m.hist("e2e", self.adapter).observe(max(0.0, rm.finished_time - self.arrival))
+            if rm.first_token_time is not None:
+                self.m.hist("decode", self.adapter).observe(max(0.0, rm.finished_time - rm.first_token_time))

@@ -1,0 +1,238 @@
+"""Open-loop serving on CPU: modeldeploy vs `transformers serve --continuous-batching`, and capacities.
+
+Runs `modeldeploy bench` (the product's own client) against:
+1. one compare run, interleaved per rate: `modeldeploy serve` and HF's `transformers serve
+   --continuous-batching` on the same ~30M-parameter llama-shaped random model, HF given the same
+   KV capacity and step budget as ours (block 16, our effective num_kv_blocks, 2048 tokens);
+   ignore_eos off for both (HF refuses it), greedy, so both generate the same tokens;
+2. `--find-capacity` at the operator's default SLO (TTFT 1 s, TPOT 0.1 s) on the side-by-side
+   workload: for modeldeploy always; for transformers only with `--hf-capacity` (on this CPU every
+   one of its requests misses the SLO even alone, so the search walks down to start/16 at up to
+   3 minutes of drain per probe; the compare run's lowest rate already shows it);
+3. `--find-capacity` of modeldeploy alone for the demo's tiny model and for the 30M model with
+   the default 70/25/5 mix.
+Records (JSON + PNG) go to --out; bench/results/serving_cpu.md is written from them by hand.
+
+  .venv/bin/python bench/serving_cpu.py --out bench/results/serving_cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+HF_SERVE = "import sys; from transformers.cli.transformers import main; sys.argv=['transformers']+sys.argv[1:]; sys.exit(main())"
+SMALL_MIX = (
+    "short:0.7:64:16,medium:0.25:128:32,long:0.05:256:64"  # HF's CPU paged path is slow: short outputs
+)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
+
+
+def wait(url: str, path: str, proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + path, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready in {timeout_s} s")
+
+
+def bench(*args: str) -> None:
+    cmd = [sys.executable, "-m", "modeldeploy", "bench", *args]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", default="out/tiny")
+    p.add_argument("--model30m", default="out/llama30m")
+    p.add_argument("--out", default="bench/results/serving_cpu")
+    p.add_argument("--rates", default="0.25,0.5,1,2,4")
+    p.add_argument("--requests", type=int, default=12)
+    p.add_argument("--skip", action="append", default=[], choices=["compare", "capacity", "tiny", "md30m"])
+    p.add_argument("--start-rate", type=float, default=0.5, help="side-by-side capacity search: first probe")
+    p.add_argument(
+        "--threads", type=int, default=None, help="OMP_NUM_THREADS for both servers (default: torch's)"
+    )
+    p.add_argument(
+        "--hf-capacity", action="store_true", help="also search transformers serve's capacity (slow)"
+    )
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    if not Path(a.tiny, "config.json").exists():
+        subprocess.run([py, "-m", "modeldeploy", "tiny-model", a.tiny, "--seed", "0"], check=True)
+    if not Path(a.model30m, "config.json").exists():
+        subprocess.run(
+            [py, "-m", "modeldeploy", "tiny-model", a.model30m, "--seed", "0", "--hidden-size", "576"]
+            + ["--layers", "10", "--heads", "9", "--kv-heads", "3"],
+            check=True,
+        )
+    procs = []
+    threads = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
+    try:
+        md_port, hf_port, tiny_port = _port(), _port(), _port()
+        md = start(
+            [
+                py,
+                "-m",
+                "modeldeploy",
+                "serve",
+                "--model",
+                a.model30m,
+                "--port",
+                str(md_port),
+                "--device",
+                "cpu",
+            ]
+            + ["--served-model-name", "llama30m", "--bundle-id", "md-30m", "--max-queue", "256"],
+            out / "md30m.log",
+            threads,
+        )
+        procs.append(md)
+        md_url = f"http://127.0.0.1:{md_port}"
+        wait(md_url, "/health/ready", md, out / "md30m.log")
+        eff = httpx.get(md_url + "/v1/bundle").json()["engine_config"]
+        hf = start(
+            [py, "-c", HF_SERVE, "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32"]
+            + ["--port", str(hf_port), "--cb-block-size", str(eff["block_size"])]
+            + [
+                "--cb-num-blocks",
+                str(eff["num_kv_blocks"]),
+                "--cb-max-batch-tokens",
+                str(eff["max_num_batched_tokens"]),
+            ]
+            + [str(Path(a.model30m).resolve())],
+            out / "hf30m.log",
+            {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **threads},
+        )
+        procs.append(hf)
+        hf_url = f"http://127.0.0.1:{hf_port}"
+        wait(hf_url, "/v1/models", hf, out / "hf30m.log")
+        both = [md_url, hf_url, "--name", "modeldeploy", "--name", "transformers", "--no-ignore-eos"]
+        common = ["--tokenizer", a.model30m, "--mix", SMALL_MIX, "--drain-timeout", "180", "--timeout", "300"]
+        if "compare" not in a.skip:
+            bench(
+                *both,
+                *common,
+                "--rates",
+                a.rates,
+                "--requests",
+                str(a.requests),
+                "--json",
+                str(out / "compare.json"),
+                "--plot",
+                str(out / "compare.png"),
+            )
+        if "capacity" not in a.skip:
+            for tag, slo in (("default_slo", "ttft=1,tpot=0.1"),):
+                bench(
+                    *(both if a.hf_capacity else [md_url, "--no-ignore-eos"]),
+                    *common,
+                    "--find-capacity",
+                    "--start-rate",
+                    str(a.start_rate),
+                    "--max-rate",
+                    "64",
+                    "--requests",
+                    str(a.requests),
+                    "--duration",
+                    "30",
+                    "--search-steps",
+                    "2",
+                    "--slo",
+                    slo,
+                    "--json",
+                    str(out / f"capacity_{tag}.json"),
+                )
+        hf.kill()
+        if "md30m" not in a.skip:
+            bench(
+                md_url,
+                "--find-capacity",
+                "--tokenizer",
+                a.model30m,
+                "--requests",
+                "60",
+                "--duration",
+                "20",
+                "--json",
+                str(out / "capacity_md30m_mix.json"),
+                "--plot",
+                str(out / "capacity_md30m_mix.png"),
+            )
+        md.kill()
+        if "tiny" not in a.skip:
+            tiny = start(
+                [
+                    py,
+                    "-m",
+                    "modeldeploy",
+                    "serve",
+                    "--model",
+                    a.tiny,
+                    "--port",
+                    str(tiny_port),
+                    "--device",
+                    "cpu",
+                ]
+                + ["--served-model-name", "tiny", "--bundle-id", "demo-tiny", "--max-queue", "256"],
+                out / "tiny.log",
+            )
+            procs.append(tiny)
+            tiny_url = f"http://127.0.0.1:{tiny_port}"
+            wait(tiny_url, "/health/ready", tiny, out / "tiny.log")
+            bench(
+                tiny_url,
+                "--find-capacity",
+                "--tokenizer",
+                a.tiny,
+                "--start-rate",
+                "2",
+                "--requests",
+                "120",
+                "--duration",
+                "15",
+                "--json",
+                str(out / "capacity_tiny_mix.json"),
+                "--plot",
+                str(out / "capacity_tiny_mix.png"),
+            )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    for f in sorted(out.glob("capacity_*.json")):
+        print(f.name, json.dumps({k: v["rate"] for k, v in json.loads(f.read_text())["capacity"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
