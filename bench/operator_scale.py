@@ -164,7 +164,10 @@ def _wait_gone(core: client.CoreV1Api, ns: str, timeout: float = 180) -> None:
             return e.status == 404
         return False
 
-    wait_until(gone, timeout, 1, f"namespace {ns} to be deleted")
+    try:
+        wait_until(gone, timeout, 1, f"namespace {ns} to be deleted")
+    except TimeoutError as e:  # best effort: the nodes and the ServiceCIDR are removed all the same
+        print(f"warning: {e}", file=sys.stderr)
 
 
 def _ignore_409(fn) -> None:
