@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model
+.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build
 
 setup: .venv/.installed
 
@@ -53,6 +53,11 @@ example-model: setup
 # ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".
 cluster-build:
 	bash e2e/cluster/build.sh
+
+# The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
+# README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
+real-node-build:
+	bash e2e/cluster/build-node.sh
 
 cluster: setup cluster-build
 	$(PY) -m modeldeploy cluster up

@@ -100,6 +100,16 @@ class Settings:
     pod_cidr: str = field(
         default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.0.0/24")
     )
+    # the real worker node (realnode/): opt-in, because its first build compiles kubelet,
+    # kube-proxy, containerd and a registry (minutes on a cold Go cache)
+    real_node: bool = False
+    real_node_name: str = "real-0"
+    node_bridge: str = field(
+        default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NODE_BRIDGE", "mdrn0")
+    )
+    node_pod_cidr: str = field(
+        default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NODE_POD_CIDR", "10.244.200.0/24")
+    )
 
 
 class LocalCluster:
@@ -163,11 +173,26 @@ class LocalCluster:
     # --- build -----------------------------------------------------------------------------
     def build(self) -> None:
         """Compile whatever is missing (prints one line per binary); a no-op when all are cached."""
-        if not self.bins.missing():
-            return
-        subprocess.run(["bash", str(HERE / "build.sh")], check=True)
-        if missing := self.bins.missing():
-            raise RuntimeError(f"build.sh finished but these binaries are missing: {missing}")
+        if self.bins.missing():
+            subprocess.run(["bash", str(HERE / "build.sh")], check=True)
+            if missing := self.bins.missing():
+                raise RuntimeError(f"build.sh finished but these binaries are missing: {missing}")
+        if self.s.real_node and self.real_node().bins.missing():
+            subprocess.run(["bash", str(HERE / "build-node.sh")], check=True)
+            if missing := self.real_node().bins.missing():
+                raise RuntimeError(f"build-node.sh finished but the real node lacks: {missing}")
+
+    def real_node(self):  # noqa: ANN201 - RealNode, imported lazily (the CLI loads this module)
+        from modeldeploy.e2e.cluster.realnode import NodeBinaries, NodeNet, RealNode
+
+        return RealNode(
+            self.s.real_node_name,
+            self.s.name,
+            NodeNet(self.s.node_bridge, self.s.node_pod_cidr),
+            self.run_dir / "realnode",
+            NodeBinaries(cache_root(), self.bins.versions),
+            claim=cache_root() / "run" / "realnode.owner",
+        )
 
     # --- state -----------------------------------------------------------------------------
     def cluster_running(self) -> bool:
@@ -195,9 +220,22 @@ class LocalCluster:
     # --- up --------------------------------------------------------------------------------
     def _config_file(self) -> Path:
         b = self.bins
+        bind, patches = "127.0.0.1", ""
+        if self.s.real_node:
+            # the control plane listens on the real node's bridge address instead of loopback, so
+            # pods reach the API through the `kubernetes` Service (kube-proxy DNATs to this
+            # address); the Service CIDR is the one kube-proxy and the pod routes are given
+            from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR
+
+            bind = self.real_node().net.gateway
+            patches = (
+                "- name: kube-apiserver\n  extraArgs:\n"
+                f"  - {{key: service-cluster-ip-range, value: '{SERVICE_CIDR}', override: true}}\n"
+                f"  - {{key: advertise-address, value: '{bind}', override: true}}\n"
+            )
         cfg = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n"
-            f"  runtime: binary\n  bindAddress: 127.0.0.1\n"
+            f"  runtime: binary\n  bindAddress: {bind}\n"
             f"  kubeVersion: {b.versions['K8S_VERSION']}\n  kwokVersion: {b.versions['KWOK_VERSION']}\n"
             f"  etcdVersion: {b.versions['ETCD_VERSION'].lstrip('v')}\n"
             f"  kubeBinaryPrefix: {b.kube_dir.as_posix().rstrip('/')}\n  kubectlBinary: {b.kubectl}\n"
@@ -208,6 +246,7 @@ class LocalCluster:
             "componentsPatches:\n- name: kwok-controller\n  extraArgs:\n"
             "  - {key: manage-all-nodes, value: 'false', override: true}\n"
             "  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}\n"
+            f"{patches}"
         )
         stages = (HERE / "stages.yaml").read_text().replace("__READY_DELAY_MS__", str(self.s.ready_delay_ms))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -221,6 +260,15 @@ class LocalCluster:
         t0 = time.monotonic()
         self.build()
         with self._lock():
+            if self.s.real_node and self.cluster_running() and not self._recorded().get("real_node"):
+                raise RuntimeError(
+                    f"cluster {self.s.name} runs without the real node (its API listens on loopback only): "
+                    "`modeldeploy cluster down` it, then `up --real-node`"
+                )
+            if self.s.real_node:
+                node = self.real_node()
+                node.claim_machine()  # before anything is created: one real node per machine
+                node.ensure_bridge()  # the control plane binds its address
             if not self.cluster_running():
                 if self.cluster_dir.exists():  # stopped or half-created: start from scratch
                     self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
@@ -255,9 +303,24 @@ class LocalCluster:
             from modeldeploy.e2e.cluster.nodes import wait_ready
 
             wait_ready(str(self.kubeconfig), self.s, timeout=90)
+            if self.s.real_node:
+                join = self.real_node().start(
+                    self.kubeconfig, self.cluster_dir / "pki", self.api_server(), log
+                )
+                log(f"[cluster] real node {self.s.real_node_name} joined in {join:.1f}s")
         dt = time.monotonic() - t0
         log(f"[cluster] {self.s.name} up in {dt:.1f}s; KUBECONFIG={self.kubeconfig}")
         return dt
+
+    def _recorded(self) -> dict:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(self.settings_file.read_text())
+        return {}
+
+    def api_server(self) -> str:
+        import yaml
+
+        return yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
 
     def _write_kubeconfig(self) -> None:
         r = self.kwokctl("get", "kubeconfig")
@@ -297,6 +360,10 @@ class LocalCluster:
         """Stop the process node (it stops its pods and removes their namespaces and the bridge),
         then let kwokctl stop and delete the control plane. Leaves no process and no port."""
         with self._lock():
+            if self.s.real_node:
+                node = self.real_node()
+                if left := node.stop(self.kubeconfig if self.cluster_running() else None, log):
+                    log(f"[cluster] real node left behind: {left}")
             pid = self.procnode_pid()
             if pid is not None:
                 log(f"[cluster] stopping process node (pid {pid})")
