@@ -95,7 +95,7 @@ class Settings:
     name: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NAME", "modeldeploy"))
     gpu_nodes: int = 2
     ready_delay_ms: int = 1000
-    process_node: str = "proc-0"
+    process_node: str = "proc-0"  # "" leaves it out (a real-node-only cluster, e2e/test_real_node.py)
     bridge: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr0"))
     pod_cidr: str = field(
         default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.0.0/24")
@@ -109,6 +109,9 @@ class Settings:
     )
     node_pod_cidr: str = field(
         default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NODE_POD_CIDR", "10.244.200.0/24")
+    )
+    registry_port: int = field(
+        default_factory=lambda: int(os.environ.get("MODELDEPLOY_CLUSTER_REGISTRY_PORT", "5000"))
     )
 
 
@@ -194,6 +197,19 @@ class LocalCluster:
             claim=cache_root() / "run" / "realnode.owner",
         )
 
+    def registry(self):  # noqa: ANN201 - Registry (lazy import, like real_node)
+        """The loopback registry the real node pulls from; its storage outlives the cluster."""
+        from modeldeploy.e2e.cluster.realnode import NodeBinaries
+        from modeldeploy.e2e.cluster.realnode.registry import Registry
+
+        bins = NodeBinaries(cache_root(), self.bins.versions)
+        return Registry(
+            bins.registry,
+            cache_root() / "registry",
+            self.run_dir / "realnode" / "registry",
+            self.s.registry_port,
+        )
+
     # --- state -----------------------------------------------------------------------------
     def cluster_running(self) -> bool:
         if not self.cluster_dir.exists() or not self.bins.kwokctl.exists():
@@ -220,22 +236,29 @@ class LocalCluster:
     # --- up --------------------------------------------------------------------------------
     def _config_file(self) -> Path:
         b = self.bins
-        bind, patches = "127.0.0.1", ""
+        bind, patches, sans = "127.0.0.1", "", ""
         if self.s.real_node:
             # the control plane listens on the real node's bridge address instead of loopback, so
             # pods reach the API through the `kubernetes` Service (kube-proxy DNATs to this
             # address); the Service CIDR is the one kube-proxy and the pod routes are given
-            from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR
+            from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 
             bind = self.real_node().net.gateway
+            # in-cluster clients verify https://10.0.0.1 (the `kubernetes` Service) against ca.crt
+            sans = f"  kubeApiserverCertSANs: ['{SERVICE_IP}', '{bind}']\n"
             patches = (
                 "- name: kube-apiserver\n  extraArgs:\n"
                 f"  - {{key: service-cluster-ip-range, value: '{SERVICE_CIDR}', override: true}}\n"
                 f"  - {{key: advertise-address, value: '{bind}', override: true}}\n"
+                # `kubectl logs/exec` on the real node: the apiserver shows kubelet a client
+                # certificate of the cluster CA (kubelet refuses anonymous requests)
+                "  - {key: kubelet-preferred-address-types, value: InternalIP, override: true}\n"
+                f"  - {{key: kubelet-client-certificate, value: '{self.cluster_dir / 'pki' / 'admin.crt'}', override: true}}\n"
+                f"  - {{key: kubelet-client-key, value: '{self.cluster_dir / 'pki' / 'admin.key'}', override: true}}\n"
             )
         cfg = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n"
-            f"  runtime: binary\n  bindAddress: {bind}\n"
+            f"  runtime: binary\n  bindAddress: {bind}\n{sans}"
             f"  kubeVersion: {b.versions['K8S_VERSION']}\n  kwokVersion: {b.versions['KWOK_VERSION']}\n"
             f"  etcdVersion: {b.versions['ETCD_VERSION'].lstrip('v')}\n"
             f"  kubeBinaryPrefix: {b.kube_dir.as_posix().rstrip('/')}\n  kubectlBinary: {b.kubectl}\n"
@@ -298,12 +321,15 @@ class LocalCluster:
             from modeldeploy.e2e.cluster.nodes import apply_nodes
 
             apply_nodes(str(self.kubeconfig), self.s)
-            if self.procnode_pid() is None:
+            if self.s.process_node and self.procnode_pid() is None:
                 self._start_procnode()
             from modeldeploy.e2e.cluster.nodes import wait_ready
 
             wait_ready(str(self.kubeconfig), self.s, timeout=90)
             if self.s.real_node:
+                reg = self.registry()
+                reg.up()
+                self.real_node().trust_registry(reg.host)
                 join = self.real_node().start(
                     self.kubeconfig, self.cluster_dir / "pki", self.api_server(), log
                 )
@@ -362,7 +388,9 @@ class LocalCluster:
         with self._lock():
             if self.s.real_node:
                 node = self.real_node()
-                if left := node.stop(self.kubeconfig if self.cluster_running() else None, log):
+                left = node.stop(self.kubeconfig if self.cluster_running() else None, log)
+                self.registry().down()
+                if left:
                     log(f"[cluster] real node left behind: {left}")
             pid = self.procnode_pid()
             if pid is not None:

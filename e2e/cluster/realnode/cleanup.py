@@ -24,7 +24,11 @@ RULE_TAG = "modeldeploy-realnode"
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60, check=False)
+    """Run a host tool; a tool that is not installed (nft, ip6tables) reads as empty output."""
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(list(cmd), 127, "", f"{cmd[0]}: not installed")
 
 
 def processes(base: Path) -> list[int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 # kube-apiserver's default, passed explicitly when the real node is on (local.py) so kube-proxy,
 # the pod routes and the apiserver agree on it.
 SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
 PAUSE_IMAGE = "modeldeploy.local/pause"
 
 

@@ -10,6 +10,7 @@ machine-wide names, so `start` claims the machine (`realnode.owner`) and refuses
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -77,6 +78,12 @@ class NodeBinaries:
         return self._p("pause", "PAUSE_VERSION", "pause.tar")
 
     @property
+    def probe_tar(self) -> Path:
+        """The test workload image, cached by a hash of its source (build-node.sh build_probe)."""
+        src = Path(__file__).resolve().parent / "probe" / "main.go"
+        return self.root / f"probe-{hashlib.sha256(src.read_bytes()).hexdigest()[:12]}" / "probe.tar"
+
+    @property
     def pause_ref(self) -> str:
         return f"{PAUSE_IMAGE}:{self.versions['PAUSE_VERSION']}"
 
@@ -94,8 +101,7 @@ class NodeBinaries:
             )  # fmt: skip
             if not os.access(p, os.X_OK)
         ]
-        if not self.pause_tar.is_file():
-            out.append(str(self.pause_tar))
+        out += [str(t) for t in (self.pause_tar, self.probe_tar) if not t.is_file()]
         for tool, pkg in (("runc", "runc"), ("iptables-restore", "iptables")):
             if shutil.which(tool) is None:
                 out.append(f"{tool} (apt-get install {pkg})")

@@ -1,0 +1,241 @@
+"""The real worker node (`modeldeploy cluster up --real-node`): kubelet + containerd v2 + runc + CNI.
+
+A cluster of its own (no process node, no kwok nodes) with the real node `real-0`. The test
+workload is probe (realnode/probe/main.go), pushed to the loopback registry and pulled BY DIGEST.
+Shows: a pod under the restricted profile runs as its securityContext says; it has an address on
+the node's bridge; a ClusterIP Service answers from the host and from another pod (kube-proxy);
+the API is reachable from pods through the `kubernetes` Service; `kubectl logs` works; a digest
+the registry lacks never runs; `down` leaves no process, mount, netns, link, rule or cgroup.
+
+Skipped, with the reason, where the node cannot run: not root, no cgroup filesystem, or the
+Debian packages (runc, containernetworking-plugins, iptables) or a C compiler missing
+(.ci/run installs them). Identity: MODELDEPLOY_CLUSTER_NAME (+ "-rn"),
+MODELDEPLOY_CLUSTER_NODE_BRIDGE, MODELDEPLOY_CLUSTER_NODE_POD_CIDR,
+MODELDEPLOY_CLUSTER_REGISTRY_PORT, as for `modeldeploy cluster up --real-node`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modeldeploy.e2e.cluster.local import LocalCluster, Settings
+from modeldeploy.e2e.cluster.realnode import cleanup
+from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
+from modeldeploy.e2e.cluster.realnode.oci import push_layout
+
+from .conftest import E2ECluster, restricted_security_context
+
+pytestmark = pytest.mark.e2e
+
+
+def _why_not() -> str | None:
+    if os.environ.get("KUBECONFIG"):
+        return "external $KUBECONFIG: the real node is part of the local cluster"
+    if os.geteuid() != 0:
+        return "the real node needs root (containerd, runc, bridge, iptables)"
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "no cgroup filesystem mounted"
+    missing = [t for t in ("runc", "iptables-save", "ip", "openssl") if shutil.which(t) is None]
+    if not Path("/usr/lib/cni/bridge").exists():
+        missing.append("/usr/lib/cni/bridge")
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        missing.append("a C compiler (cc)")
+    if missing:
+        return f"real node prerequisites missing: {missing} (apt-get install runc containernetworking-plugins iptables gcc; .ci/run does)"
+    return None
+
+
+def settings() -> Settings:
+    s = Settings(gpu_nodes=0, process_node="", real_node=True)
+    s.name = f"{s.name}-rn"
+    s.bridge, s.pod_cidr = s.node_bridge, s.node_pod_cidr  # no process node: its fields are unused
+    return s
+
+
+def host_state() -> dict[str, set[str]]:
+    """What `down` must restore: links, kube/CNI iptables rules, netns, mounts of kubelet/containerd."""
+    links = set(
+        subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.split("\n")
+    )
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return {
+        "links": {ln.split(":")[1].strip().split("@")[0] for ln in links if ":" in ln},
+        "rules": {r for r in rules if re.search(r"KUBE-|CNI-|realnode", r)},
+        "netns": set(netns),
+        "mounts": {m.split()[4] for m in mounts if re.search(r"kubelet|containerd|realnode", m)},
+    }
+
+
+@pytest.fixture(scope="module")
+def rn() -> Iterator[tuple[LocalCluster, E2ECluster, dict[str, set[str]]]]:
+    if why := _why_not():
+        pytest.skip(why)
+    c = LocalCluster(settings())
+    c.down()  # a leftover of an interrupted run
+    c.build()  # build-node.sh: cached after the first run
+    before = host_state()
+    c.up()
+    try:
+        yield c, E2ECluster(str(c.kubeconfig), c), before
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def ns(rn) -> Iterator[str]:
+    c, k, _ = rn
+    name = f"rn-{os.urandom(3).hex()}"
+    k.core.create_namespace(
+        {"metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    k.wait(lambda: any(a.metadata.name == "default" for a in k.core.list_namespaced_service_account(name).items),
+           60, "default ServiceAccount")  # fmt: skip
+    yield name
+    k.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=150)
+
+
+@pytest.fixture(scope="module")
+def probe_ref(rn) -> str:
+    c, _, _ = rn
+    return push_layout(c.real_node().bins.probe_tar, c.registry().host, "modeldeploy/probe")
+
+
+def probe_pod(name: str, image: str, args: list[str], labels: dict[str, str] | None = None,
+              restart: str = "Always") -> dict:  # fmt: skip
+    c = {
+        "name": "probe",
+        "image": image,
+        "args": args,
+        "securityContext": {**restricted_security_context(), "readOnlyRootFilesystem": True},
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+    }
+    if args[0] == "serve":
+        c["ports"] = [{"containerPort": 8080}]
+        c["readinessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"containers": [c], "restartPolicy": restart, "terminationGracePeriodSeconds": 5,
+                 "automountServiceAccountToken": False},
+    }  # fmt: skip
+
+
+def pod_ready(k: E2ECluster, ns: str, name: str):  # noqa: ANN201
+    p = k.core.read_namespaced_pod(name, ns)
+    return p if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) else None
+
+
+def test_pod_pulled_by_digest_runs_restricted_and_serves_through_a_cluster_ip(rn, ns, probe_ref) -> None:
+    c, k, _ = rn
+    assert "@sha256:" in probe_ref and probe_ref.startswith("127.0.0.1:")
+    k.core.create_namespaced_pod(ns, probe_pod("web", probe_ref, ["serve", ":8080"], {"app": "web"}))
+    pod = k.wait(lambda: pod_ready(k, ns, "web"), 180, "pod web Ready")
+    assert pod.spec.node_name == "real-0"
+    assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(c.s.node_pod_cidr)
+    cs = pod.status.container_statuses[0]
+    assert cs.image_id.endswith(probe_ref.split("@")[1]), cs.image_id  # the bits pulled are the pinned ones
+
+    # the container really runs as the securityContext says: uid 1000 and no capabilities
+    pid = _container_pid(c, cs.container_id)
+    status = Path(f"/proc/{pid}/status").read_text()
+    assert re.search(r"^Uid:\s+1000\s", status, re.M), status
+    assert re.search(r"^CapEff:\s+0+$", status, re.M), status
+    assert re.search(r"^Seccomp:\s+2$", status, re.M), status  # RuntimeDefault = filter mode
+
+    svc = k.core.create_namespaced_service(
+        ns,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },  # fmt: skip
+    )
+    ip = svc.spec.cluster_ip
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(SERVICE_CIDR)
+
+    def from_host() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://{ip}/", timeout=3) as r:
+                return r.read().decode()
+        except OSError:
+            return None
+
+    body = k.wait(from_host, 60, f"http://{ip}/ from the host (kube-proxy)")
+    assert body.startswith("web "), body
+
+    # from another pod, through the same ClusterIP
+    k.core.create_namespaced_pod(
+        ns, probe_pod("client", probe_ref, ["get", f"http://{ip}/"], restart="Never")
+    )
+    k.wait(lambda: k.core.read_namespaced_pod("client", ns).status.phase in ("Succeeded", "Failed"), 120,
+           "client pod to finish")  # fmt: skip
+    logs = k.kubectl("logs", "-n", ns, "client").stdout  # apiserver -> kubelet, with a CA client cert
+    assert k.core.read_namespaced_pod("client", ns).status.phase == "Succeeded", logs
+    assert logs.startswith("web "), logs
+    assert ipaddress.ip_address(logs.split()[1].rsplit(":", 1)[0]) in ipaddress.ip_network(c.s.node_pod_cidr)
+
+
+def test_pods_reach_the_api_through_the_kubernetes_service(rn, ns, probe_ref) -> None:
+    """The in-cluster path the operator pod takes: https://10.0.0.1 (the `kubernetes` Service,
+    DNATed by kube-proxy to the apiserver on the bridge), verified against the ServiceAccount's
+    ca.crt, so the serving certificate names the Service IP."""
+    _, k, _ = rn
+    ca = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    body = probe_pod("api", probe_ref, ["get", f"https://{SERVICE_IP}/healthz", ca], restart="Never")
+    body["spec"]["automountServiceAccountToken"] = True
+    k.core.create_namespaced_pod(ns, body)
+    k.wait(lambda: k.core.read_namespaced_pod("api", ns).status.phase in ("Succeeded", "Failed"), 120,
+           "api pod to finish")  # fmt: skip
+    logs = k.kubectl("logs", "-n", ns, "api").stdout
+    assert k.core.read_namespaced_pod("api", ns).status.phase == "Succeeded", logs
+    assert logs == "ok", logs
+
+
+def test_a_digest_the_registry_lacks_never_runs(rn, ns, probe_ref) -> None:
+    _, k, _ = rn
+    repo = probe_ref.split("@")[0]
+    wrong = f"{repo}@sha256:{'0' * 64}"
+    k.core.create_namespaced_pod(ns, probe_pod("wrong", wrong, ["serve", ":8080"]))
+
+    def pull_failed():  # noqa: ANN202
+        cs = k.core.read_namespaced_pod("wrong", ns).status.container_statuses or []
+        w = cs[0].state.waiting if cs else None
+        return w if w and w.reason in ("ErrImagePull", "ImagePullBackOff") else None
+
+    w = k.wait(pull_failed, 120, "ErrImagePull")
+    assert "0" * 64 in (w.message or ""), w.message
+    assert k.core.read_namespaced_pod("wrong", ns).status.container_statuses[0].container_id is None
+
+
+def test_down_leaves_nothing_behind(rn, probe_ref) -> None:
+    """Last in this module: down with a pod still running, then nothing of the node remains."""
+    c, k, before = rn
+    k.core.create_namespaced_pod("default", probe_pod("left", probe_ref, ["serve", ":8080"]))
+    k.wait(lambda: pod_ready(k, "default", "left"), 180, "pod left Ready")
+    base, bridge = c.real_node().lay.base, c.s.node_bridge
+    c.down()
+    assert cleanup.leftovers(base, bridge) == []
+    after = host_state()
+    for key in before:
+        assert after[key] - before[key] == set(), f"{key} left behind: {sorted(after[key] - before[key])}"
+    assert not base.exists()
+    assert not c.registry().pid()
+
+
+def _container_pid(c: LocalCluster, container_id: str) -> int:
+    cid = container_id.split("://", 1)[1]
+    out = c.real_node().ctr("tasks", "ls").stdout
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if f and f[0] == cid:
+            return int(f[1])
+    raise AssertionError(f"container {cid} not in `ctr tasks ls`:\n{out}")
