@@ -84,10 +84,11 @@ def test_kubelet_config_for_cgroup_v1_and_authenticated_api() -> None:
 
 
 def test_kube_proxy_config() -> None:
-    k = yaml.safe_load(kube_proxy_yaml(BASE / "kp.kubeconfig", NET, "real-0"))
+    k = yaml.safe_load(kube_proxy_yaml(BASE / "kp.kubeconfig", NET, "real-0", 10256, 10249))
     assert k["mode"] == "iptables" and k["iptables"]["masqueradeAll"] is True
     assert k["clusterCIDR"] == "10.244.107.0/24" and k["hostnameOverride"] == "real-0"
-    assert k["metricsBindAddress"].startswith("127.0.0.1:")
+    assert k["metricsBindAddress"] == "127.0.0.1:10249" and k["healthzBindAddress"] == "127.0.0.1:10256"
+    assert k["oomScoreAdj"] == 0
     assert k["conntrack"]["maxPerCore"] == 0
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +111,7 @@ class Settings:
     node_pod_cidr: str = field(
         default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NODE_POD_CIDR", "10.244.200.0/24")
     )
+    api_port: int = 0  # real node only: see LocalCluster.api_port
     registry_port: int = field(
         default_factory=lambda: int(os.environ.get("MODELDEPLOY_CLUSTER_REGISTRY_PORT", "5000"))
     )
@@ -236,29 +238,32 @@ class LocalCluster:
     # --- up --------------------------------------------------------------------------------
     def _config_file(self) -> Path:
         b = self.bins
-        bind, patches, sans = "127.0.0.1", "", ""
+        patches, options = "", ""
         if self.s.real_node:
-            # the control plane listens on the real node's bridge address instead of loopback, so
-            # pods reach the API through the `kubernetes` Service (kube-proxy DNATs to this
-            # address); the Service CIDR is the one kube-proxy and the pod routes are given
+            # Pods reach the API through the `kubernetes` Service, which kube-proxy DNATs to the
+            # advertise address: the node's bridge address. kwokctl wires its components over
+            # 127.0.0.1, so kube-apiserver listens on all addresses and the node's firewall rules
+            # (RealNode.guard_api_port) admit only loopback and the bridge to its port.
             from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 
-            bind = self.real_node().net.gateway
-            # in-cluster clients verify https://10.0.0.1 (the `kubernetes` Service) against ca.crt
-            sans = f"  kubeApiserverCertSANs: ['{SERVICE_IP}', '{bind}']\n"
+            gw, port = self.real_node().net.gateway, self.api_port()
+            # in-cluster clients verify https://10.0.0.1 against the ServiceAccount's ca.crt
+            options = f"  kubeApiserverPort: {port}\n  kubeApiserverCertSANs: ['{SERVICE_IP}', '{gw}']\n"
+            # (override: true replaces a flag kwokctl sets; without it a flag is added)
             patches = (
                 "- name: kube-apiserver\n  extraArgs:\n"
-                f"  - {{key: service-cluster-ip-range, value: '{SERVICE_CIDR}', override: true}}\n"
-                f"  - {{key: advertise-address, value: '{bind}', override: true}}\n"
+                f"  - {{key: service-cluster-ip-range, value: '{SERVICE_CIDR}'}}\n"
+                f"  - {{key: advertise-address, value: '{gw}'}}\n"
+                "  - {key: bind-address, value: 0.0.0.0, override: true}\n"
                 # `kubectl logs/exec` on the real node: the apiserver shows kubelet a client
                 # certificate of the cluster CA (kubelet refuses anonymous requests)
-                "  - {key: kubelet-preferred-address-types, value: InternalIP, override: true}\n"
-                f"  - {{key: kubelet-client-certificate, value: '{self.cluster_dir / 'pki' / 'admin.crt'}', override: true}}\n"
-                f"  - {{key: kubelet-client-key, value: '{self.cluster_dir / 'pki' / 'admin.key'}', override: true}}\n"
+                "  - {key: kubelet-preferred-address-types, value: InternalIP}\n"
+                f"  - {{key: kubelet-client-certificate, value: '{self.cluster_dir / 'pki' / 'admin.crt'}'}}\n"
+                f"  - {{key: kubelet-client-key, value: '{self.cluster_dir / 'pki' / 'admin.key'}'}}\n"
             )
         cfg = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n"
-            f"  runtime: binary\n  bindAddress: {bind}\n{sans}"
+            f"  runtime: binary\n  bindAddress: 127.0.0.1\n{options}"
             f"  kubeVersion: {b.versions['K8S_VERSION']}\n  kwokVersion: {b.versions['KWOK_VERSION']}\n"
             f"  etcdVersion: {b.versions['ETCD_VERSION'].lstrip('v')}\n"
             f"  kubeBinaryPrefix: {b.kube_dir.as_posix().rstrip('/')}\n  kubectlBinary: {b.kubectl}\n"
@@ -289,9 +294,11 @@ class LocalCluster:
                     "`modeldeploy cluster down` it, then `up --real-node`"
                 )
             if self.s.real_node:
+                self.s.api_port = self.s.api_port or self._recorded().get("api_port", 0)
                 node = self.real_node()
                 node.claim_machine()  # before anything is created: one real node per machine
-                node.ensure_bridge()  # the control plane binds its address
+                node.ensure_bridge()  # the apiserver advertises its address
+                node.guard_api_port(self.api_port())
             if not self.cluster_running():
                 if self.cluster_dir.exists():  # stopped or half-created: start from scratch
                     self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
@@ -337,6 +344,15 @@ class LocalCluster:
         dt = time.monotonic() - t0
         log(f"[cluster] {self.s.name} up in {dt:.1f}s; KUBECONFIG={self.kubeconfig}")
         return dt
+
+    def api_port(self) -> int:
+        """The apiserver port of a real-node cluster: chosen before kwokctl runs, so the firewall
+        rules that keep it off the network are in place before it listens (kept in settings)."""
+        if not self.s.api_port:
+            with contextlib.closing(socket.socket()) as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.s.api_port = sock.getsockname()[1]
+        return self.s.api_port
 
     def _recorded(self) -> dict:
         with contextlib.suppress(OSError, ValueError):
@@ -388,8 +404,8 @@ class LocalCluster:
         with self._lock():
             if self.s.real_node:
                 node = self.real_node()
-                left = node.stop(self.kubeconfig if self.cluster_running() else None, log)
                 self.registry().down()
+                left = node.stop(self.kubeconfig if self.cluster_running() else None, log)
                 if left:
                     log(f"[cluster] real node left behind: {left}")
             pid = self.procnode_pid()

@@ -207,7 +207,8 @@ def kubelet_yaml(lay: Layout, net: NodeNet, port: int, ca_file: Path) -> str:
     """KubeletConfiguration for cgroup v1 without systemd: `failCgroupV1: false` (v1.35+ refuses
     cgroup v1 otherwise), `cgroupDriver: cgroupfs`. It listens on the bridge address only; its
     API needs a client certificate from the cluster CA and is authorized by the apiserver
-    (Webhook). No cluster DNS: pods use Service addresses (see README "Real node")."""
+    (Webhook). No cluster DNS: pods use Service addresses (see README "Real node"). oomScoreAdj 0
+    for kubelet itself: a negative one needs CAP_SYS_RESOURCE, which these machines lack."""
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: {net.gateway}
@@ -235,14 +236,16 @@ evictionHard: {{"memory.available": "200Mi", "nodefs.available": "5%", "imagefs.
 registerNode: true
 enableServer: true
 shutdownGracePeriod: 0s
+oomScoreAdj: 0
 """
 
 
-def kube_proxy_yaml(kubeconfig: Path, net: NodeNet, node: str) -> str:
+def kube_proxy_yaml(kubeconfig: Path, net: NodeNet, node: str, healthz_port: int, metrics_port: int) -> str:
     """iptables mode. `masqueradeAll`: the pod bridge is bridged, not routed, so a pod calling a
     Service backed by a pod on the same bridge would get the reply straight from that pod
     (un-DNATed) unless the call is SNATed to the gateway. conntrack sizing is left to the host
-    (maxPerCore 0): the node must not retune a shared machine. Metrics and health on loopback."""
+    (maxPerCore 0): the node must not retune a shared machine. Metrics and health on loopback
+    (free ports: kube-proxy refuses port 0). oomScoreAdj 0: a negative one needs CAP_SYS_RESOURCE."""
     return f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
@@ -251,8 +254,9 @@ clientConnection:
 hostnameOverride: {node}
 bindAddress: {net.gateway}
 clusterCIDR: {net.pod_cidr}
-healthzBindAddress: 127.0.0.1:0
-metricsBindAddress: 127.0.0.1:0
+healthzBindAddress: 127.0.0.1:{healthz_port}
+metricsBindAddress: 127.0.0.1:{metrics_port}
+oomScoreAdj: 0
 nodePortAddresses: ["{net.gateway}/32"]
 iptables:
   masqueradeAll: true

@@ -142,6 +142,19 @@ class RealNode:
         if subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
             subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True)
 
+    def guard_api_port(self, port: int) -> None:
+        """kube-apiserver listens on all addresses (see LocalCluster._config_file): accept its
+        port from loopback and this bridge only, drop it from every other interface."""
+        tag = ["-m", "comment", "--comment", f"{cleanup.RULE_TAG}:{self.cluster}"]
+        tcp = ["-p", "tcp", "--dport", str(port)]
+        for cmd in ("iptables", "ip6tables"):
+            if shutil.which(cmd) is None:
+                continue
+            for pos, rule in (("1", [*tcp, "-i", self.net.bridge, *tag, "-j", "ACCEPT"]),
+                              ("2", [*tcp, "!", "-i", "lo", *tag, "-j", "DROP"])):  # fmt: skip
+                if subprocess.run([cmd, "-C", "INPUT", *rule], capture_output=True).returncode != 0:
+                    subprocess.run([cmd, "-I", "INPUT", pos, *rule], check=True, capture_output=True)
+
     @staticmethod
     def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", *args], text=True, capture_output=True, check=check, timeout=30)
@@ -234,7 +247,15 @@ class RealNode:
         lay = self.lay
         if self.pid("kube-proxy"):
             return
-        lay.kube_proxy_config.write_text(kube_proxy_yaml(lay.kubeconfig("kube-proxy"), self.net, self.name))
+        lay.kube_proxy_config.write_text(
+            kube_proxy_yaml(
+                lay.kubeconfig("kube-proxy"),
+                self.net,
+                self.name,
+                _free_port("127.0.0.1"),
+                _free_port("127.0.0.1"),
+            )
+        )
         log("[real-node] starting kube-proxy (iptables)")
         self._spawn(
             "kube-proxy", [str(self.bins.kube_proxy), "--config", str(lay.kube_proxy_config), "--v", "2"]
