@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build
+.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images
 
 setup: .venv/.installed
 
@@ -58,6 +58,11 @@ cluster-build:
 # README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
 real-node-build:
 	bash e2e/cluster/build-node.sh
+
+# The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
+# the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.
+images: setup real-node-build
+	$(PY) -m modeldeploy.e2e.cluster.realnode.images
 
 cluster: setup cluster-build
 	$(PY) -m modeldeploy cluster up

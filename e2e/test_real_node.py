@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from modeldeploy.e2e.cluster.local import LocalCluster, Settings
 from modeldeploy.e2e.cluster.realnode import cleanup
@@ -33,6 +34,8 @@ from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 from modeldeploy.e2e.cluster.realnode.oci import push_layout
 
 from .conftest import E2ECluster, restricted_security_context
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.e2e
 
@@ -214,6 +217,127 @@ def test_a_digest_the_registry_lacks_never_runs(rn, ns, probe_ref) -> None:
     w = k.wait(pull_failed, 120, "ErrImagePull")
     assert "0" * 64 in (w.message or ""), w.message
     assert k.core.read_namespaced_pod("wrong", ns).status.container_statuses[0].container_id is None
+
+
+@pytest.fixture(scope="module")
+def images(rn) -> dict[str, str]:
+    """The operator and runtime images, built on the debootstrapped base and pushed to the node's
+    registry (cached by Docker's layer cache and the registry after the first build)."""
+    from modeldeploy.e2e.cluster.realnode import images as img
+
+    if why := img.engine_ready():
+        pytest.skip(f"cannot build the images: {why}")
+    c, _, _ = rn
+    built = img.build_all(c.registry().host)
+    for b in built:
+        print(
+            f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s size {b.size_bytes / 1e6:.0f} MB"
+        )
+    return {b.name: b.ref for b in built}
+
+
+def local_pv_with_tiny_model(k: E2ECluster, ns: str, root: Path) -> str:
+    """A `local` PersistentVolume on real-0 holding a tiny model, claimed as `models` in ns;
+    returns the model digest. Files are world-readable: the runtime runs as 65532."""
+    from modeldeploy.digest import dir_digest
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    (root / "models").chmod(0o755)
+    model = make_tiny_model(root / "models" / "tiny-llama")
+    pv = f"{ns}-models"
+    affinity = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["real-0"]}]}]}}  # fmt: skip
+    k.core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+        "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(root / "models")},
+        "nodeAffinity": affinity, "claimRef": {"namespace": ns, "name": "models"}}})  # fmt: skip
+    k.core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "models"}, "spec": {
+        "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+        "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+    return dir_digest(model)
+
+
+def tiny_md(name: str, engine: str, model_digest: str) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "modeldeployment-tiny.yaml").read_text())
+    doc["metadata"]["name"] = name
+    b = doc["spec"]["bundle"]
+    b["engine"]["image"] = engine
+    b["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": model_digest}
+    b["tokenizer"] = {"revision": "seed0", "digest": model_digest}
+    doc["spec"]["topology"] = {"gpusPerReplica": 0, "nodeSelector": {"modeldeploy.dev/node-kind": "real"}}
+    doc["spec"]["readiness"] = {"loadTimeoutSeconds": 300}
+    return doc
+
+
+def md_ready(k: E2ECluster, ns: str, name: str):  # noqa: ANN201
+    md = k.custom.get_namespaced_custom_object(
+        "serving.modeldeploy.dev", "v1alpha1", ns, "modeldeployments", name
+    )
+    conds = {c["type"]: c for c in md.get("status", {}).get("conditions", [])}
+    return md if conds.get("Ready", {}).get("status") == "True" else None
+
+
+def test_helm_installed_operator_serves_the_runtime_image_by_digest(rn, ns, images, tmp_path) -> None:
+    """The product as shipped: `helm install` the chart with the operator image by digest (a pod
+    on real-0, restricted namespace, its ServiceAccount's RBAC only), `kubectl apply` a
+    ModelDeployment whose engine is the runtime image by digest and whose model is on a local PV;
+    the runtime pod passes its startup probe and a chat completion through the ClusterIP answers."""
+    import time
+
+    c, k, _ = rn
+    op_ns = f"{ns}-op"
+    k.core.create_namespace(
+        {"metadata": {"name": op_ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    try:
+        repo, digest = images["operator"].split("@")
+        t0 = time.monotonic()
+        k.helm("install", "mdop", str(ROOT / "charts" / "modeldeploy-operator"), "-n", op_ns,
+               "--set", f"image.repository={repo}", "--set", f"image.digest={digest}",
+               "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
+        helm_ready = time.monotonic() - t0
+        pods = k.core.list_namespaced_pod(op_ns).items
+        assert len(pods) == 1 and pods[0].spec.node_name == "real-0", [p.metadata.name for p in pods]
+        op = pods[0]
+        assert op.status.container_statuses[0].image_id.endswith(digest)
+        assert op.spec.containers[0].image == images["operator"]
+
+        model_digest = local_pv_with_tiny_model(k, ns, tmp_path)
+        t0 = time.monotonic()
+        k.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(tiny_md("tiny", images["runtime"], model_digest)),
+        )
+        k.wait(lambda: md_ready(k, ns, "tiny"), 900, "ModelDeployment tiny Ready")
+        apply_ready = time.monotonic() - t0
+        pod = next(p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-"))
+        assert pod.spec.node_name == "real-0"
+        serve = pod.status.container_statuses[0]
+        assert serve.ready and serve.image_id.endswith(images["runtime"].split("@")[1])
+        assert pod.spec.containers[0].startup_probe.http_get.path == "/health/ready"
+        svc = k.core.read_namespaced_service("tiny", ns)
+        import httpx
+
+        base = f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
+        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
+            "model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] is not None
+        assert r.json()["usage"]["completion_tokens"] > 0
+        print(
+            f"[timing] helm install -> operator Ready {helm_ready:.1f}s; kubectl apply -> runtime Ready {apply_ready:.1f}s"
+        )
+    finally:
+        k.kubectl("delete", "-n", ns, "modeldeployments", "--all", "--wait=true", check=False, timeout=180)
+        k.helm("uninstall", "mdop", "-n", op_ns, "--wait", check=False)
+        k.kubectl("delete", "namespace", op_ns, "--wait=false", check=False)
+        k.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False)
 
 
 def test_down_leaves_nothing_behind(rn, probe_ref) -> None:
