@@ -8,10 +8,10 @@ OUT ?= out
 
 setup: .venv/.installed
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml devtools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[runtime,dev]'
+	$(PIP) install -q -e '.[runtime,dev]' -e devtools
 	touch $@
 
 test: setup cluster-build
@@ -52,17 +52,17 @@ example-model: setup
 # Local Kubernetes (e2e/cluster): pinned etcd/kube-*/kwok/helm compiled from Go modules into
 # ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".
 cluster-build:
-	bash e2e/cluster/build.sh
+	bash devtools/modeldeploy_dev/cluster/build.sh
 
 # The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
 # README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
 real-node-build:
-	bash e2e/cluster/build-node.sh
+	bash devtools/modeldeploy_dev/cluster/build-node.sh
 
 # The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
 # the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.
 images: setup real-node-build
-	$(PY) -m modeldeploy.e2e.cluster.realnode.images
+	$(PY) -m modeldeploy_dev.cluster.realnode.images
 
 cluster: setup cluster-build
 	$(PY) -m modeldeploy cluster up

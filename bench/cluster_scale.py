@@ -15,9 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, config
-
-from modeldeploy.e2e.cluster.local import LocalCluster, Settings
-from modeldeploy.e2e.cluster.nodes import kwok_node, node_ready
+from modeldeploy_dev.cluster.local import LocalCluster, Settings
+from modeldeploy_dev.cluster.nodes import kwok_node, node_ready
 
 
 def wait(fn, timeout: float, what: str, interval: float = 1.0) -> float:  # noqa: ANN001

@@ -41,6 +41,10 @@ def _importable() -> None:
         import modeldeploy
 
         modeldeploy.__path__.append(str(ROOT))  # modeldeploy.kernels -> ROOT/kernels, ...
+    try:
+        import modeldeploy_dev  # noqa: F401  (the kernel checks: test infrastructure, not in the product)
+    except ImportError:
+        sys.path.insert(0, str(ROOT / "devtools"))
 
 
 def _write(out: Path, name: str, data: dict) -> None:
@@ -98,8 +102,9 @@ def stage_env(out: Path, _arg) -> dict:
 
 def stage_kernels(out: Path, name: str) -> dict:
     import torch
+    from modeldeploy_dev import kernel_checks as checks
 
-    from modeldeploy.kernels import attention, checks
+    from modeldeploy.kernels import attention
 
     results = []
     unrolls = (4, 8) if name.startswith("paged_attention") else (4,)  # 8: build.ATTN_UNROLL8 shapes
@@ -358,8 +363,9 @@ def stage_decode(out: Path, _arg) -> dict:
 
 def stage_kernel_bench(out: Path, _arg) -> dict:
     import torch
+    from modeldeploy_dev import kernel_checks as checks
 
-    from modeldeploy.kernels import attention, checks
+    from modeldeploy.kernels import attention
 
     bw = copy_bandwidth()
     rows = []

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from modeldeploy_dev.cluster.nodes import kwok_node
 
-from modeldeploy.e2e.cluster.nodes import kwok_node
 from modeldeploy.operator import api
 
 G, V, P = api.GROUP, api.VERSION, api.PLURAL
@@ -68,7 +68,7 @@ def main() -> int:
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     a = ap.parse_args()
     if not a.kubeconfig:
-        from modeldeploy.e2e.cluster.local import LocalCluster
+        from modeldeploy_dev.cluster.local import LocalCluster
 
         a.kubeconfig = str(LocalCluster().kubeconfig)
     config.load_kube_config(a.kubeconfig)

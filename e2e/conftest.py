@@ -41,8 +41,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client, config
-
-from modeldeploy.e2e.cluster.local import LocalCluster
+from modeldeploy_dev.cluster.local import LocalCluster
 
 T = TypeVar("T")
 

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-
-from modeldeploy.e2e.cluster.nodes import NODE_KIND
+from modeldeploy_dev.cluster.nodes import NODE_KIND
 
 from .conftest import E2ECluster, restricted_security_context
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client, config
-
-from modeldeploy.e2e.cluster.local import LocalCluster, Settings
-from modeldeploy.e2e.procnode.net import NETNS_PREFIX
-from modeldeploy.e2e.procnode.pids import alive
+from modeldeploy_dev.cluster.local import LocalCluster, Settings
+from modeldeploy_dev.procnode.net import NETNS_PREFIX
+from modeldeploy_dev.procnode.pids import alive
 
 from .test_process_node import GPU_TOLERATION
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from modeldeploy import demo
+from modeldeploy_dev import demo
 
 from .conftest import E2ECluster
 from .test_operator import crd_installed  # noqa: F401  (fixture)

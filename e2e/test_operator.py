@@ -18,8 +18,8 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from modeldeploy_dev.demo import OperatorProcess
 
-from modeldeploy.demo import OperatorProcess
 from modeldeploy.operator import api, crd
 
 from .conftest import E2ECluster

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-
-from modeldeploy.e2e.cluster.nodes import NODE_KIND
-from modeldeploy.e2e.procnode.pids import alive
+from modeldeploy_dev.cluster.nodes import NODE_KIND
+from modeldeploy_dev.procnode.pids import alive
 
 from .conftest import E2ECluster, restricted_security_context
 

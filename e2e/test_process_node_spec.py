@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-
-from modeldeploy.e2e.procnode.spec import MODELDEPLOY, UnsupportedPod, build_launch, expand
+from modeldeploy_dev.procnode.spec import MODELDEPLOY, UnsupportedPod, build_launch, expand
 
 
 def pod(container: client.V1Container, volumes: list[client.V1Volume]) -> client.V1Pod:

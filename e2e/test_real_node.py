@@ -27,11 +27,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from modeldeploy.e2e.cluster.local import LocalCluster, Settings
-from modeldeploy.e2e.cluster.realnode import cleanup
-from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
-from modeldeploy.e2e.cluster.realnode.oci import push_layout
+from modeldeploy_dev.cluster.local import LocalCluster, Settings
+from modeldeploy_dev.cluster.realnode import cleanup
+from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
+from modeldeploy_dev.cluster.realnode.oci import push_layout
 
 from .conftest import E2ECluster, restricted_security_context
 
@@ -223,7 +222,7 @@ def test_a_digest_the_registry_lacks_never_runs(rn, ns, probe_ref) -> None:
 def images(rn) -> dict[str, str]:
     """The operator and runtime images, built on the debootstrapped base and pushed to the node's
     registry (cached by Docker's layer cache and the registry after the first build)."""
-    from modeldeploy.e2e.cluster.realnode import images as img
+    from modeldeploy_dev.cluster.realnode import images as img
 
     if why := img.engine_ready():
         pytest.skip(f"cannot build the images: {why}")

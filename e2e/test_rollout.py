@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster
-from .load import Load
 from .test_operator import (  # noqa: F401  (fixtures)
     G,
     Operator,

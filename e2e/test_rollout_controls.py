@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .argocd import checked
+from modeldeploy_dev.argocd import checked
+from modeldeploy_dev.load import Load
+
 from .conftest import E2ECluster
-from .load import Load
 from .test_operator import (  # noqa: F401  (fixtures)
     Operator,
     condition,

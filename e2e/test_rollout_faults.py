@@ -18,11 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from modeldeploy_dev.argocd import checked
+from modeldeploy_dev.load import Load
+
 from modeldeploy.digest import dir_digest
 
-from .argocd import checked
 from .conftest import E2ECluster
-from .load import Load
 from .test_operator import (  # noqa: F401  (fixtures)
     Operator,
     condition,

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from modeldeploy.e2e.cluster.local import pinned_versions
+from modeldeploy_dev.cluster.local import pinned_versions
+from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster
-from .load import Load
 from .test_operator import (  # noqa: F401  (fixtures)
     Operator,
     condition,

@@ -13,12 +13,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from modeldeploy_dev.load import Load
+from modeldeploy_dev.prometheus import PROMETHEUS, Prom, write_targets
 
 from modeldeploy.operator.children import PORT
 
 from .conftest import E2ECluster
-from .load import Load
-from .prometheus import PROMETHEUS, Prom, write_targets
 from .test_operator import (  # noqa: F401  (fixtures)
     Operator,
     condition,

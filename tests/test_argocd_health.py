@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from modeldeploy_dev.argocd import LUA, health
 
-from modeldeploy.e2e.argocd import LUA, health
 from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentStatus
 
 ROOT = Path(__file__).resolve().parents[1]

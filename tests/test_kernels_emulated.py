@@ -1,4 +1,4 @@
-"""The CUDA kernels, run on the CPU through `kernels.emulate` (g++ + one host thread per CUDA
+"""The CUDA kernels, run on the CPU through `modeldeploy_dev.kernel_emulate` (g++ + one host thread per CUDA
 thread), against their torch twins, through the unchanged wrappers.
 
 This is what lets CI (no GPU) catch indexing, masking, split-K and argument-order bugs in
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from modeldeploy_dev import kernel_checks as checks
+from modeldeploy_dev import kernel_emulate as emulate
 
-from modeldeploy.kernels import activation, attention, cache, checks, emulate, norm, rotary
+from modeldeploy.kernels import activation, attention, cache, norm, rotary
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU"

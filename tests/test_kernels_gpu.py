@@ -1,15 +1,14 @@
 """CuPy kernels against their torch twins on a CUDA device (skipped without one).
 
 Fresh random inputs per case (seeded by case index), outputs poisoned with NaN before each
-call, relative-error bounds per dtype (`kernels.checks.TOL`; write_kv must be exact).
+call, relative-error bounds per dtype (`modeldeploy_dev.kernel_checks.TOL`; write_kv must be exact).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from modeldeploy.kernels import checks
+from modeldeploy_dev import kernel_checks as checks
 
 
 def _cuda_reason() -> str | None:

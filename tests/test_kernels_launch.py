@@ -4,7 +4,7 @@ With no GPU the kernels cannot run here, so `launch` is replaced by a recorder; 
 recorded launch must name a compiled instantiation (kernels/build.py) of the tensor's
 dtype, have a non-empty grid, and pass exactly one NumPy scalar of the right width per
 C++ parameter (pointer -> uint64, int -> int32, long long -> int64, float -> float32).
-The checks' problems (`kernels.checks`) are built on CPU too, so their inputs and twins
+The checks' problems (`modeldeploy_dev.kernel_checks`) are built on CPU too, so their inputs and twins
 are exercised in CI.
 """
 
@@ -15,8 +15,9 @@ import re
 import numpy as np
 import pytest
 import torch
+from modeldeploy_dev import kernel_checks as checks
 
-from modeldeploy.kernels import activation, attention, build, cache, checks, norm, rotary
+from modeldeploy.kernels import activation, attention, build, cache, norm, rotary
 
 pytest.importorskip("cupy", reason="cupy is a dev dependency")
 

@@ -1,7 +1,7 @@
 """The Prometheus analysis source against a real Prometheus scraping real `modeldeploy serve` processes.
 
 A stable (8 slots) and a canary (1 slot) server on 127.0.0.1, each its own bundle; Prometheus
-(built by e2e/cluster/build.sh) scrapes both every second with a static namespace="team-a",
+(built by devtools/modeldeploy_dev/cluster/build.sh) scrapes both every second with a static namespace="team-a",
 and scrapes the stable server a second time as namespace="team-b" (a decoy the default
 selector must leave out, or every stable figure would double). Over the same window the
 Prometheus source must give exactly the counts and buckets the direct pod scrape gives, hence
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 from test_canary_io_server import Serve
 
-from modeldeploy.e2e.prometheus import PROMETHEUS, Prom
 from modeldeploy.operator import promql
 from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, PrometheusSource
@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not PROMETHEUS.exists(),
-        reason=f"{PROMETHEUS} not built: run `make cluster-build` (e2e/cluster/build.sh)",
+        reason=f"{PROMETHEUS} not built: run `make cluster-build` (devtools/modeldeploy_dev/cluster/build.sh)",
     ),
 ]
 NS = "team-a"

@@ -1,4 +1,4 @@
-"""The real node's configuration files (e2e/cluster/realnode/config.py): the settings this machine
+"""The real node's configuration files (devtools/modeldeploy_dev/cluster/realnode/config.py): the settings this machine
 forces are present, every path stays under the node directory, and bad input is refused by name."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from modeldeploy.e2e.cluster.realnode.config import (
+from modeldeploy_dev.cluster.realnode.config import (
     SERVICE_CIDR,
     Layout,
     NodeNet,

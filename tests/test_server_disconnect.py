@@ -9,11 +9,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
-from modeldeploy.runtime.server.harness import ThreadedServer
 
 
 def _raw_request(port: int, body: bytes, read_bytes: int) -> None:

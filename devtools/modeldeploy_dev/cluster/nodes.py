@@ -13,7 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 if TYPE_CHECKING:
-    from modeldeploy.e2e.cluster.local import Settings
+    from modeldeploy_dev.cluster.local import Settings
 
 GPU_LABELS = {
     "nvidia.com/gpu.product": "NVIDIA-H200",

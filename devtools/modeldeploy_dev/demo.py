@@ -405,7 +405,7 @@ class _Story:
         self.out.bundles[label] = bundle_id(ModelDeploymentSpec.model_validate(md["spec"]).bundle)
 
     def load(self, workers: int) -> None:
-        from modeldeploy.e2e.load import Load
+        from modeldeploy_dev.load import Load
 
         self.loads.append(
             Load(

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from modeldeploy.e2e.cluster.realnode import cleanup
-from modeldeploy.e2e.cluster.realnode.config import (
+from modeldeploy_dev.cluster.realnode import cleanup
+from modeldeploy_dev.cluster.realnode.config import (
     PAUSE_IMAGE,
     Layout,
     NodeNet,
@@ -33,7 +33,7 @@ from modeldeploy.e2e.cluster.realnode.config import (
     kubelet_yaml,
     registry_hosts_toml,
 )
-from modeldeploy.e2e.cluster.realnode.pki import sign_client_cert
+from modeldeploy_dev.cluster.realnode.pki import sign_client_cert
 
 NODE_KIND_LABEL = "modeldeploy.dev/node-kind=real"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 BASE = "modeldeploy-base:bookworm"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -122,14 +122,14 @@ def build_all(registry: str, only: list[str] | None = None) -> list[Built]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m modeldeploy.e2e.cluster.realnode.images", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m modeldeploy_dev.cluster.realnode.images", description=__doc__)
     p.add_argument("--only", action="append", choices=["operator", "runtime"], help="build just this image")
     p.add_argument("--json", type=Path, help="also write the results (refs, times, sizes) here")
     a = p.parse_args(argv)
     if why := engine_ready():
         print(f"images: {why}", file=sys.stderr)
         return 2
-    from modeldeploy.e2e.cluster.local import LocalCluster
+    from modeldeploy_dev.cluster.local import LocalCluster
 
     reg = LocalCluster.existing().registry()
     started = reg.pid() is None

@@ -8,7 +8,7 @@
 # ./staging/src/..., which does not exist in a module download, so the temp module generated
 # here replaces each of them with the published k8s.io/<name> v0.<minor>.<patch>.
 #
-# Usage: e2e/cluster/build.sh [--print-dir]   (one progress line per binary)
+# Usage: devtools/modeldeploy_dev/cluster/build.sh [--print-dir]   (one progress line per binary)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env

@@ -21,12 +21,11 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from modeldeploy.e2e.procnode.net import Network
-from modeldeploy.e2e.procnode.pids import proc_start_time
-from modeldeploy.e2e.procnode.podstatus import pod_status
-from modeldeploy.e2e.procnode.probes import ProbeState, now, probe_once
-from modeldeploy.e2e.procnode.spec import UnsupportedPod, build_launch
+from modeldeploy_dev.procnode.net import Network
+from modeldeploy_dev.procnode.pids import proc_start_time
+from modeldeploy_dev.procnode.podstatus import pod_status
+from modeldeploy_dev.procnode.probes import ProbeState, now, probe_once
+from modeldeploy_dev.procnode.spec import UnsupportedPod, build_launch
 
 log = logging.getLogger("procnode")
 

@@ -11,7 +11,7 @@
 # runc and the CNI plugins are Debian packages (runc, containernetworking-plugins): .ci/run installs them.
 # Opt-in (`modeldeploy cluster up --real-node`, `make real-node-build`) because a cold build adds minutes.
 #
-# Usage: e2e/cluster/build-node.sh
+# Usage: devtools/modeldeploy_dev/cluster/build-node.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=build.sh

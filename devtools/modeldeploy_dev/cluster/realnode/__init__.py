@@ -5,7 +5,7 @@ runc and CNI plugins, a pause image built from pause.c; see node.py for the life
 for every setting this machine forces, cleanup.py for what `down` proves it removed.
 """
 
-from modeldeploy.e2e.cluster.realnode.config import NodeNet
-from modeldeploy.e2e.cluster.realnode.node import NodeBinaries, RealNode
+from modeldeploy_dev.cluster.realnode.config import NodeNet
+from modeldeploy_dev.cluster.realnode.node import NodeBinaries, RealNode
 
 __all__ = ["NodeBinaries", "NodeNet", "RealNode"]

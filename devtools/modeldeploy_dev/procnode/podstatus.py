@@ -6,7 +6,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from modeldeploy.e2e.procnode.worker import Container, PodWorker
+    from modeldeploy_dev.procnode.worker import Container, PodWorker
 
 
 def ts() -> str:

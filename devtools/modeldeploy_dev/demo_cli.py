@@ -11,9 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from modeldeploy.demo import (
+from modeldeploy_dev.demo import (
     DEMO_LABEL,
     NAME,
     DemoFailed,
@@ -26,6 +24,7 @@ from modeldeploy.demo import (
     summary,
     view,
 )
+from rich.console import Console
 
 
 def install_crd(api: Any) -> None:
@@ -125,9 +124,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from kubernetes import config
+    from modeldeploy_dev.cluster.local import LocalCluster, Settings
     from rich.live import Live
-
-    from modeldeploy.e2e.cluster.local import LocalCluster, Settings
 
     console, t0, workdir, ns, env = (
         Console(),

@@ -1,4 +1,4 @@
-"""A real Prometheus (built from its Go module by e2e/cluster/build.sh) for analysis tests.
+"""A real Prometheus (built from its Go module by devtools/modeldeploy_dev/cluster/build.sh) for analysis tests.
 
 Static targets with a `namespace` label, and optionally a file-discovered job whose target
 file a test rewrites as pods come and go (there is no Kubernetes discovery in this build).
@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
-
-from modeldeploy.e2e.cluster.local import Binaries, cache_root, pinned_versions
+from modeldeploy_dev.cluster.local import Binaries, cache_root, pinned_versions
 
 PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
 

@@ -3,7 +3,7 @@
 kwokctl (`create cluster --runtime binary`) owns certificates, ports, component flags, pid files
 and process lifecycles of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the
 kwok controller; we only point it at the binaries `build.sh` compiled. What kwokctl cannot do is
-run real pods, so the process node (`modeldeploy.e2e.procnode`) is started here as one more
+run real pods, so the process node (`modeldeploy_dev.procnode`) is started here as one more
 background process with its own pid file, and `down` stops it before deleting the cluster.
 """
 
@@ -188,7 +188,7 @@ class LocalCluster:
                 raise RuntimeError(f"build-node.sh finished but the real node lacks: {missing}")
 
     def real_node(self):  # noqa: ANN201 - RealNode, imported lazily (the CLI loads this module)
-        from modeldeploy.e2e.cluster.realnode import NodeBinaries, NodeNet, RealNode
+        from modeldeploy_dev.cluster.realnode import NodeBinaries, NodeNet, RealNode
 
         return RealNode(
             self.s.real_node_name,
@@ -201,8 +201,8 @@ class LocalCluster:
 
     def registry(self):  # noqa: ANN201 - Registry (lazy import, like real_node)
         """The loopback registry the real node pulls from; its storage outlives the cluster."""
-        from modeldeploy.e2e.cluster.realnode import NodeBinaries
-        from modeldeploy.e2e.cluster.realnode.registry import Registry
+        from modeldeploy_dev.cluster.realnode import NodeBinaries
+        from modeldeploy_dev.cluster.realnode.registry import Registry
 
         bins = NodeBinaries(cache_root(), self.bins.versions)
         return Registry(
@@ -244,7 +244,7 @@ class LocalCluster:
             # advertise address: the node's bridge address. kwokctl wires its components over
             # 127.0.0.1, so kube-apiserver listens on all addresses and the node's firewall rules
             # (RealNode.guard_api_port) admit only loopback and the bridge to its port.
-            from modeldeploy.e2e.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
+            from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 
             gw, port = self.real_node().net.gateway, self.api_port()
             # in-cluster clients verify https://10.0.0.1 against the ServiceAccount's ca.crt
@@ -325,12 +325,12 @@ class LocalCluster:
                     )
             self._write_kubeconfig()
             self.settings_file.write_text(json.dumps(dataclasses.asdict(self.s)))
-            from modeldeploy.e2e.cluster.nodes import apply_nodes
+            from modeldeploy_dev.cluster.nodes import apply_nodes
 
             apply_nodes(str(self.kubeconfig), self.s)
             if self.s.process_node and self.procnode_pid() is None:
                 self._start_procnode()
-            from modeldeploy.e2e.cluster.nodes import wait_ready
+            from modeldeploy_dev.cluster.nodes import wait_ready
 
             wait_ready(str(self.kubeconfig), self.s, timeout=90)
             if self.s.real_node:
@@ -375,7 +375,7 @@ class LocalCluster:
         cmd = [
             sys.executable,
             "-m",
-            "modeldeploy.e2e.procnode",
+            "modeldeploy_dev.procnode",
             "--kubeconfig",
             str(self.kubeconfig),
             "--node",
@@ -415,8 +415,8 @@ class LocalCluster:
                 if not _wait_gone(pid, 60):
                     os.kill(pid, signal.SIGKILL)
                     _wait_gone(pid, 5)
-            from modeldeploy.e2e.procnode.net import Network
-            from modeldeploy.e2e.procnode.pids import kill_leftovers
+            from modeldeploy_dev.procnode.net import Network
+            from modeldeploy_dev.procnode.pids import kill_leftovers
 
             if left := kill_leftovers(self.procnode_dir):  # a crashed node leaves pod processes
                 log(f"[cluster] killed leftover pod processes {left}")

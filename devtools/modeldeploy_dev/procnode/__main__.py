@@ -1,4 +1,4 @@
-"""`python -m modeldeploy.e2e.procnode`: run the process node (started by `modeldeploy cluster up`)."""
+"""`python -m modeldeploy_dev.procnode`: run the process node (started by `modeldeploy cluster up`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 from kubernetes import config
-
-from modeldeploy.e2e.procnode.net import Network
-from modeldeploy.e2e.procnode.node import ProcessNode
+from modeldeploy_dev.procnode.net import Network
+from modeldeploy_dev.procnode.node import ProcessNode
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m modeldeploy.e2e.procnode", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m modeldeploy_dev.procnode", description=__doc__)
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--node", default="proc-0")
     p.add_argument("--bridge", default="mdbr0")

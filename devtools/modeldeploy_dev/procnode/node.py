@@ -26,11 +26,10 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from modeldeploy.e2e.cluster.nodes import gpu_node
-from modeldeploy.e2e.procnode.net import Network
-from modeldeploy.e2e.procnode.pids import kill_leftovers
-from modeldeploy.e2e.procnode.worker import PodWorker
+from modeldeploy_dev.cluster.nodes import gpu_node
+from modeldeploy_dev.procnode.net import Network
+from modeldeploy_dev.procnode.pids import kill_leftovers
+from modeldeploy_dev.procnode.worker import PodWorker
 
 log = logging.getLogger("procnode")
 LEASE_SECONDS = 40

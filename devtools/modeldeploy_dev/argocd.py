@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-LUA = Path(__file__).resolve().parents[1] / "charts/modeldeploy-operator/argocd/health.lua"
+LUA = Path(__file__).resolve().parents[2] / "charts/modeldeploy-operator/argocd/health.lua"
 
 
 def health(obj: dict[str, Any], script: str | None = None) -> tuple[str, str]:

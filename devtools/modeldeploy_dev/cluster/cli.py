@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from modeldeploy.e2e.cluster.local import LocalCluster, Settings
+from modeldeploy_dev.cluster.local import LocalCluster, Settings
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                 help="private pod CIDR on that bridge "
                 "(default $MODELDEPLOY_CLUSTER_POD_CIDR or 10.244.0.0/24)",
             )
-    from modeldeploy.e2e.procnode import testserver
+    from modeldeploy_dev.procnode import testserver
 
     testserver.configure(sub.add_parser("testserver", help="test workload for the process node"))
 
@@ -63,7 +63,7 @@ def _settings(a: argparse.Namespace) -> Settings:
 
 def main(a: argparse.Namespace) -> int:
     if a.action == "testserver":
-        from modeldeploy.e2e.procnode import testserver
+        from modeldeploy_dev.procnode import testserver
 
         return testserver.main(a)
     c = LocalCluster(_settings(a)) if a.action in ("up", "build") else LocalCluster.existing(a.name)

@@ -1,5 +1,5 @@
 """The local Kubernetes cluster for tests and demos (see local.py, build.sh, and e2e/conftest.py)."""
 
-from modeldeploy.e2e.cluster.local import LocalCluster, Settings
+from modeldeploy_dev.cluster.local import LocalCluster, Settings
 
 __all__ = ["LocalCluster", "Settings"]
