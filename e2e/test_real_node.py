@@ -235,6 +235,20 @@ def images(rn) -> dict[str, str]:
     return {b.name: b.ref for b in built}
 
 
+def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
+    """On the built image, as pushed: the base install only, no test infrastructure."""
+    code = (
+        "import importlib.util as u, importlib.metadata as m, sys, modeldeploy.operator.handlers;"
+        "print(sorted(n for n in ('torch', 'transformers', 'modeldeploy_dev', 'modeldeploy.e2e', 'pytest')"
+        " if u.find_spec(n.split('.')[0]) and u.find_spec(n)), 'torch' in sys.modules,"
+        " sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].startswith('modeldeploy')))"
+    )
+    r = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
+                        images["operator"], "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["[]", "False", "['modeldeploy']"], r.stdout
+
+
 def local_pv_with_tiny_model(k: E2ECluster, ns: str, root: Path) -> str:
     """A `local` PersistentVolume on real-0 holding a tiny model, claimed as `models` in ns;
     returns the model digest. Files are world-readable: the runtime runs as 65532."""

@@ -205,12 +205,9 @@ class LocalCluster:
         from modeldeploy_dev.cluster.realnode.registry import Registry
 
         bins = NodeBinaries(cache_root(), self.bins.versions)
-        return Registry(
-            bins.registry,
-            cache_root() / "registry",
-            self.run_dir / "realnode" / "registry",
-            self.s.registry_port,
-        )
+        # one registry per port on this machine, whoever started it (a cluster, `make images`)
+        run = cache_root() / "run" / f"registry-{self.s.registry_port}"
+        return Registry(bins.registry, cache_root() / "registry", run, self.s.registry_port)
 
     # --- state -----------------------------------------------------------------------------
     def cluster_running(self) -> bool:

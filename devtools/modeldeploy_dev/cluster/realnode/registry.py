@@ -46,6 +46,8 @@ class Registry:
     def up(self) -> None:
         if self.pid():
             return
+        if self.healthy():
+            raise RuntimeError(f"a registry not started here ({self.pidfile}) answers on {self.host}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.storage.mkdir(parents=True, exist_ok=True)
         cfg = self.run_dir / "registry.yml"
@@ -59,7 +61,7 @@ class Registry:
             )  # fmt: skip
         self.pidfile.write_text(str(p.pid))
         deadline = time.monotonic() + 30
-        while not self.healthy():
+        while not (self.healthy() and self.pid()):
             if time.monotonic() > deadline or not self.pid():
                 raise RuntimeError(
                     f"registry did not start on {self.host}; see {self.run_dir / 'registry.log'}"
