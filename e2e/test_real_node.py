@@ -21,8 +21,9 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -219,20 +220,27 @@ def test_a_digest_the_registry_lacks_never_runs(rn, ns, probe_ref) -> None:
 
 
 @pytest.fixture(scope="module")
-def images(rn) -> dict[str, str]:
-    """The operator and runtime images, built on the debootstrapped base and pushed to the node's
-    registry (cached by Docker's layer cache and the registry after the first build)."""
+def images(rn) -> Callable[[str], str]:
+    """images(name) -> the reference by digest of the operator or runtime image, built on the
+    debootstrapped base and pushed to the node's registry on first use (Docker's layer cache and
+    the registry make later builds cheap)."""
     from modeldeploy_dev.cluster.realnode import images as img
 
     if why := img.engine_ready():
         pytest.skip(f"cannot build the images: {why}")
     c, _, _ = rn
-    built = img.build_all(c.registry().host)
-    for b in built:
-        print(
-            f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s size {b.size_bytes / 1e6:.0f} MB"
-        )
-    return {b.name: b.ref for b in built}
+    refs: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in refs:
+            (b,) = img.build_all(c.registry().host, [name])
+            print(
+                f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s size {b.size_bytes / 1e6:.0f} MB"
+            )
+            refs[name] = b.ref
+        return refs[name]
+
+    return get
 
 
 def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
@@ -244,7 +252,7 @@ def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
         " sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].startswith('modeldeploy')))"
     )
     r = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
-                        images["operator"], "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+                        images("operator"), "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["[]", "False", "['modeldeploy']"], r.stdout
 
@@ -291,65 +299,67 @@ def md_ready(k: E2ECluster, ns: str, name: str):  # noqa: ANN201
     return md if conds.get("Ready", {}).get("status") == "True" else None
 
 
-def test_helm_installed_operator_serves_the_runtime_image_by_digest(rn, ns, images, tmp_path) -> None:
-    """The product as shipped: `helm install` the chart with the operator image by digest (a pod
-    on real-0, restricted namespace, its ServiceAccount's RBAC only), `kubectl apply` a
-    ModelDeployment whose engine is the runtime image by digest and whose model is on a local PV;
-    the runtime pod passes its startup probe and a chat completion through the ClusterIP answers."""
-    import time
-
-    c, k, _ = rn
-    op_ns = f"{ns}-op"
+@pytest.fixture(scope="module")
+def operator_release(rn, images) -> Iterator[str]:
+    """`helm install` of charts/modeldeploy-operator with the operator image by digest, in a
+    namespace of its own labelled enforce=restricted; yields that namespace."""
+    _, k, _ = rn
+    op_ns = f"rn-op-{os.urandom(3).hex()}"
     k.core.create_namespace(
         {"metadata": {"name": op_ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     )
-    try:
-        repo, digest = images["operator"].split("@")
-        t0 = time.monotonic()
-        k.helm("install", "mdop", str(ROOT / "charts" / "modeldeploy-operator"), "-n", op_ns,
-               "--set", f"image.repository={repo}", "--set", f"image.digest={digest}",
-               "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
-        helm_ready = time.monotonic() - t0
-        pods = k.core.list_namespaced_pod(op_ns).items
-        assert len(pods) == 1 and pods[0].spec.node_name == "real-0", [p.metadata.name for p in pods]
-        op = pods[0]
-        assert op.status.container_statuses[0].image_id.endswith(digest)
-        assert op.spec.containers[0].image == images["operator"]
+    repo, digest = images("operator").split("@")
+    t0 = time.monotonic()
+    k.helm("install", "mdop", str(ROOT / "charts" / "modeldeploy-operator"), "-n", op_ns,
+           "--set", f"image.repository={repo}", "--set", f"image.digest={digest}",
+           "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
+    print(f"[timing] helm install -> operator Ready {time.monotonic() - t0:.1f}s")
+    yield op_ns
+    k.helm("uninstall", "mdop", "-n", op_ns, "--wait", check=False)
+    k.kubectl("delete", "namespace", op_ns, "--wait=false", check=False)
 
-        model_digest = local_pv_with_tiny_model(k, ns, tmp_path)
+
+def test_helm_installed_operator_pod_is_ready_on_the_real_node(rn, images, operator_release) -> None:
+    """The operator as shipped: a pod on real-0 in a restricted namespace, image by digest."""
+    _, k, _ = rn
+    pods = k.core.list_namespaced_pod(operator_release).items
+    assert len(pods) == 1 and pods[0].spec.node_name == "real-0", [p.metadata.name for p in pods]
+    op = pods[0]
+    assert op.spec.containers[0].image == images("operator")
+    cs = op.status.container_statuses[0]
+    assert cs.ready and cs.image_id.endswith(images("operator").split("@")[1]), cs
+
+
+def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
+    rn, ns, images, operator_release, tmp_path
+) -> None:
+    """`kubectl apply` a ModelDeployment whose engine is the runtime image by digest and whose
+    model is on a local PV: the operator (the helm-installed pod) makes the Deployment, the
+    runtime pod passes its startup probe, and a chat completion through the ClusterIP answers."""
+    import httpx
+
+    _, k, _ = rn
+    model_digest = local_pv_with_tiny_model(k, ns, tmp_path)
+    runtime = images("runtime")
+    try:
         t0 = time.monotonic()
-        k.kubectl(
-            "apply",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=yaml.safe_dump(tiny_md("tiny", images["runtime"], model_digest)),
-        )
+        k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(tiny_md("tiny", runtime, model_digest)))
         k.wait(lambda: md_ready(k, ns, "tiny"), 900, "ModelDeployment tiny Ready")
-        apply_ready = time.monotonic() - t0
+        print(f"[timing] kubectl apply -> runtime Ready {time.monotonic() - t0:.1f}s")
         pod = next(p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-"))
         assert pod.spec.node_name == "real-0"
         serve = pod.status.container_statuses[0]
-        assert serve.ready and serve.image_id.endswith(images["runtime"].split("@")[1])
+        assert serve.ready and serve.image_id.endswith(runtime.split("@")[1]), serve
         assert pod.spec.containers[0].startup_probe.http_get.path == "/health/ready"
         svc = k.core.read_namespaced_service("tiny", ns)
-        import httpx
-
         base = f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
         model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})  # fmt: skip
         assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["message"]["content"] is not None
-        assert r.json()["usage"]["completion_tokens"] > 0
-        print(
-            f"[timing] helm install -> operator Ready {helm_ready:.1f}s; kubectl apply -> runtime Ready {apply_ready:.1f}s"
-        )
+        assert r.json()["usage"]["completion_tokens"] > 0, r.text
     finally:
         k.kubectl("delete", "-n", ns, "modeldeployments", "--all", "--wait=true", check=False, timeout=180)
-        k.helm("uninstall", "mdop", "-n", op_ns, "--wait", check=False)
-        k.kubectl("delete", "namespace", op_ns, "--wait=false", check=False)
         k.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False)
 
 
