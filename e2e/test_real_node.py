@@ -17,6 +17,7 @@ MODELDEPLOY_CLUSTER_REGISTRY_PORT, as for `modeldeploy cluster up --real-node`.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -36,6 +37,7 @@ from modeldeploy_dev.cluster.realnode.oci import push_layout
 from .conftest import E2ECluster, restricted_security_context
 
 ROOT = Path(__file__).resolve().parents[1]
+G, V, P = "serving.modeldeploy.dev", "v1alpha1", "modeldeployments"
 
 pytestmark = pytest.mark.e2e
 
@@ -358,6 +360,38 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
             "model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})  # fmt: skip
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] > 0, r.text
+
+        # a wrong engine digest: the pod cannot pull it, so those bits never run, and the rollout
+        # rolls back to the bundle that serves, naming the image
+        stable = md_ready(k, ns, "tiny")["status"]["stable"]["bundle"]
+        wrong = runtime.split("@")[0] + "@sha256:" + "0" * 64
+        patch = {"spec": {"bundle": {"engine": {"image": wrong}}}}
+        k.kubectl("patch", "md", "tiny", "-n", ns, "--type=merge", "-p", json.dumps(patch))
+        ran: list[str] = []
+
+        def rolled_back():  # noqa: ANN202
+            for p in k.core.list_namespaced_pod(ns).items:
+                for cs in p.status.container_statuses or []:
+                    if cs.image == wrong and (cs.container_id or cs.state.running):
+                        ran.append(p.metadata.name)
+            md = k.custom.get_namespaced_custom_object(G, V, ns, P, "tiny")
+            conds = {c["type"]: c for c in md.get("status", {}).get("conditions", [])}
+            deg = conds.get("Degraded", {})
+            done = md["status"].get("phase") == "Stable" and deg.get("status") == "True"
+            return md if done else None
+
+        md = k.wait(rolled_back, 600, "rollback of the wrong engine digest")
+        deg = next(c for c in md["status"]["conditions"] if c["type"] == "Degraded")
+        assert wrong in deg["message"] and "cannot be pulled" in deg["message"], deg
+        assert md["status"]["stable"]["bundle"] == stable
+        assert ran == [], f"pods ran the wrong image: {ran}"
+        events = k.core.list_namespaced_event(ns).items
+        assert any(wrong in (e.message or "") and e.reason == "CanaryFailed" for e in events), [
+            (e.reason, e.message) for e in events
+        ]
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
+            "model": model, "messages": [{"role": "user", "content": "again"}], "max_tokens": 4})  # fmt: skip
+        assert r.status_code == 200, r.text  # the prior bundle still serves
     finally:
         k.kubectl("delete", "-n", ns, "modeldeployments", "--all", "--wait=true", check=False, timeout=180)
         k.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False)

@@ -38,6 +38,7 @@ from modeldeploy.operator.plan import (
     plan,
 )
 from modeldeploy.operator.progression import epoch
+from modeldeploy.operator.pull import pull_failure
 from modeldeploy.operator.topology import NodeInfo
 
 NODE_TTL_S = 15.0
@@ -210,7 +211,8 @@ def _not_ready(dep: dict[str, Any]) -> bool:
 
 
 def _loading(ns: str, sel: str) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Load progress and load errors of Running-but-not-Ready serving pods, from /health/ready.
+    """Load progress and load errors of Running-but-not-Ready serving pods, from /health/ready,
+    and image pull failures of Pending ones (pull.py).
 
     The runtime answers 503 with {"status": "failed", "error": ...} when loading failed
     (e.g. a digest mismatch); that error is what status should show, not "0/1 ready".
@@ -229,6 +231,9 @@ def _loading(ns: str, sel: str) -> tuple[dict[str, list[float]], dict[str, str]]
             ready = any(
                 c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
             )
+            if not ready and (pulled := pull_failure(p)) is not None:  # Pending, never loads
+                errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), pulled)
+                continue
             if ready or st.get("phase") != "Running" or not st.get("podIP") or probed >= MAX_PROBES:
                 continue
             uid, progress = p["metadata"].get("uid", ""), 0.0
