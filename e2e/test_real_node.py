@@ -261,13 +261,17 @@ def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
 
 def local_pv_with_tiny_model(k: E2ECluster, ns: str, root: Path) -> str:
     """A `local` PersistentVolume on real-0 holding a tiny model, claimed as `models` in ns;
-    returns the model digest. Files are world-readable: the runtime runs as 65532."""
+    returns the model digest."""
     from modeldeploy.digest import dir_digest
     from modeldeploy.runtime.tiny_model import make_tiny_model
 
     (root / "models").mkdir(parents=True, exist_ok=True)
     (root / "models").chmod(0o755)
     model = make_tiny_model(root / "models" / "tiny-llama")
+    # readable by the pod's user: kubelet applies no fsGroup ownership to a read-only volume
+    # (seen here: PermissionError on model.safetensors, written 0600)
+    for f in [model, *model.rglob("*")]:
+        f.chmod(0o755 if f.is_dir() else 0o644)
     pv = f"{ns}-models"
     affinity = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": ["real-0"]}]}]}}  # fmt: skip
