@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images
+.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example
 
 setup: .venv/.installed
 
@@ -63,6 +63,11 @@ real-node-build:
 # the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.
 images: setup real-node-build
 	$(PY) -m modeldeploy_dev.cluster.realnode.images
+
+# The example manifests pinned to the images `make images` pushed: $(OUT)/examples/ (the examples in
+# git keep a placeholder digest), plus operator-values.yaml for helm.
+example: setup real-node-build
+	$(PY) -m modeldeploy_dev.cluster.realnode.images --examples $(OUT)/examples
 
 cluster: setup cluster-build
 	$(PY) -m modeldeploy cluster up

@@ -95,3 +95,17 @@ def test_registry_hosts_is_plain_http_on_loopback() -> None:
     cfg = tomllib.loads(registry_hosts_toml("127.0.0.1:5011"))
     assert cfg["server"] == "http://127.0.0.1:5011"
     assert cfg["host"]["http://127.0.0.1:5011"]["capabilities"] == ["pull", "resolve"]
+
+
+def test_examples_are_pinned_to_the_pushed_images(tmp_path: Path) -> None:
+    from modeldeploy_dev.cluster.realnode.images import write_examples
+
+    rt = "127.0.0.1:5011/modeldeploy/runtime@sha256:" + "a" * 64
+    op = "127.0.0.1:5011/modeldeploy/operator@sha256:" + "b" * 64
+    written = write_examples({"runtime": rt, "operator": op}, tmp_path)
+    tiny = yaml.safe_load((tmp_path / "modeldeployment-tiny.yaml").read_text())
+    assert tiny["spec"]["bundle"]["engine"]["image"] == rt
+    assert "#" in (tmp_path / "modeldeployment-tiny.yaml").read_text()  # comments kept
+    values = yaml.safe_load((tmp_path / "operator-values.yaml").read_text())
+    assert values["image"] == {"repository": op.split("@")[0], "digest": "sha256:" + "b" * 64}
+    assert len(written) >= 3

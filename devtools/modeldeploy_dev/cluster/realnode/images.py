@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -121,10 +122,36 @@ def build_all(registry: str, only: list[str] | None = None) -> list[Built]:
     return [build_and_push(n, df, registry, a) for n, (df, a) in todo.items() if not only or n in only]
 
 
+ENGINE_LINE = re.compile(r"^(\s*image:\s*)\S+@sha256:[0-9a-f]{64}\s*$", re.M)
+
+
+def write_examples(refs: dict[str, str], out: Path) -> list[Path]:
+    """examples/modeldeployment-*.yaml with `bundle.engine.image` set to the runtime image just
+    pushed (comments kept: a line edit, not a YAML round trip), and the chart values that pin the
+    operator image by digest. `make example` = `make images` + this."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if "runtime" in refs:
+        for src in sorted((ROOT / "examples").glob("modeldeployment-*.yaml")):
+            text, n = ENGINE_LINE.subn(lambda m: m.group(1) + refs["runtime"], src.read_text())
+            if n != 1:
+                raise RuntimeError(f"{src}: expected one engine image line pinned by digest, found {n}")
+            (out / src.name).write_text(text)
+            written.append(out / src.name)
+    if "operator" in refs:
+        repo, digest = refs["operator"].split("@")
+        values = out / "operator-values.yaml"
+        values.write_text(f"# helm install mdop charts/modeldeploy-operator -f {values.name}\n"
+                          f"image:\n  repository: {repo}\n  digest: {digest}\n")  # fmt: skip
+        written.append(values)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m modeldeploy_dev.cluster.realnode.images", description=__doc__)
     p.add_argument("--only", action="append", choices=["operator", "runtime"], help="build just this image")
     p.add_argument("--json", type=Path, help="also write the results (refs, times, sizes) here")
+    p.add_argument("--examples", type=Path, help="write the example manifests pinned to the new images here")
     a = p.parse_args(argv)
     if why := engine_ready():
         print(f"images: {why}", file=sys.stderr)
@@ -143,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         print(b.ref)
     if a.json:
         a.json.write_text(json.dumps([asdict(b) for b in built], indent=1))
+    if a.examples:
+        for path in write_examples({b.name: b.ref for b in built}, a.examples):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
