@@ -4,9 +4,16 @@ PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
-.PHONY: setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example
+.DEFAULT_GOAL := setup
+.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example
 
-setup: .venv/.installed
+##@ General
+
+# Every target with a `## text` comment is listed; `##@ Section` lines head the groups (kubebuilder's help).
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+setup: .venv/.installed ## Create .venv and install the project (runtime and dev extras).
 
 .venv/.installed: pyproject.toml devtools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -14,63 +21,73 @@ setup: .venv/.installed
 	$(PIP) install -q -e '.[runtime,dev]' -e devtools
 	touch $@
 
-test: setup cluster-build
+
+##@ Development
+
+test: setup cluster-build ## Run every test: unit, integration and e2e (builds the local cluster once).
 	$(PY) -m pytest -q -ra tests e2e
 
-unit: setup
+unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
-lint: setup
+lint: setup ## ruff check, ruff format --check and the DESIGN import contracts (import-linter).
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	$(PY) -m modeldeploy_dev.lint_imports
 
-demo-model: setup
+demo-model: setup ## Make a tiny random-weight Llama in out/tiny-llama.
 	$(PY) -m modeldeploy tiny-model $(OUT)/tiny-llama --arch llama --seed 0
 
 # The rollout story (README "make demo"): own local cluster "demo", operator, tiny model, good bundle
 # promoted, slow bundle rolled back, live status table, everything torn down.
-demo: setup cluster-build
+demo: setup cluster-build ## The rollout story on a local cluster: good bundle promoted, slow one rolled back.
 	$(PY) -m modeldeploy demo --workdir $(OUT)/demo
 
-demo-generate: demo-model
+demo-generate: demo-model ## Offline generation with the tiny model.
 	$(PY) -m modeldeploy generate --model $(OUT)/tiny-llama --max-tokens 24 \
 		--prompt "The quick brown fox" --prompt "Kubernetes schedules pods onto" \
 		--prompt "A paged KV cache stores"
 
-clean:
+clean: ## Remove out/ and build outputs.
 	rm -rf $(OUT) build *.egg-info
 
-crds: setup
+
+##@ Operator
+
+crds: setup ## Regenerate crds/ and the chart copies from operator/api.py.
 	$(PY) -m modeldeploy crd
 
 # The model examples/modeldeployment-tiny.yaml pins (seeded: its digest is fixed).
 EXAMPLE_MODEL_DIR ?= /var/lib/modeldeploy/models/tiny-llama
-example-model: setup
+example-model: setup ## Make the model examples/modeldeployment-tiny.yaml pins.
 	$(PY) -m modeldeploy tiny-model $(EXAMPLE_MODEL_DIR) --arch llama --seed 0
 	$(PY) -m modeldeploy digest $(EXAMPLE_MODEL_DIR)
 
 # Local Kubernetes (e2e/cluster): pinned etcd/kube-*/kwok/helm compiled from Go modules into
 # ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".
-cluster-build:
+
+##@ Local cluster
+
+cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
 	bash devtools/modeldeploy_dev/cluster/build.sh
 
 # The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
 # README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
-real-node-build:
+real-node-build: ## Build the real worker node: kubelet, kube-proxy, containerd v2, registry, pause (cached).
 	bash devtools/modeldeploy_dev/cluster/build-node.sh
 
 # The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
 # the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.
-images: setup real-node-build
+images: setup real-node-build ## Build the operator and runtime images, push them to the loopback registry, print the digests.
 	$(PY) -m modeldeploy_dev.cluster.realnode.images
 
 # The example manifests pinned to the images `make images` pushed: $(OUT)/examples/ (the examples in
 # git keep a placeholder digest), plus operator-values.yaml for helm.
-example: setup real-node-build
+example: setup real-node-build ## `make images` + the example manifests pinned to those digests in $(OUT)/examples.
 	$(PY) -m modeldeploy_dev.cluster.realnode.images --examples $(OUT)/examples
 
-cluster: setup cluster-build
+cluster: setup cluster-build ## Start the local cluster and the process node.
 	$(PY) -m modeldeploy cluster up
 
-cluster-down: setup
+cluster-down: setup ## Tear the local cluster down.
 	$(PY) -m modeldeploy cluster down

@@ -17,15 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from kubernetes import client, config
 from modeldeploy_dev.cluster.local import LocalCluster, Settings
 from modeldeploy_dev.cluster.nodes import kwok_node, node_ready
+from modeldeploy_dev.wait import wait_until
+
+from modeldeploy.operator.progression import RFC3339
 
 
 def wait(fn, timeout: float, what: str, interval: float = 1.0) -> float:  # noqa: ANN001
+    """Seconds until `fn()` held."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if fn():
-            return time.monotonic() - t0
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached in {timeout}s")
+    wait_until(fn, timeout, interval, what)
+    return time.monotonic() - t0
 
 
 def main() -> int:
@@ -99,7 +100,7 @@ def main() -> int:
                 "nodes_ready_s": round(t_nodes, 1),
                 "pods_ready_s": round(t_pods, 1),
                 "git_rev": rev,
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "date": time.strftime(RFC3339, time.gmtime()),
             }
         )
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from modeldeploy_dev.cluster.nodes import kwok_node
+from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.operator import api
 
@@ -155,14 +156,15 @@ def latency(apps: client.AppsV1Api, custom: client.CustomObjectsApi, n: int) -> 
 
 def _wait_gone(core: client.CoreV1Api, ns: str, timeout: float = 180) -> None:
     """Services must be gone before their ServiceCIDR can be deleted."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             core.read_namespace(ns, _request_timeout=10)
         except ApiException as e:
-            if e.status == 404:
-                return
-        time.sleep(1)
+            return e.status == 404
+        return False
+
+    wait_until(gone, timeout, 1, f"namespace {ns} to be deleted")
 
 
 def _ignore_409(fn) -> None:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from modeldeploy_dev.wait import wait_until
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -149,16 +150,15 @@ def start_server(model: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
         ]
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+    try:
+        wait_until(
+            lambda: httpx.get(url + "/health/ready", timeout=2).status_code == 200,
+            300, 0.2, "the server to be ready", ignore=(httpx.TransportError,),
+        )  # fmt: skip
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 async def measure(model: str, url: str, args: argparse.Namespace, max_seqs: int) -> list[dict]:

@@ -34,7 +34,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +41,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client, config
 from modeldeploy_dev.cluster.local import LocalCluster
+from modeldeploy_dev.wait import wait_until
 
 T = TypeVar("T")
 
@@ -92,14 +92,7 @@ class E2ECluster:
 
     @staticmethod
     def wait(fn: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = fn()
-            if last:
-                return last
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        return wait_until(fn, timeout, interval, what)
 
     def process_logs(self, namespace: str, pod: str) -> str:
         if self.local is None:

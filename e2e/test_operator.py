@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from modeldeploy_dev.demo import OperatorProcess
+from modeldeploy_dev.operator_process import OperatorProcess
 
 from modeldeploy.operator import api, crd
 

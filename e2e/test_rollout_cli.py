@@ -22,7 +22,7 @@ from modeldeploy.operator.api import (
     HistoryEntry,
     ModelDeploymentStatus,
 )
-from modeldeploy.operator.rollout_cli import ABORT, PROMOTE, ROLLBACK_TO
+from modeldeploy.operator.commands import ABORT, PROMOTE, ROLLBACK_TO
 
 from .conftest import E2ECluster
 from .test_operator import crd_installed  # noqa: F401  (fixture)

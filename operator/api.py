@@ -29,7 +29,7 @@ VERSION = "v1alpha1"
 KIND = "ModelDeployment"
 PLURAL = "modeldeployments"
 SINGULAR = "modeldeployment"
-SHORT_NAMES = ["md"]
+SHORT_NAMES = ("md",)
 
 PINNED_IMAGE_RE = r"^[^@ ]+@sha256:[0-9a-f]{64}$"
 DIGEST_RE = r"^sha256:[0-9a-f]{64}$"

@@ -12,6 +12,7 @@ import argparse
 import copy
 import sys
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -27,18 +28,18 @@ MSG_NAME = (
     "metadata.name must be at most 52 characters so child names (<name>-canary, <name>-<bundle>) fit 63"
 )
 
-_KEEP = {
+_KEEP = frozenset({
     "type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "minItems",
     "maxItems", "pattern", "items", "properties", "required", "additionalProperties", "x-kubernetes-validations",
     "x-kubernetes-int-or-string", "format",
-}  # fmt: skip
+})  # fmt: skip
 
 
-_ORDER = {k: i for i, k in enumerate([
+_ORDER = MappingProxyType({k: i for i, k in enumerate([
     "type", "description", "default", "x-kubernetes-int-or-string", "enum", "format", "minimum", "exclusiveMinimum",
     "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "required", "properties", "items",
     "additionalProperties", "x-kubernetes-validations",
-])}  # fmt: skip
+])})  # fmt: skip
 
 
 def _factory_defaults(model: type[BaseModel]) -> dict[str, Any]:
@@ -174,7 +175,7 @@ def crd() -> dict[str, Any]:
                 "listKind": f"{api.KIND}List",
                 "plural": api.PLURAL,
                 "singular": api.SINGULAR,
-                "shortNames": api.SHORT_NAMES,
+                "shortNames": list(api.SHORT_NAMES),
                 "categories": ["all", "modeldeploy"],
             },
             "scope": "Namespaced",

@@ -10,23 +10,38 @@ A bundle change goes through the rollout state machine (`rollout.advance`, one d
 reconcile): a canary Deployment next to the full stable one, the conformance gate, weighted
 steps judged by canary analysis, then promotion with the prior bundle kept warm, or a
 rollback. The machine's state lives in status, so a restarted operator resumes it.
+
+`plan()` is a chain of named sub-planners, read top to bottom as Argo's `rolloutCanary()` is:
+rollout step, Deployments, Services, HTTPRoute, cohort figures, Degraded, phase, conditions,
+status. Each one is pure and takes the `Inputs` every planner shares.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from modeldeploy.operator import children, progression, routing
+from modeldeploy.operator.actions import (  # noqa: F401  (re-exported: plan's vocabulary)
+    Action,
+    Annotate,
+    Create,
+    Delete,
+    Event,
+    Observed,
+    Patch,
+    PatchStatus,
+)
 from modeldeploy.operator.analysis import describe
-from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec, ModelDeploymentStatus
+from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
+from modeldeploy.operator.drift import DESIRED_HASH, reconcile_child  # noqa: F401  (DESIRED_HASH re-exported)
 from modeldeploy.operator.rollout import (
-    ACTIVE,
+    ACTIVE_PHASES,
+    IN_FLIGHT,
+    Policy,
     RolloutState,
     Signals,
     advance,
@@ -35,345 +50,297 @@ from modeldeploy.operator.rollout import (
     serving_bundles,
 )
 from modeldeploy.operator.status import cohort, condition, replica_failure
-from modeldeploy.operator.topology import NodeInfo, fit
+from modeldeploy.operator.topology import fit
 
-DESIRED_HASH = "modeldeploy.dev/desired-hash"
-
-
-@dataclass(frozen=True)
-class Create:
-    obj: dict[str, Any]
+Degraded = tuple[str, str] | None  # (reason, message) of a Degraded=True condition
 
 
 @dataclass(frozen=True)
-class Patch:
-    """JSON merge patch: lists are replaced whole, so an edited container list reverts."""
+class Inputs:
+    """What every sub-planner reads: the object, its parsed spec and last status, what exists, the time."""
 
-    kind: str
-    name: str
-    body: dict[str, Any]
+    md: dict[str, Any]
+    spec: ModelDeploymentSpec
+    prior: ModelDeploymentStatus
+    observed: Observed
+    now: str
+    bid: str  # bundle id of spec.bundle
+    by_bundle: dict[str | None, dict[str, Any]]  # observed Deployments by bundle label
+    policy: Policy
+    now_s: float
+
+    @classmethod
+    def of(
+        cls,
+        md: dict[str, Any],
+        spec: ModelDeploymentSpec,
+        prior: ModelDeploymentStatus,
+        obs: Observed,
+        now: str,
+    ) -> Inputs:
+        by_bundle = {d["metadata"].get("labels", {}).get(BUNDLE_LABEL): d for d in obs.deployments}
+        return cls(md, spec, prior, obs, now, bundle_id(spec.bundle), by_bundle, progression.policy(spec),
+                   progression.epoch(now) or 0.0)  # fmt: skip
+
+    @property
+    def generation(self) -> int | None:
+        return self.md["metadata"].get("generation")
 
 
 @dataclass(frozen=True)
-class Delete:
-    kind: str
-    name: str
+class Cohorts:
+    """Status figures of the stable and canary cohorts, and the readiness the conditions read."""
 
-
-@dataclass(frozen=True)
-class PatchStatus:
-    status: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Annotate:
-    """Merge patch of the ModelDeployment's own annotations (None removes): consumes a manual command."""
-
-    annotations: dict[str, str | None]
-
-
-Action = Create | Patch | Delete | PatchStatus | Event | Annotate
-
-
-@dataclass
-class Observed:
-    deployments: list[dict[str, Any]] = field(default_factory=list)
-    services: list[dict[str, Any]] = field(default_factory=list)
-    nodes: list[NodeInfo] | None = None  # None: not known yet, skip the fit check
-    # bundle id -> load progress (0..1) reported by /health/ready of its pods that are not Ready yet
-    loading: dict[str, list[float]] = field(default_factory=dict)
-    # bundle id -> load error a pod of it reported (runtime /health/ready status "failed")
-    load_errors: dict[str, str] = field(default_factory=dict)
-    # rollout inputs gathered by the I/O layer (canary_io): gate result, latest analysis, manual command
-    conformance: tuple[bool, str] | None = None
-    analysis: AnalysisResult | None = None
-    analysis_at: float | None = None
-    command: str | None = None
-    command_annotations: tuple[str, ...] = ()
-    routes: list[dict[str, Any]] | None = None  # HTTPRoutes owned; None: Gateway API not served
-    analysis_fresh: bool = False  # `analysis` was computed for this reconcile (not read back from status)
-
-
-def subset(want: Any, have: Any) -> bool:
-    """Every field we set has our value (API defaults may add fields; lists must match in length)."""
-    if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and subset(v, have[k]) for k, v in want.items())
-    if isinstance(want, list):
-        return (
-            isinstance(have, list)
-            and len(want) == len(have)
-            and all(subset(a, b) for a, b in zip(want, have, strict=True))
-        )
-    if want == have:
-        return True
-    if isinstance(want, str) and isinstance(have, str | int):
-        return _same_quantity(want, str(have))
-    return False
-
-
-def _same_quantity(a: str, b: str) -> bool:
-    from kubernetes.utils.quantity import parse_quantity
-
-    try:
-        return parse_quantity(a) == parse_quantity(b)
-    except (ValueError, TypeError, ArithmeticError):
-        return False
-
-
-def _reconcile_child(want: dict[str, Any], have: dict[str, Any] | None, out: list[Action]) -> None:
-    """Create, or patch back to `want`; the desired-hash annotation tells our update from drift."""
-    kind, name = want["kind"], want["metadata"]["name"]
-    digest = hashlib.sha256(
-        json.dumps([want["spec"], want["metadata"]["labels"]], sort_keys=True).encode()
-    ).hexdigest()[:16]
-    want["metadata"].setdefault("annotations", {})[DESIRED_HASH] = digest
-    if have is None:
-        out.append(Create(want))
-        out.append(Event("Normal", "Created", f"created {kind} {name}"))
-        return
-    fields = {
-        "spec": want["spec"],
-        "metadata": {"labels": want["metadata"]["labels"], "annotations": {DESIRED_HASH: digest}},
-    }
-    # a merge patch keeps map keys it does not name: a selector key we no longer want (e.g. the
-    # bundle pin of `<name>` once the canary joins) is removed with an explicit null
-    stale = set((have.get("spec") or {}).get("selector") or {}) - set(want["spec"].get("selector") or {})
-    if kind == "Service" and stale:
-        fields["spec"] = {**want["spec"], "selector": {**want["spec"]["selector"], **dict.fromkeys(stale)}}
-    if not subset(fields, have):  # (a null in the selector never matches, so it always patches)
-        out.append(Patch(kind, name, fields))
-        if (have["metadata"].get("annotations") or {}).get(DESIRED_HASH) == digest:
-            out.append(
-                Event("Normal", "DriftReverted", f"{kind} {name} was changed outside the operator; reverted")
-            )
-        else:
-            out.append(Event("Normal", "Updated", f"updated {kind} {name} to the desired state"))
+    stable: CohortStatus
+    canary: CohortStatus | None
+    ready_total: int  # Ready replicas over every live bundle
+    stable_ready: bool  # the stable cohort has spec.replicas Ready
+    all_ready: bool  # no canary, stable is the spec's bundle and fully Ready
 
 
 def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
-    meta = md.get("metadata", {})
-    if meta.get("deletionTimestamp"):
+    if md.get("metadata", {}).get("deletionTimestamp"):
         return []  # children carry ownerReferences: the garbage collector removes them
-    name, generation = meta["name"], meta.get("generation")
     prior = ModelDeploymentStatus.model_validate(md.get("status") or {})
-    out: list[Action] = []
     try:
         spec = ModelDeploymentSpec.model_validate(md.get("spec") or {})
     except ValidationError as e:
-        msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())[:1000]
-        cond = [condition("Degraded", True, "InvalidSpec", msg, generation, prior.conditions, now)]
-        status = prior.model_copy(
-            update={"observed_generation": generation, "phase": "Degraded", "conditions": cond}
-        )
-        return _finish(md, prior, status, out + [Event("Warning", "InvalidSpec", msg)])
+        return plan_invalid(md, prior, e, now)
+    x = Inputs.of(md, spec, prior, observed, now)
+    state, out = plan_rollout(x)
+    sizes = cohort_replicas(state, x.policy, x.now_s)
+    unfit = fit(spec.topology, observed.nodes) if observed.nodes is not None else None
+    live, deployments = plan_deployments(x, sizes, unfit)
+    canary_id = state.canary if state.phase in IN_FLIGHT else None
+    weight = canary_weight(state, x.policy)
+    route_problem, routes = plan_routes(x, weight, canary_id is not None)
+    out += deployments + plan_services(x, state, live, canary_id) + routes
+    cohorts = plan_cohorts(x, state, sizes, canary_id)
+    degraded = plan_degraded(x, state, unfit, route_problem)
+    conditions = plan_conditions(x, state, degraded, cohorts)
+    out += degraded_event(x.prior, degraded)
+    phase = plan_phase(state, degraded, cohorts, x.bid)
+    status = plan_status(x, state, phase, conditions, cohorts, sizes, weight)
+    return out + status_patch(prior, status)
 
-    bid = bundle_id(spec.bundle)
-    by_bundle = {d["metadata"].get("labels", {}).get(BUNDLE_LABEL): d for d in observed.deployments}
-    pol = progression.policy(spec)
-    state = progression.load_state(prior)
-    if state.stable is not None and state.stable != bid and state.stable not in by_bundle:
+
+def plan_invalid(
+    md: dict[str, Any], prior: ModelDeploymentStatus, e: ValidationError, now: str
+) -> list[Action]:
+    """A spec the API types refuse: Degraded=True InvalidSpec naming each field, no children touched."""
+    generation = md["metadata"].get("generation")
+    msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())[:1000]
+    cond = [condition("Degraded", True, "InvalidSpec", msg, generation, prior.conditions, now)]
+    status = prior.model_copy(
+        update={"observed_generation": generation, "phase": "Degraded", "conditions": cond}
+    )
+    return [Event("Warning", "InvalidSpec", msg), *status_patch(prior, status)]
+
+
+def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
+    """One decision of the rollout machine, the Analysis Event that fed it, and consuming a command."""
+    obs, out = x.observed, []
+    state = progression.load_state(x.prior)
+    if state.stable is not None and state.stable != x.bid and state.stable not in x.by_bundle:
         state = RolloutState(failed=state.failed)  # the stable Deployment is gone: start over from spec
-    now_s = progression.epoch(now) or 0.0
-    canary_dep = by_bundle.get(state.canary) if state.canary else None
     sig = Signals(
-        desired=bid, canary_ready=_ready(canary_dep),
-        canary_failure=observed.load_errors.get(state.canary) if state.canary else None,
-        conformance=observed.conformance, analysis=observed.analysis, analysis_at=observed.analysis_at,
-        command=observed.command,
+        desired=x.bid, canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
+        canary_failure=obs.load_errors.get(state.canary) if state.canary else None,
+        conformance=obs.conformance, analysis=obs.analysis, analysis_at=obs.analysis_at, command=obs.command,
     )  # fmt: skip
-    if (
-        observed.analysis_fresh and observed.analysis is not None
-    ):  # every analysis is an Event, with its figures
-        out.append(
-            Event(
-                "Warning" if observed.analysis.verdict == "Fail" else "Normal",
-                "Analysis",
-                describe(observed.analysis),
-            )
-        )
-    step = advance(state, pol, sig, now_s)
-    state = step.state
+    if obs.analysis_fresh and obs.analysis is not None:  # every analysis is an Event, with its figures
+        kind = "Warning" if obs.analysis.verdict == "Fail" else "Normal"
+        out.append(Event(kind, "Analysis", describe(obs.analysis)))
+    step = advance(state, x.policy, sig, x.now_s)
     if step.event is not None:
         out.append(Event(*step.event))
-    if observed.command_annotations:
-        out.append(Annotate({a: None for a in observed.command_annotations}))  # a command acts once
+    if obs.command_annotations:
+        out.append(Annotate({a: None for a in obs.command_annotations}))  # a command acts once
+    return step.state, out
 
-    unfit = fit(spec.topology, observed.nodes) if observed.nodes is not None else None
-    sizes = cohort_replicas(state, pol, now_s)
+
+def plan_deployments(
+    x: Inputs, sizes: dict[str, int], unfit: str | None
+) -> tuple[dict[str, dict[str, Any]], list[Action]]:
+    """One Deployment per live bundle at its size; others deleted. Returns the live ones and the actions."""
     live: dict[str, dict[str, Any]] = {}
+    out: list[Action] = []
     for b, n in sizes.items():
-        if b == bid:
-            if unfit is None:
-                want = children.deployment(md, spec, bid, n)
-                _reconcile_child(want, by_bundle.get(bid), out)
-                live[b] = want
-            elif bid in by_bundle:
-                live[b] = by_bundle[bid]  # an impossible placement is not applied: running pods keep serving
-        elif b in by_bundle:  # an older bundle: its pod template stays as it was, only its size moves
-            live[b] = by_bundle[b]
-            if int((by_bundle[b].get("spec") or {}).get("replicas") or 0) != n:
-                name_b = by_bundle[b]["metadata"]["name"]
-                out.append(Patch("Deployment", name_b, {"spec": {"replicas": n}}))
-                out.append(Event("Normal", "Scaled", f"scaled Deployment {name_b} (bundle {b}) to {n}"))
-    for other, dep in by_bundle.items():
+        have = x.by_bundle.get(b)
+        if b == x.bid and unfit is None:
+            want = children.deployment(x.md, x.spec, x.bid, n)
+            out += reconcile_child(want, have)
+            live[b] = want
+        elif have is not None:  # an impossible placement is not applied: running pods keep serving;
+            live[b] = have  # an older bundle's pod template stays as it was, only its size moves
+            if b != x.bid and int((have.get("spec") or {}).get("replicas") or 0) != n:
+                name = have["metadata"]["name"]
+                out.append(Patch("Deployment", name, {"spec": {"replicas": n}}))
+                out.append(Event("Normal", "Scaled", f"scaled Deployment {name} (bundle {b}) to {n}"))
+    for other, dep in x.by_bundle.items():
         if other not in live:
-            out.append(Delete("Deployment", dep["metadata"]["name"]))
+            name = dep["metadata"]["name"]
+            out.append(Delete("Deployment", name))
             out.append(
-                Event(
-                    "Normal",
-                    "Deleted",
-                    f"deleted Deployment {dep['metadata']['name']} (bundle {other} no longer live)",
-                )
+                Event("Normal", "Deleted", f"deleted Deployment {name} (bundle {other} no longer live)")
             )
+    return live, out
 
+
+def plan_services(
+    x: Inputs, state: RolloutState, live: dict[str, dict[str, Any]], canary_id: str | None
+) -> list[Action]:
+    """`<name>` (every serving bundle, pinned while there is one), `<name>-stable`, `<name>-canary`."""
     serving = serving_bundles(state)
-    canary_id = state.canary if state.phase in ACTIVE or state.phase == "RollingBack" else None
-    svcs = {s["metadata"]["name"]: s for s in observed.services}
+    have = {s["metadata"]["name"]: s for s in x.observed.services}
+    out: list[Action] = []
     for suffix, sid in (
         ("", serving[0] if len(serving) == 1 else None),
         ("stable", state.stable if state.stable in live else None),
         ("canary", canary_id),
     ):
-        want = children.service(md, suffix, sid)
-        _reconcile_child(want, svcs.get(want["metadata"]["name"]), out)
-    weight = canary_weight(state, pol)
-    route_problem = _routes(md, spec, weight, canary_id is not None, observed, out)
+        want = children.service(x.md, suffix, sid)
+        out += reconcile_child(want, have.get(want["metadata"]["name"]))
+    return out
 
-    revisions = _revisions(by_bundle, prior, spec, bid)
-    stable_c = cohort(
-        state.stable, revisions.get(state.stable), by_bundle.get(state.stable), sizes.get(state.stable, 0),
-        observed.loading.get(state.stable, []),
-    )  # fmt: skip
-    canary_c = None
-    if canary_id:
-        canary_c = cohort(
-            canary_id,
-            revisions.get(canary_id),
-            by_bundle.get(canary_id),
-            sizes.get(canary_id, 0),
-            observed.loading.get(canary_id, []),
+
+def plan_routes(x: Inputs, weight: int, has_canary: bool) -> tuple[str | None, list[Action]]:
+    """The HTTPRoute under spec.rollout.trafficRouting.gatewayAPI: (a problem message or None, actions)."""
+    try:
+        want = routing.http_route(x.md, x.spec, weight, has_canary)
+    except ValueError as e:
+        return str(e), []
+    have = {r["metadata"]["name"]: r for r in x.observed.routes or []}
+    if want is None:
+        return None, [Delete(routing.KIND, n) for n in have]
+    if x.observed.routes is None:
+        return (
+            "spec.rollout.trafficRouting.gatewayAPI is set but the cluster serves no gateway.networking.k8s.io/v1 HTTPRoute",
+            [],
         )
-    ready_total = sum(_ready(by_bundle.get(b)) for b in sizes)
+    return None, reconcile_child(want, have.get(want["metadata"]["name"]))
 
-    failure = replica_failure(by_bundle.get(state.stable))
-    load_error = observed.load_errors.get(state.stable)
+
+def plan_cohorts(x: Inputs, state: RolloutState, sizes: dict[str, int], canary_id: str | None) -> Cohorts:
+    """Replica and load-progress figures of the stable and (while in flight) canary cohorts."""
+    revisions = revisions_of(x)
+
+    def figures(b: str | None) -> CohortStatus:
+        return cohort(b, revisions.get(b), x.by_bundle.get(b), sizes.get(b, 0), x.observed.loading.get(b, []))
+
+    stable = figures(state.stable)
+    stable_ready = stable.ready_replicas >= x.spec.replicas
+    return Cohorts(
+        stable=stable,
+        canary=figures(canary_id) if canary_id else None,
+        ready_total=sum(_ready(x.by_bundle.get(b)) for b in sizes),
+        stable_ready=stable_ready,
+        all_ready=canary_id is None and stable_ready and state.stable == x.bid,
+    )
+
+
+def plan_degraded(x: Inputs, state: RolloutState, unfit: str | None, route_problem: str | None) -> Degraded:
+    """The one Degraded reason that applies, most fundamental first; None when nothing is wrong."""
+    failure = replica_failure(x.by_bundle.get(state.stable))
+    load_error = x.observed.load_errors.get(state.stable)
     if unfit is not None:
-        degraded = ("Unschedulable", f"no node can ever fit a replica: {unfit}")
-    elif load_error is not None:
-        degraded = ("LoadFailed", f"bundle {state.stable} failed to load: {load_error}")
-    elif failure is not None:
-        degraded = ("ReplicaFailure", failure)
-    elif route_problem is not None:
-        degraded = ("GatewayAPIUnavailable", route_problem)
-    elif state.phase == "Stable" and bid != state.stable and state.reason in progression.FAILURE_REASONS:
-        degraded = (state.reason, state.message)
-    else:
-        degraded = None
-    stable_ready = stable_c.ready_replicas >= spec.replicas
-    all_ready = canary_c is None and stable_ready and state.stable == bid
+        return "Unschedulable", f"no node can ever fit a replica: {unfit}"
+    if load_error is not None:
+        return "LoadFailed", f"bundle {state.stable} failed to load: {load_error}"
+    if failure is not None:
+        return "ReplicaFailure", failure
+    if route_problem is not None:
+        return "GatewayAPIUnavailable", route_problem
+    if state.phase == "Stable" and x.bid != state.stable and state.reason in progression.FAILURE_REASONS:
+        return state.reason, state.message
+    return None
+
+
+def plan_phase(state: RolloutState, degraded: Degraded, cohorts: Cohorts, bid: str) -> str:
+    """status.phase: the machine's phase, except Degraded (broken, not a rollout) and first-load Deploying."""
     rollout_failed = degraded is not None and degraded[0] in progression.FAILURE_REASONS
-    if (
-        degraded
-        and not rollout_failed
-        and not all_ready
-        and state.phase not in ACTIVE
-        and state.phase != "RollingBack"
-    ):
-        phase = "Degraded"  # a rollout that failed is Stable on the prior bundle, with Degraded=True
-    elif state.phase == "Stable" and not stable_ready and state.stable == bid:
-        phase = "Deploying"  # the bundle is loading with no canary involved (first deployment, scale-up)
-    else:
-        phase = state.phase
-    if state.phase in ACTIVE or state.phase == "RollingBack":
+    if degraded and not rollout_failed and not cohorts.all_ready and state.phase not in IN_FLIGHT:
+        return "Degraded"  # a rollout that failed is Stable on the prior bundle, with Degraded=True
+    if state.phase == "Stable" and not cohorts.stable_ready and state.stable == bid:
+        return "Deploying"  # the bundle is loading with no canary involved (first deployment, scale-up)
+    return state.phase
+
+
+def plan_conditions(x: Inputs, state: RolloutState, degraded: Degraded, cohorts: Cohorts) -> list[Condition]:
+    """Ready, Progressing and Degraded; lastTransitionTime kept while a condition's status holds."""
+    ready_n, want = cohorts.stable.ready_replicas, x.spec.replicas
+    if state.phase in IN_FLIGHT:
         progressing = (state.reason or state.phase, state.message)
-    elif all_ready:
+    elif cohorts.all_ready:
         progressing = ("Complete", "desired state reached")
     else:
-        progressing = ("ReplicasNotReady", f"{stable_c.ready_replicas}/{spec.replicas} replicas ready")
-    conds = [
-        condition("Ready", stable_ready, "AllReplicasReady" if stable_ready else "ReplicasNotReady",
-                  f"{stable_c.ready_replicas}/{spec.replicas} stable replicas ready", generation, prior.conditions, now),
-        condition("Progressing", (not all_ready and not degraded) or state.phase in ACTIVE, progressing[0],
-                  progressing[1], generation, prior.conditions, now),
-        condition("Degraded", degraded is not None, degraded[0] if degraded else "AsExpected",
-                  degraded[1] if degraded else "", generation, prior.conditions, now),
+        progressing = ("ReplicasNotReady", f"{ready_n}/{want} replicas ready")
+    ready = cohorts.stable_ready
+    moving = (not cohorts.all_ready and not degraded) or state.phase in ACTIVE_PHASES
+    bad_reason, bad_message = degraded or ("AsExpected", "")
+    gen, old, now = x.generation, x.prior.conditions, x.now
+    return [
+        condition("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
+                  f"{ready_n}/{want} stable replicas ready", gen, old, now),
+        condition("Progressing", moving, progressing[0], progressing[1], gen, old, now),
+        condition("Degraded", degraded is not None, bad_reason, bad_message, gen, old, now),
     ]  # fmt: skip
-    old_degraded = next((c for c in prior.conditions if c.type == "Degraded"), None)
-    if (
-        degraded
-        and degraded[0] not in progression.FAILURE_REASONS
-        and (old_degraded is None or old_degraded.reason != degraded[0] or old_degraded.status != "True")
-    ):
-        out.append(Event("Warning", degraded[0], degraded[1]))
-    sel = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
-    status = prior.model_copy(
+
+
+def degraded_event(prior: ModelDeploymentStatus, degraded: Degraded) -> list[Action]:
+    """A Warning when the object turns Degraded for a new reason (a failed rollout has its own Events)."""
+    if not degraded or degraded[0] in progression.FAILURE_REASONS:
+        return []
+    old = next((c for c in prior.conditions if c.type == "Degraded"), None)
+    if old is not None and old.reason == degraded[0] and old.status == "True":
+        return []
+    return [Event("Warning", degraded[0], degraded[1])]
+
+
+def plan_status(
+    x: Inputs,
+    state: RolloutState,
+    phase: str,
+    conditions: list[Condition],
+    cohorts: Cohorts,
+    sizes: dict[str, int],
+    weight: int,
+) -> ModelDeploymentStatus:
+    """The whole status: figures, the machine's state, history and the analysis that decided the step."""
+    sel = ",".join(f"{k}={v}" for k, v in selector_labels(x.md["metadata"]["name"]).items())
+    analysis_counts = state.phase in ACTIVE_PHASES or state.reason == "AnalysisFailed"
+    return x.prior.model_copy(
         update={
-            "observed_generation": generation, "phase": phase, "conditions": conds, "stable": stable_c, "canary": canary_c,
-            "canary_weight": weight, "replicas": sum(sizes.values()), "ready_replicas": ready_total, "selector": sel,
-            "history": progression.history_entries(state, prior.history, revisions, now),
-            "current_step": state.step if state.phase == "Canary" else None, "failed_bundles": list(state.failed),
-            "last_analysis": observed.analysis if state.phase in ACTIVE or state.reason == "AnalysisFailed"
-            else prior.last_analysis,
+            "observed_generation": x.generation, "phase": phase, "conditions": conditions,
+            "stable": cohorts.stable, "canary": cohorts.canary, "canary_weight": weight,
+            "replicas": sum(sizes.values()), "ready_replicas": cohorts.ready_total, "selector": sel,
+            "history": progression.history_entries(state, x.prior.history, revisions_of(x), x.now),
+            "current_step": state.step if state.phase == "Canary" else None,
+            "failed_bundles": list(state.failed),
+            "last_analysis": x.observed.analysis if analysis_counts else x.prior.last_analysis,
             "rollout": progression.rollout_status(state),
         }
     )  # fmt: skip
-    return _finish(md, prior, status, out)
+
+
+def status_patch(prior: ModelDeploymentStatus, status: ModelDeploymentStatus) -> list[Action]:
+    """A PatchStatus when the status differs from what is stored, else nothing (idempotent reconcile)."""
+    new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    old = prior.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return [PatchStatus(new)] if new != old else []
+
+
+def revisions_of(x: Inputs) -> dict[str, str | None]:
+    """Model revision per bundle id: the spec's for the desired bundle, else what was recorded."""
+    out: dict[str, str | None] = {h.bundle: h.revision for h in x.prior.history}
+    for c in (x.prior.stable, x.prior.canary):
+        if c is not None:
+            out[c.bundle] = c.revision
+    for b, d in x.by_bundle.items():
+        out.setdefault(b, (d["metadata"].get("labels") or {}).get("app.kubernetes.io/version"))
+    out[x.bid] = x.spec.bundle.model.revision
+    return out
 
 
 def _ready(dep: dict[str, Any] | None) -> int:
     return int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
-
-
-def _routes(
-    md: dict[str, Any],
-    spec: ModelDeploymentSpec,
-    weight: int,
-    has_canary: bool,
-    observed: Observed,
-    out: list[Action],
-) -> str | None:
-    """Reconcile the HTTPRoute under spec.rollout.trafficRouting.gatewayAPI; a problem message or None."""
-    try:
-        want = routing.http_route(md, spec, weight, has_canary)
-    except ValueError as e:
-        return str(e)
-    have = {r["metadata"]["name"]: r for r in observed.routes or []}
-    if want is None:
-        for n in have:
-            out.append(Delete(routing.KIND, n))
-        return None
-    if observed.routes is None:
-        return "spec.rollout.trafficRouting.gatewayAPI is set but the cluster serves no gateway.networking.k8s.io/v1 HTTPRoute"
-    _reconcile_child(want, have.get(want["metadata"]["name"]), out)
-    return None
-
-
-def _revisions(
-    by_bundle: dict[str, dict[str, Any]], prior: ModelDeploymentStatus, spec: ModelDeploymentSpec, bid: str
-) -> dict[str, str | None]:
-    """Model revision per bundle id: the spec's for the desired bundle, else what was recorded."""
-    out: dict[str, str | None] = {h.bundle: h.revision for h in prior.history}
-    for c in (prior.stable, prior.canary):
-        if c is not None:
-            out[c.bundle] = c.revision
-    for b, d in by_bundle.items():
-        out.setdefault(b, (d["metadata"].get("labels") or {}).get("app.kubernetes.io/version"))
-    out[bid] = spec.bundle.model.revision
-    return out
-
-
-def _finish(
-    md: dict[str, Any], prior: ModelDeploymentStatus, status: ModelDeploymentStatus, out: list[Action]
-) -> list[Action]:
-    new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    old = prior.model_dump(mode="json", by_alias=True, exclude_none=True)
-    if new != old:
-        out.append(PatchStatus(new))
-    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDeploymentStatus, RolloutStatus
-from modeldeploy.operator.rollout import Policy, RolloutState, Step
+from modeldeploy.operator.rollout import IN_FLIGHT, Policy, RolloutState, Step
 
 # Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
 FAILURE_REASONS = (
@@ -23,16 +23,24 @@ FAILURE_REASONS = (
 )
 
 
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"  # every time the operator writes (status, Events, annotations), UTC seconds
+
+
 def epoch(ts: str | None) -> float | None:
     if not ts:
         return None
-    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return datetime.strptime(ts, RFC3339).replace(tzinfo=UTC).timestamp()
 
 
 def iso(t: float | None) -> str | None:
     if t is None:
         return None
-    return datetime.fromtimestamp(round(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(round(t), UTC).strftime(RFC3339)
+
+
+def now_iso() -> str:
+    """The current time as status writes it."""
+    return datetime.now(UTC).strftime(RFC3339)
 
 
 def policy(spec: ModelDeploymentSpec) -> Policy:
@@ -52,9 +60,7 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
 def load_state(st: ModelDeploymentStatus) -> RolloutState:
     """The machine's state from status; an object never reconciled starts empty."""
     ro = st.rollout or RolloutStatus()
-    phase = (
-        st.phase if st.phase in ("Deploying", "Verifying", "Canary", "Promoting", "RollingBack") else "Stable"
-    )
+    phase = st.phase if st.phase in IN_FLIGHT else "Stable"
     if st.canary is None and phase != "RollingBack":
         phase = "Stable"  # "Deploying" with no canary is the first bundle loading, shown but not a rollout
     return RolloutState(

@@ -28,16 +28,25 @@ holds, nothing raises into the reconcile and nothing passes silently.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time as _time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from modeldeploy.operator.analysis import ITL, REQUESTS, TTFT, CohortSample, Histogram, analyze
-from modeldeploy.operator.api import Analysis, AnalysisResult, PrometheusSource
+from modeldeploy.operator.analysis import ITL, REQUESTS, TTFT, CohortSample, Histogram
+from modeldeploy.operator.api import PrometheusSource
+from modeldeploy.operator.pods import read_bounded
+
+if TYPE_CHECKING:
+    from modeldeploy.operator.metrics_source import Cohorts
+
+log = logging.getLogger(__name__)
 
 TIMEOUT_S = 5.0  # per HTTP phase; queries of one interval run in parallel
 MAX_BYTES = 1024 * 1024  # a query answer larger than this is an error
@@ -49,11 +58,13 @@ def _since(series: str) -> str:
     return f"({s} - {s} offset {{window}}) >= 0 or {s}"
 
 
-DEFAULT_QUERIES: dict[str, str] = {
-    "ttft_buckets": f"sum by (le) ({_since(TTFT + '_bucket')})",
-    "itl_buckets": f"sum by (le) ({_since(ITL + '_bucket')})",
-    "outcomes": f"sum by (outcome) ({_since(REQUESTS)})",
-}
+DEFAULT_QUERIES: Mapping[str, str] = MappingProxyType(
+    {
+        "ttft_buckets": f"sum by (le) ({_since(TTFT + '_bucket')})",
+        "itl_buckets": f"sum by (le) ({_since(ITL + '_bucket')})",
+        "outcomes": f"sum by (outcome) ({_since(REQUESTS)})",
+    }
+)
 _PLACEHOLDER = re.compile(r"\{(bundle|namespace|selector|window)\}")
 
 
@@ -92,14 +103,12 @@ def query(http: httpx.Client, address: str, promql: str, at: float) -> list[tupl
     params = {"query": promql, "time": f"{at:.3f}", "timeout": f"{TIMEOUT_S:g}s"}
     try:
         with http.stream("GET", address.rstrip("/") + "/api/v1/query", params=params) as r:
-            body = b""
-            for chunk in r.iter_bytes():
-                body += chunk
-                if len(body) > MAX_BYTES:
-                    raise QueryError(f"{where}: answer larger than {MAX_BYTES} bytes")
+            body = read_bounded(r, MAX_BYTES, "answer")
             status = r.status_code
     except httpx.HTTPError as e:
         raise QueryError(f"{where}: unreachable ({type(e).__name__}: {e})") from e
+    except ValueError as e:  # too large
+        raise QueryError(f"{where}: {e}") from None
     try:
         doc: Any = json.loads(body)
     except ValueError:
@@ -173,25 +182,24 @@ def _answer(http: httpx.Client, address: str, promql: str, at: float) -> Any:
         return e
 
 
-def prometheus_analysis(
-    cfg: Analysis,
-    namespace: str,
-    stable: str,
-    canary: str,
-    since: float | None,
-    step: int | None = None,
-    time: str | None = None,
-    now: float | None = None,
-) -> tuple[AnalysisResult, str]:
-    """One analysis interval from Prometheus: (result, '' or why it is Inconclusive). Never raises QueryError."""
-    src = cfg.prometheus
-    if src is None:
-        raise ValueError("analysis.prometheus is not set: use canary_io.cohort_analysis")
-    now = _time.time() if now is None else now
-    try:
-        s, c = cohort_samples(
-            src, namespace, (stable, canary), window(src, since, now, cfg.interval_seconds), now
-        )
-    except QueryError as e:
-        return analyze(CohortSample(), CohortSample(), cfg, step=step, time=time), str(e)
-    return analyze(s, c, cfg, step=step, time=time), ""
+class Prometheus:
+    """`MetricsSource` over a Prometheus HTTP API (`spec.rollout.analysis.prometheus`).
+
+    Never raises QueryError: an unreadable figure gives empty samples and the reason, logged,
+    so the interval is Inconclusive and the step holds.
+    """
+
+    def __init__(
+        self, src: PrometheusSource, interval_s: int, clock: Callable[[], float] = _time.time
+    ) -> None:
+        self.src, self.interval_s, self.clock = src, interval_s, clock
+
+    def read(self, cohorts: Cohorts) -> tuple[CohortSample, CohortSample, str]:
+        now = self.clock()
+        span = window(self.src, cohorts.since, now, self.interval_s)
+        try:
+            s, c = cohort_samples(self.src, cohorts.namespace, (cohorts.stable, cohorts.canary), span, now)
+        except QueryError as e:
+            log.warning("canary analysis Inconclusive for %s/%s: %s", cohorts.namespace, cohorts.canary, e)
+            return CohortSample(), CohortSample(), str(e)
+        return s, c, ""

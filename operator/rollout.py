@@ -13,14 +13,22 @@ epoch seconds; the operator converts status timestamps at its edge.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Literal
 
 from modeldeploy.operator.analysis import fmt
 from modeldeploy.operator.api import AnalysisResult
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
-ACTIVE = ("Deploying", "Verifying", "Canary", "Promoting")
+ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
+IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")  # a canary exists: the reconcile keeps ticking
+TAKING_TRAFFIC: tuple[Phase, ...] = ("Canary", "Promoting")  # the canary is behind the main Service
+PROMOTABLE: tuple[Phase, ...] = (
+    "Deploying",
+    "Verifying",
+    "Canary",
+)  # a manual promote applies
 AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual promote
 
 
@@ -105,7 +113,7 @@ def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
     manual = _manual(s, sig, now)
     if manual is not None:
         return manual
-    if s.phase in ACTIVE and sig.desired != s.canary:  # spec moved on mid-rollout
+    if s.phase in ACTIVE_PHASES and sig.desired != s.canary:  # spec moved on mid-rollout
         if sig.desired == s.stable:
             return _go(
                 s,
@@ -128,11 +136,11 @@ def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
             started_at=now,
         )
     elapsed = 0.0 if s.phase_since is None else now - s.phase_since
-    if s.phase in ACTIVE and sig.canary_failure:
+    if s.phase in ACTIVE_PHASES and sig.canary_failure:
         return _rollback(s, now, "CanaryFailed", sig.canary_failure)
     waiting = s.reason == AWAITING  # a human's pace: no progress deadline
     if (
-        s.phase in ACTIVE
+        s.phase in ACTIVE_PHASES
         and not waiting
         and s.started_at is not None
         and now - s.started_at > p.progress_deadline_seconds
@@ -148,9 +156,9 @@ def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
 
 def _manual(s: RolloutState, sig: Signals, now: float) -> Transition | None:
     cmd = sig.command or ""
-    if cmd == "abort" and s.phase in ACTIVE:
+    if cmd == "abort" and s.phase in ACTIVE_PHASES:
         return _rollback(s, now, "Aborted", "aborted by annotation modeldeploy.dev/abort")
-    if cmd == "promote" and s.phase in ("Deploying", "Verifying", "Canary"):
+    if cmd == "promote" and s.phase in PROMOTABLE:
         return _go(
             s,
             now,
@@ -332,14 +340,16 @@ def _rolling_back(s, p, sig, now, elapsed) -> Transition:
     )
 
 
-_PHASES = {
-    "Stable": _stable,
-    "Deploying": _deploying,
-    "Verifying": _verifying,
-    "Canary": _canary,
-    "Promoting": _promoting,
-    "RollingBack": _rolling_back,
-}
+_PHASES = MappingProxyType(
+    {
+        "Stable": _stable,
+        "Deploying": _deploying,
+        "Verifying": _verifying,
+        "Canary": _canary,
+        "Promoting": _promoting,
+        "RollingBack": _rolling_back,
+    }
+)
 
 
 def canary_weight(s: RolloutState, p: Policy) -> int:
@@ -356,7 +366,7 @@ def cohort_replicas(s: RolloutState, p: Policy, now: float) -> dict[str, int]:
     out = {s.stable: p.replicas} if s.stable else {}
     if s.previous and s.previous_until is not None and now < s.previous_until and p.keep_previous_replicas:
         out[s.previous] = p.keep_previous_replicas
-    if s.canary and s.phase in ACTIVE:
+    if s.canary and s.phase in ACTIVE_PHASES:
         w = p.steps[s.step or 0].weight if s.phase != "Promoting" else 100
         out[s.canary] = p.replicas if w >= 100 else _canary_size(p, w)
     return out
@@ -371,25 +381,6 @@ def _canary_size(p: Policy, weight: int) -> int:
 
 def serving_bundles(s: RolloutState) -> list[str]:
     """Bundles behind the main Service: a canary joins only after the conformance gate."""
-    if s.phase in ("Canary", "Promoting") and s.canary:
+    if s.phase in TAKING_TRAFFIC and s.canary:
         return [b for b in (s.stable, s.canary) if b]
     return [s.stable] if s.stable else []
-
-
-@dataclass
-class Story:
-    """Helper for tests and the demo: run `advance` until it settles, keeping the events."""
-
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def settle(self, s: RolloutState, p: Policy, sig: Signals, now: float, limit: int = 10) -> RolloutState:
-        for _ in range(limit):
-            t = advance(s, p, sig, now)
-            if t.event is None or t.state == s:
-                if t.event and t.event not in self.events[-1:]:
-                    self.events.append(t.event)
-                return t.state
-            self.events.append(t.event)
-            s = t.state
-            sig = replace(sig, command=None)  # a command acts once
-        return s

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 from rich import box
@@ -21,20 +21,14 @@ from rich.table import Table
 from rich.text import Text
 
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator.commands import ABORT, ANNOTATIONS, PROMOTE, ROLLBACK_TO
+from modeldeploy.operator.progression import now_iso
 
-PROMOTE = "modeldeploy.dev/promote"
-ABORT = "modeldeploy.dev/abort"
-ROLLBACK_TO = "modeldeploy.dev/rollback-to"
-ANNOTATIONS = (ABORT, ROLLBACK_TO, PROMOTE)  # precedence when several are set
 ACTIONS = ("status", "promote", "abort", "rollback")
 
 
 class RolloutError(Exception):
     """A problem the user must fix; the message names it."""
-
-
-def now_stamp() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def annotation_patch(action: str, stamp: str, bundle: str | None = None) -> dict[str, Any]:
@@ -48,22 +42,6 @@ def annotation_patch(action: str, stamp: str, bundle: str | None = None) -> dict
             raise RolloutError("rollback needs a bundle id (--to BUNDLE)")
         return {"metadata": {"annotations": {ROLLBACK_TO: bundle}}}
     raise RolloutError(f"unknown action {action!r}; choose from {', '.join(ACTIONS[1:])}")
-
-
-def command_from_annotations(annotations: dict[str, str] | None) -> str | None:
-    """What `rollout.Signals.command` should be for these annotations (abort > rollback-to > promote).
-
-    For the operator: after acting it should remove the annotation (metadata patch with null),
-    so a command acts once and survives an operator restart until then.
-    """
-    a = annotations or {}
-    if a.get(ABORT):
-        return "abort"
-    if a.get(ROLLBACK_TO):
-        return f"rollback-to:{a[ROLLBACK_TO]}"
-    if a.get(PROMOTE):
-        return "promote"
-    return None
 
 
 def _history(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -89,7 +67,7 @@ def rollback_target(status: dict[str, Any], to: str | None) -> tuple[str, str]:
 
 # ---- status rendering (pure: status dict as the API server returns it, camelCase) ----
 
-VERDICT_STYLE = {"Pass": "green", "Fail": "bold red", "Inconclusive": "yellow"}
+VERDICT_STYLE = MappingProxyType({"Pass": "green", "Fail": "bold red", "Inconclusive": "yellow"})
 
 
 def num_text(x: Any) -> str:
@@ -276,7 +254,7 @@ def main(args: argparse.Namespace) -> int:
         bundle = None
         if args.action == "rollback":
             bundle, note = rollback_target(md.get("status") or {}, args.to)
-        body = annotation_patch(args.action, now_stamp(), bundle)
+        body = annotation_patch(args.action, now_iso(), bundle)
         try:
             api.patch_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, args.name, body, _content_type="application/merge-patch+json"

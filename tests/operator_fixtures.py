@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from modeldeploy.operator import promql
+from modeldeploy.operator.api import Analysis, AnalysisResult
+from modeldeploy.operator.metrics_source import Cohorts, analyze_interval
 from modeldeploy.operator.topology import NodeInfo
 
 IMAGE = "registry.local/modeldeploy@sha256:" + "a" * 64
@@ -60,3 +63,23 @@ def as_observed(obj: dict[str, Any], ready: int | None = None) -> dict[str, Any]
         out["spec"]["clusterIP"] = "10.0.0.7"
         out["spec"]["sessionAffinity"] = "None"
     return out
+
+
+def prometheus_analysis(
+    cfg: Analysis,
+    namespace: str,
+    stable: str,
+    canary: str,
+    since: float | None,
+    step: int | None = None,
+    time: str | None = None,
+    now: float | None = None,
+) -> tuple[AnalysisResult, str]:
+    """One interval through the Prometheus source, at `now` when given."""
+    assert cfg.prometheus is not None
+    src = promql.Prometheus(cfg.prometheus, cfg.interval_seconds)
+    if now is not None:
+        src.clock = lambda: now
+    return analyze_interval(
+        src, Cohorts("uid", namespace, stable, canary, since=since), cfg, step=step, time=time
+    )

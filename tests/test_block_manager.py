@@ -20,7 +20,7 @@ def test_prefix_hits_need_computed_blocks_and_same_bundle():
     assert len(s.block_table) == 3 and bm.num_free == 13
     t = seq("t", 10)
     assert bm.match_prefix(t) == []  # nothing computed yet, nothing registered
-    s.num_computed = 10
+    s.num_computed_tokens = 10
     bm.commit(s)
     assert bm.match_prefix(t) == s.block_table[:2]
     other = BlockManager(16, 4, bundle_id="b")
@@ -31,7 +31,7 @@ def test_prefix_hits_need_computed_blocks_and_same_bundle():
     hits = bm.match_prefix(t)
     assert len(hits) == 2
     bm.admit(t, hits)
-    assert t.num_computed == 8 and bm.num_free == 14
+    assert t.num_computed_tokens == 8 and bm.num_free == 14
     bm.release(t)
     assert bm.num_free == 16
 
@@ -41,7 +41,7 @@ def test_last_token_is_never_a_hit():
     s = seq("s", 8)
     bm.admit(s, [])
     bm.grow(s, 8)
-    s.num_computed = 8
+    s.num_computed_tokens = 8
     bm.commit(s)
     assert len(bm.match_prefix(seq("t", 8))) == 1  # 8 tokens: only the first block may hit
     assert len(bm.match_prefix(seq("u", 9))) == 2
@@ -52,7 +52,7 @@ def test_reused_block_drops_its_stale_hash():
     s = seq("s", 8)
     bm.admit(s, [])
     bm.grow(s, 8)
-    s.num_computed = 8
+    s.num_computed_tokens = 8
     bm.commit(s)
     bm.release(s)
     u = seq("u", 8, start=100)
@@ -69,7 +69,7 @@ def test_scheduler_budget_chunks_and_order():
     sch.add(b)
     batch = sch.schedule()
     assert [s.request_id for s in batch.seqs] == ["a", "b"] and batch.num_tokens == [7, 3]  # b chunked
-    a.num_computed, b.num_computed = 7, 3
+    a.num_computed_tokens, b.num_computed_tokens = 7, 3
     a.token_ids.append(1)
     batch = sch.schedule()
     assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)] == [
@@ -87,15 +87,15 @@ def test_scheduler_respects_max_num_seqs_and_preempts_newest():
     batch = sch.schedule()
     assert [s.request_id for s in batch.seqs] == ["a", "b"] and len(sch.waiting) == 1
     for s in (a, b):
-        s.num_computed = 4
+        s.num_computed_tokens = 4
         s.token_ids.append(1)
     # each now needs a second block: 4 blocks total, a and b hold 2, c waits; then grow a/b to 3 blocks each
     for s in (a, b):
         s.token_ids.extend([1] * 4)
-        s.num_computed = s.num_tokens - 1
+        s.num_computed_tokens = s.num_tokens - 1
     batch = sch.schedule()
     assert sch.preemptions_total >= 1
-    assert b.status is Status.WAITING and b.num_computed == 0 and b.block_table == []
+    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and b.block_table == []
     assert [s.request_id for s in batch.seqs] == ["a"]
     sch.finish(a, "stop")
     sch.finish(b, "abort")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from modeldeploy.conformance.result import CheckResult
 from modeldeploy.conformance.suite import Report
 from modeldeploy.operator.analysis import CohortSample
-from modeldeploy.operator.canary_io import Baselines, CohortScrape, pod_url, ready_pod_ips, summarize
+from modeldeploy.operator.gate import summarize
+from modeldeploy.operator.pods import pod_url, ready_pod_ips
+from modeldeploy.operator.scrape import Baselines, CohortScrape
 
 
 def test_pod_url_forms() -> None:
@@ -109,7 +111,7 @@ def test_rollout_modules_leave_out_torch_and_the_runtime() -> None:
     import sys
 
     code = (
-        "import sys, modeldeploy.operator.canary_io, modeldeploy.operator.routing, "
+        "import sys, modeldeploy.operator.metrics_source, modeldeploy.operator.gate, modeldeploy.operator.routing, "
         "modeldeploy.operator.rollout_cli\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
         "or m.startswith('modeldeploy.runtime')]\nprint(bad)\nsys.exit(1 if bad else 0)"

@@ -18,10 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.api import Analysis
-from modeldeploy.operator.canary_io import Baselines, ConformanceRunner, cohort_analysis, scrape_cohort
+from modeldeploy.operator.gate import ConformanceRunner
+from modeldeploy.operator.metrics_source import Cohorts, analyze_interval
+from modeldeploy.operator.scrape import Baselines, PodScrape, scrape_cohort
 
 BUNDLE = "bundle-canary-io-1"
 KEY = ("uid-canary-io", BUNDLE)
@@ -69,16 +72,11 @@ class Serve:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}; logs in {self.tmp}"
-            try:
-                if httpx.get(self.url + "/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.url} not ready within {timeout_s}s")
+            return httpx.get(self.url + "/health/ready", timeout=2).status_code == 200
+
+        wait_until(ready, timeout_s, 0.2, f"{self.url} ready", ignore=(httpx.TransportError,))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -257,16 +255,11 @@ def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path,
         dead = f"127.0.0.1:{_free_port()}"
 
         def interval():
-            return cohort_analysis(
-                base,
-                "uid-analysis",
-                ("step", 0),
-                (stable.bundle, [stable.target]),
-                (canary.bundle, [canary.target, dead]),
-                cfg,
-                step=0,
-                time="t",
-            )
+            cohorts = Cohorts(
+                "uid-analysis", "ns", stable.bundle, canary.bundle,
+                (stable.target,), (canary.target, dead), mark=("step", 0),
+            )  # fmt: skip
+            return analyze_interval(PodScrape(base), cohorts, cfg, step=0, time="t")
 
         opening, _ = interval()  # opens both windows: nothing counted yet
         assert opening.verdict == "Inconclusive" and all(m.samples == 0 for m in opening.metrics)

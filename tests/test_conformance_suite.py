@@ -8,10 +8,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import uvicorn
+from modeldeploy_dev.wait import wait_until
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -115,9 +115,7 @@ def sloppy_url():
     server = uvicorn.Server(uvicorn.Config(_sloppy_app(), log_level="warning"))
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: server.started, 30, 0.02, "uvicorn to start")
     yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     server.should_exit = True
     t.join(10)

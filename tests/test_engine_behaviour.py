@@ -112,7 +112,7 @@ def test_bad_sampling_params_name_the_field(llm, params, field):
 def test_prompt_errors(llm):
     with pytest.raises(ValueError, match="empty"):
         llm.generate([""], SamplingParams(max_tokens=4))
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="maximum context length"):
         llm.generate([[5] * 250], SamplingParams(max_tokens=10))
     with pytest.raises(ValueError, match="token ids"):
         llm.generate([[5, 10**6]], SamplingParams(max_tokens=4))
@@ -186,7 +186,7 @@ async def test_async_engine_stream_and_abort_frees_blocks(llama_dir):
             break
         await asyncio.sleep(0.02)
     assert eng.stats().num_free_blocks == total and eng.stats().num_running == 0
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="maximum context length"):
         async for _ in eng.generate("long", [5] * 300, p):
             pass
     await eng.shutdown()

@@ -32,3 +32,14 @@ def test_a_first_failed_attempt_or_a_running_pod_is_not_a_failure() -> None:
     assert pull_failure(pod("ContainerCreating")) is None
     assert pull_failure(pod(None)) is None
     assert pull_failure({"status": {"phase": "Pending"}}) is None
+
+
+def test_load_probe_reports_a_pull_failure_as_the_bundles_load_error() -> None:
+    from modeldeploy.operator.bundle import BUNDLE_LABEL
+    from modeldeploy.operator.observe import LoadProbe
+
+    p = pod("ImagePullBackOff", "not found")
+    p["metadata"] = {"uid": "u1", "labels": {BUNDLE_LABEL: "b1"}}
+    loading, errors = LoadProbe(8000).probe(("ns", "md"), [p])
+    assert errors == {"b1": f"image {IMAGE} cannot be pulled (ImagePullBackOff): not found"}
+    assert loading == {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from modeldeploy.operator.api import AnalysisResult, MetricVerdict
 from modeldeploy.operator.rollout import (
@@ -10,7 +10,6 @@ from modeldeploy.operator.rollout import (
     RolloutState,
     Signals,
     Step,
-    Story,
     advance,
     canary_weight,
     cohort_replicas,
@@ -26,6 +25,25 @@ P = Policy(
     keep_previous_seconds=600,
 )
 STABLE = RolloutState(phase="Stable", stable="old", phase_since=0.0)
+
+
+@dataclass
+class Story:
+    """Run `advance` until it settles, keeping the events (a command acts once)."""
+
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def settle(self, s: RolloutState, p: Policy, sig: Signals, now: float, limit: int = 10) -> RolloutState:
+        for _ in range(limit):
+            t = advance(s, p, sig, now)
+            if t.event is None or t.state == s:
+                if t.event and t.event not in self.events[-1:]:
+                    self.events.append(t.event)
+                return t.state
+            self.events.append(t.event)
+            s = t.state
+            sig = replace(sig, command=None)
+        return s
 
 
 def result(verdict: str, step: int) -> AnalysisResult:

@@ -16,12 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from operator_fixtures import md
+from operator_fixtures import md, prometheus_analysis
 from pydantic import ValidationError
 
 from modeldeploy.operator import promql
 from modeldeploy.operator.api import Analysis, ModelDeploymentSpec, PrometheusSource
-from modeldeploy.operator.canary_io import Baselines, canary_analysis
+from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
+from modeldeploy.operator.scrape import Baselines, PodScrape
 
 # --- API -------------------------------------------------------------------------------------
 
@@ -230,7 +231,7 @@ def _cfg(address: str, **kw: object) -> Analysis:
 def test_answers_become_cohort_samples_and_the_same_verdicts(prom: FakeProm) -> None:
     prom.healthy("stable", fast=95, slow=5, completed=100)
     prom.healthy("canary", fast=60, slow=40, completed=99, error=1)
-    result, problem = promql.prometheus_analysis(
+    result, problem = prometheus_analysis(
         _cfg(prom.address), "ns", "stable", "canary", since=None, step=1, time="t", now=1700000000.0
     )
     assert problem == ""
@@ -248,9 +249,7 @@ def test_answers_become_cohort_samples_and_the_same_verdicts(prom: FakeProm) -> 
 
 
 def _problem(prom: FakeProm, **kw: object) -> str:
-    result, problem = promql.prometheus_analysis(
-        _cfg(prom.address, **kw), "ns", "stable", "canary", since=None
-    )
+    result, problem = prometheus_analysis(_cfg(prom.address, **kw), "ns", "stable", "canary", since=None)
     assert result.verdict == "Inconclusive" and all(m.verdict == "Inconclusive" for m in result.metrics)
     assert prom.address in problem and "query '" in problem, problem
     return problem
@@ -328,7 +327,7 @@ def test_unreachable_and_hung_prometheus_are_inconclusive_in_bounded_time(
     import time
 
     dead = f"http://127.0.0.1:{_free_port()}"
-    result, problem = promql.prometheus_analysis(_cfg(dead), "ns", "s", "c", since=None)
+    result, problem = prometheus_analysis(_cfg(dead), "ns", "s", "c", since=None)
     assert (
         result.verdict == "Inconclusive"
         and f"Prometheus {dead} query" in problem
@@ -339,7 +338,7 @@ def test_unreachable_and_hung_prometheus_are_inconclusive_in_bounded_time(
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         t0 = time.monotonic()
-        result, problem = promql.prometheus_analysis(
+        result, problem = prometheus_analysis(
             _cfg(f"http://127.0.0.1:{hung.getsockname()[1]}"), "ns", "s", "c", since=None
         )
         assert time.monotonic() - t0 < 3 and result.verdict == "Inconclusive" and "ReadTimeout" in problem
@@ -349,28 +348,18 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     prom.healthy("stable", 20, 0, 20)
     prom.healthy("canary", 20, 0, 20)
     cfg = _cfg(prom.address)
-    result, problem = canary_analysis(
-        Baselines(),
-        "uid",
-        "ns",
-        ("canary", 0, None),
-        None,
-        ("stable", []),
-        ("canary", []),
+    result, problem = analyze_interval(
+        source_for(cfg, Baselines()),
+        Cohorts("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
         cfg,
         step=0,
         time="t",
     )
     assert result.verdict == "Pass" and problem == "" and len(prom.seen) == 6
     prom.vector('requests_total{bundle="canary"', [])
-    result, problem = canary_analysis(
-        Baselines(),
-        "uid",
-        "ns",
-        ("canary", 0, None),
-        None,
-        ("stable", []),
-        ("canary", []),
+    result, problem = analyze_interval(
+        source_for(cfg, Baselines()),
+        Cohorts("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
         cfg,
         step=0,
         time="t",
@@ -378,16 +367,13 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     assert result.verdict == "Inconclusive" and "no series" in problem and "no series" in caplog.text
     # without analysis.prometheus the pods are scraped (none here: nothing to count, no query sent)
     seen = len(prom.seen)
-    result, problem = canary_analysis(
-        Baselines(),
-        "uid",
-        "ns",
-        ("canary", 0, None),
-        None,
-        ("stable", []),
-        ("canary", []),
+    result, problem = analyze_interval(
+        source_for(Analysis(min_samples=10), Baselines()),
+        Cohorts("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
         Analysis(min_samples=10),
         step=0,
         time="t",
     )
     assert result.verdict == "Inconclusive" and len(prom.seen) == seen
+    assert isinstance(source_for(Analysis(), Baselines()), PodScrape)
+    assert isinstance(source_for(cfg, Baselines()), promql.Prometheus)

@@ -18,12 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 from modeldeploy_dev.prometheus import PROMETHEUS, Prom
+from operator_fixtures import prometheus_analysis
 from test_canary_io_server import Serve
 
 from modeldeploy.operator import promql
 from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, PrometheusSource
-from modeldeploy.operator.canary_io import Baselines, scrape_cohort
+from modeldeploy.operator.scrape import Baselines, scrape_cohort
 
 pytestmark = [
     pytest.mark.slow,
@@ -108,7 +109,7 @@ def test_prometheus_counts_equal_the_pod_scrape_and_give_the_same_verdict(stack)
         assert p.ttft.buckets == d.ttft.buckets and p.ttft.count == d.ttft.count
         assert p.itl.buckets == d.itl.buckets and p.itl.count == d.itl.count > 0
     want = analyze(direct[0], direct[1], cfg, step=0, time="t")
-    got, problem = promql.prometheus_analysis(
+    got, problem = prometheus_analysis(
         cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=0, time="t", now=now
     )
     assert problem == "" and got == want and got.verdict != "Inconclusive"
@@ -123,7 +124,7 @@ def test_one_slot_canary_fails_ttft_through_prometheus(stack) -> None:
         assert s.complete(24, workers=8, max_tokens=8) == [200] * 24
     direct, via_prom, now = win.both()
     assert [p.outcomes for p in via_prom] == [d.outcomes for d in direct]
-    result, problem = promql.prometheus_analysis(
+    result, problem = prometheus_analysis(
         cfg, NS, stable.bundle, canary.bundle, since=win.t0, step=1, time="t", now=now
     )
     by = {m.metric: m for m in result.metrics}
@@ -146,11 +147,11 @@ def test_real_prometheus_errors_are_inconclusive_naming_the_query(stack) -> None
             },
         },
     )
-    result, problem = promql.prometheus_analysis(broken, NS, stable.bundle, canary.bundle, since=None)
+    result, problem = prometheus_analysis(broken, NS, stable.bundle, canary.bundle, since=None)
     assert result.verdict == "Inconclusive" and prom.url in problem and "bad_data" in problem
     assert 'modeldeploy_requests_total{bundle="bundle-prom-stable"}[30s]' in problem
     elsewhere = Analysis(min_samples=1, prometheus={"address": prom.url, "selector": 'namespace="team-z"'})
-    result, problem = promql.prometheus_analysis(elsewhere, NS, stable.bundle, canary.bundle, since=None)
+    result, problem = prometheus_analysis(elsewhere, NS, stable.bundle, canary.bundle, since=None)
     assert result.verdict == "Inconclusive" and "no series" in problem and 'namespace="team-z"' in problem
     src = PrometheusSource(address=prom.url)
     assert promql.queries(src, stable.bundle, NS, "5s")["outcomes"].count('namespace="team-a"') == 3

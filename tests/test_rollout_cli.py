@@ -15,6 +15,8 @@ from modeldeploy.operator.api import (
     MetricVerdict,
     ModelDeploymentStatus,
 )
+from modeldeploy.operator.commands import ABORT, PROMOTE, ROLLBACK_TO, command_from_annotations
+from modeldeploy.operator.progression import now_iso
 
 HISTORY = [
     HistoryEntry(
@@ -67,15 +69,15 @@ def test_patch_bodies_touch_only_metadata_annotations() -> None:
 def test_now_stamp_is_rfc3339_utc() -> None:
     import re
 
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rc.now_stamp())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", now_iso())
 
 
 def test_command_from_annotations_precedence() -> None:
-    assert rc.command_from_annotations(None) is None
-    assert rc.command_from_annotations({"other": "x"}) is None
-    assert rc.command_from_annotations({rc.PROMOTE: "t"}) == "promote"
-    assert rc.command_from_annotations({rc.PROMOTE: "t", rc.ROLLBACK_TO: "abc"}) == "rollback-to:abc"
-    assert rc.command_from_annotations({rc.PROMOTE: "t", rc.ABORT: "t"}) == "abort"
+    assert command_from_annotations(None) is None
+    assert command_from_annotations({"other": "x"}) is None
+    assert command_from_annotations({PROMOTE: "t"}) == "promote"
+    assert command_from_annotations({PROMOTE: "t", ROLLBACK_TO: "abc"}) == "rollback-to:abc"
+    assert command_from_annotations({PROMOTE: "t", ABORT: "t"}) == "abort"
 
 
 def test_rollback_target_newest_by_default_and_explicit() -> None:
@@ -137,7 +139,7 @@ def test_render_canary_status_shows_every_figure() -> None:
         last_analysis=analysis,
         failed_bundles=["eeeeeeeeeeeeeeee"],
     )
-    text = rc.render_text(md(st, {rc.PROMOTE: "2026-01-03T10:01:00Z"}), width=160)
+    text = rc.render_text(md(st, {PROMOTE: "2026-01-03T10:01:00Z"}), width=160)
     for want in (
         "ModelDeployment llm/chat",
         "Canary",

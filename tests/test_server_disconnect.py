@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import random
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from modeldeploy_dev.harness import ThreadedServer
+from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.runtime import EngineConfig
@@ -62,18 +62,13 @@ def test_random_disconnects_free_every_block(llama_dir):
 
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(run, plans))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             st = s.ctx.engine.stats()
-            if (
-                s.ctx.admission.running == 0
-                and s.ctx.admission.waiting == 0
-                and st.num_running == 0
-                and st.num_waiting == 0
-                and st.num_free_blocks == total
-            ):
-                break
-            time.sleep(0.05)
+            idle = s.ctx.admission.running == s.ctx.admission.waiting == st.num_running == st.num_waiting == 0
+            return idle and st.num_free_blocks == total
+
+        wait_until(drained, 60, 0.05, "admission and engine to drain and free every block")
         st = s.ctx.engine.stats()
         assert (st.num_running, st.num_waiting) == (0, 0)
         assert st.num_free_blocks == st.num_total_blocks == total

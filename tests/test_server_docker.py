@@ -15,11 +15,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 
@@ -61,12 +61,12 @@ def engine():
         dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
         log = open(Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log", "ab")
         started = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
-            assert started.poll() is None and time.monotonic() < deadline, (
-                "dockerd did not start (see its log)"
-            )
-            time.sleep(1)
+
+        def up() -> bool:
+            assert started.poll() is None, "dockerd exited (see its log)"
+            return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+        wait_until(up, 60, 1, "dockerd to start")
     yield
     if started is not None:
         started.terminate()
@@ -161,18 +161,13 @@ def test_container_passes_conformance_and_drains(image, llama_dir):
         )
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
+
+            def ready() -> bool:
                 state = docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
-                assert state == "true" and time.monotonic() < deadline, docker(
-                    "logs", name, check=False
-                ).stderr
-                time.sleep(0.5)
+                assert state == "true", docker("logs", name, check=False).stderr
+                return httpx.get(url + "/health/ready", timeout=2).status_code == 200
+
+            wait_until(ready, 300, 0.5, "the container to be ready", ignore=(httpx.TransportError,))
             assert docker("exec", name, "id", "-u").stdout.strip() == "10001"
             report = run_conformance(ConformanceConfig(url=url, requests=8, concurrency=4))
             assert report.passed, report.table()

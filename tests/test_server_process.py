@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.http import iter_sse
 
@@ -76,11 +77,12 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
     )
     try:
         loading, live_while_loading, refused_while_loading = [], [], None
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+
+        def ready() -> httpx.Response | None:
+            nonlocal refused_while_loading
             r = _get(url + "/health/ready")
             if r is not None and r.status_code == 200:
-                break
+                return r
             if r is not None:
                 loading.append((r.status_code, r.json()))
                 live_while_loading.append(_get(url + "/health/live").status_code)
@@ -89,7 +91,9 @@ def test_ready_during_slow_load_then_sigterm_drains_streams(tmp_path, llama_dir)
                         url + "/v1/completions", json={"model": "tiny", "prompt": "x"}
                     )
             assert proc.poll() is None, tmp_path / "serve.log"
-            time.sleep(0.1)
+            return None
+
+        r = wait_until(ready, 180, 0.1, "the server to load")
         assert r is not None and r.status_code == 200 and r.json()["status"] == "ready"
         assert loading, "never saw the server while it was loading"
         assert all(
@@ -148,14 +152,13 @@ def test_load_failure_is_reported_and_fails_liveness(tmp_path, llama_dir):
     bad = "sha256:" + "0" * 64
     proc, url = _spawn(tmp_path, llama_dir, "--model-digest", bad)
     try:
-        deadline = time.monotonic() + 180
-        r = None
-        while time.monotonic() < deadline:
-            r = _get(url + "/health/ready")
-            if r is not None and r.json()["status"] == "failed":
-                break
-            time.sleep(0.2)
-        assert r is not None and r.status_code == 503
+        r = wait_until(
+            lambda: (r := _get(url + "/health/ready")) is not None and r.json()["status"] == "failed" and r,
+            180,
+            0.2,
+            "/health/ready to report the load failure",
+        )
+        assert r.status_code == 503
         body = r.json()
         assert body["status"] == "failed" and "digest" in body["error"].lower() and bad in body["error"]
         assert _get(url + "/health/live").status_code == 503
@@ -183,10 +186,12 @@ def test_bad_flags_exit_2_naming_the_flag(flag, value, llama_dir):
 def test_drain_timeout_aborts_what_is_left_and_exits_0(tmp_path, llama_dir):
     proc, url = _spawn(tmp_path, llama_dir, "--drain-timeout", "0.2")
     try:
-        deadline = time.monotonic() + 180
-        while (r := _get(url + "/health/ready")) is None or r.status_code != 200:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.2)
+
+        def ready() -> bool:
+            assert proc.poll() is None, tmp_path / "serve.log"
+            return (r := _get(url + "/health/ready")) is not None and r.status_code == 200
+
+        wait_until(ready, 180, 0.2, "the server to load")
         body = {"model": "tiny", "prompt": "long", "max_tokens": 1000, "ignore_eos": True, "stream": True}
         got_first, events = threading.Event(), []
 

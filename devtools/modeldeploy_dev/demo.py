@@ -13,18 +13,16 @@ shows against its own cluster; the rest is rendering (pure, unit-tested). The co
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modeldeploy_dev.operator_process import OperatorProcess
+from modeldeploy_dev.wait import wait_until
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -235,59 +233,6 @@ def summary(o: Outcome) -> list[str]:
 # ---- the story (real cluster, real operator, real runtime processes) ----
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class OperatorProcess:
-    """`modeldeploy operator` run outside the cluster, as a user would, logging to a file.
-    Also the e2e tests' operator (restartable, `env` for failpoints)."""
-
-    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
-        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
-        self.metrics_port, self.health_port = _free_port(), _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5", **(env or {})}
-        argv = [
-            sys.executable,
-            "-m",
-            "modeldeploy",
-            "operator",
-            "--namespace",
-            self.namespace,
-            "--standalone",
-            "--bind",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.metrics_port),
-            "--health-port",
-            str(self.health_port),
-        ]
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within 20 s."""
-        try:
-            self.kill(signal.SIGTERM)
-        except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
-
-
 def model_volume(api: Any, ns: str, models_dir: Path) -> str:
     """Write the tiny model (seed 0) unless present, expose it as PVC `models`; returns its digest."""
     from kubernetes import client
@@ -320,13 +265,12 @@ def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
         if e.status != 404:
             raise
         return
-    end = time.monotonic() + 60
-    while (
-        wait
-        and time.monotonic() < end
-        and any(p.metadata.name == f"{ns}-models" for p in core.list_persistent_volume().items)
-    ):
-        time.sleep(0.5)
+    if wait:
+        name = f"{ns}-models"
+        with contextlib.suppress(TimeoutError):  # best effort, as before: a later run recreates it
+            wait_until(
+                lambda: all(p.metadata.name != name for p in core.list_persistent_volume().items), 60, 0.5
+            )
 
 
 class _Story:

@@ -24,6 +24,7 @@ from modeldeploy_dev.demo import (
     summary,
     view,
 )
+from modeldeploy_dev.wait import wait_until
 from rich.console import Console
 
 
@@ -103,11 +104,10 @@ def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
 
 
 def _until(fn: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not fn():
-        if time.monotonic() > end:
-            raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
+    try:
+        wait_until(fn, timeout, 0.5, what)
+    except TimeoutError as e:
+        raise DemoFailed(str(e)) from None
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -10,11 +10,11 @@ import json
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 from modeldeploy_dev.cluster.local import Binaries, cache_root, pinned_versions
+from modeldeploy_dev.wait import wait_until
 
 PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
 
@@ -60,27 +60,22 @@ class Prom:
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             assert self.proc.poll() is None, f"prometheus exited: {self.log.read_text()[-2000:]}"
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready within {timeout_s}s: {self.log.read_text()[-2000:]}")
+            return httpx.get(self.url + "/-/ready", timeout=2).status_code == 200
+
+        wait_until(ready, timeout_s, 0.2, f"prometheus {self.url} ready", ignore=(httpx.TransportError,))
 
     def scraped_after(self, t: float, jobs: int, timeout_s: float = 20.0) -> None:
         """Wait until every job's target was scraped successfully at a time after `t` (epoch seconds)."""
-        deadline = time.monotonic() + timeout_s
         q = f"(timestamp(up) > {t:.3f}) and on (job, instance) up == 1"  # timestamp() of the selector itself
-        while time.monotonic() < deadline:
+
+        def scraped() -> bool:
             r = httpx.get(self.url + "/api/v1/query", params={"query": q}, timeout=5).json()
-            if len(r["data"]["result"]) >= jobs:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"Prometheus did not scrape all {jobs} targets after {t} within {timeout_s}s")
+            return len(r["data"]["result"]) >= jobs
+
+        wait_until(scraped, timeout_s, 0.2, f"Prometheus to scrape all {jobs} targets after {t}")
 
     def queries_served(self) -> float:
         """How many /api/v1/query requests this Prometheus answered (its own /metrics counter)."""

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.llm_engine import Engine
 from modeldeploy.runtime.engine.output import EngineStats, RequestOutput
+from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 
 
@@ -58,7 +59,8 @@ class AsyncEngine:
             raise RuntimeError(f"engine failed: {self.error}")
         params.validate()
         ids = self.engine.encode(prompt)  # validated again in the engine thread
-        _precheck(self.engine, ids, params)
+        # the engine's own length check, on the caller's side so errors come before queueing
+        check_request(len(ids), params.max_tokens, self.engine.config.max_model_len)
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
             if request_id in self._queues:
@@ -133,14 +135,3 @@ class AsyncEngine:
                 rids = list(self._queues)
             for rid in rids:
                 self._deliver(RuntimeError(f"engine failed: {e}"), rid)
-
-
-def _precheck(engine: Engine, ids: list[int], params: SamplingParams) -> None:
-    """The engine's length checks, run on the caller's side so errors come before queueing."""
-    if not ids:
-        raise ValueError("prompt: must not be empty")
-    limit = engine.config.max_model_len
-    if len(ids) + params.max_tokens > limit:
-        raise ValueError(
-            f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds max_model_len {limit}"
-        )

@@ -83,8 +83,8 @@ class BlockManager:
             block.ref_count += 1
         seq.block_table = list(hits)
         seq.num_hashed_blocks = len(hits)
-        seq.num_computed = len(hits) * self.block_size
-        self.hits += seq.num_computed
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.hits += seq.num_computed_tokens
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) - len(seq.block_table) <= self.num_free
@@ -104,7 +104,7 @@ class BlockManager:
         if not self.prefix_caching:
             return
         bs = self.block_size
-        full = min(seq.num_computed, seq.num_tokens) // bs
+        full = min(seq.num_computed_tokens, seq.num_tokens) // bs
         parent = self.root_hash
         if seq.num_hashed_blocks:
             parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash

@@ -48,6 +48,3 @@ class Detokenizer:
         out = self.text[self.emitted : end]
         self.emitted = end
         return out
-
-    def final_text(self) -> str:
-        return self.text

@@ -17,6 +17,7 @@ from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.detokenizer import Detokenizer
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
+from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampler import Sampler
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 from modeldeploy.runtime.engine.scheduler import Scheduler
@@ -105,17 +106,10 @@ class Engine:
         if request_id in self.seqs:
             raise ValueError(f"request_id: {request_id!r} is already running")
         ids = self.encode(prompt)
-        if not ids:
-            raise ValueError("prompt: must not be empty")
         vocab = self.loaded_info.args.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
-        limit = self.config.max_model_len
-        if len(ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
-                f"max_model_len {limit}"
-            )
+        check_request(len(ids), params.max_tokens, self.config.max_model_len)
         seq = Sequence(request_id, ids, params)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -141,7 +135,7 @@ class Engine:
             return []
         logits, sample_seqs = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            seq.num_computed += n
+            seq.num_computed_tokens += n
             self.block_manager.commit(seq)
         tokens = self.sampler.sample(logits, sample_seqs)
         now = time.monotonic()
@@ -171,8 +165,8 @@ class Engine:
     def _output(self, seq: Sequence, final: bool) -> RequestOutput:
         detok = self.detoks[seq.request_id]
         out_ids = seq.output_token_ids
-        new = out_ids[seq.num_emitted :]
-        seq.num_emitted = len(out_ids)
+        new = out_ids[seq.num_emitted_tokens :]
+        seq.num_emitted_tokens = len(out_ids)
         if final:
             self.seqs.pop(seq.request_id, None)
             self.detoks.pop(seq.request_id, None)

@@ -52,7 +52,7 @@ class ModelRunner:
         decode, prefill, cu, prefill_lens = [], [], [0], []
         bs = self.block_size
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            start, end = seq.num_computed, seq.num_computed + n
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
             slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
@@ -69,7 +69,7 @@ class ModelRunner:
             slot_mapping=self._tensor(slots, torch.int64),
             num_decode=len(decode),
             decode_tables=self._tables(decode),
-            decode_lens=self._tensor([s.num_computed + 1 for s in decode]),
+            decode_lens=self._tensor([s.num_computed_tokens + 1 for s in decode]),
             prefill_tables=self._tables(prefill),
             prefill_cu_q=self._tensor(cu),
             prefill_lens=self._tensor(prefill_lens),

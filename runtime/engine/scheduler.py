@@ -39,7 +39,7 @@ class Scheduler:
     ):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
-        self.max_tokens = max_num_batched_tokens
+        self.token_budget = max_num_batched_tokens  # tokens per step (not SamplingParams.max_tokens)
         self.chunked = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -52,17 +52,17 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
-        budget = self.max_tokens
+        budget = self.token_budget
         picked: dict[str, int] = {}
         preempted = 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq.num_uncomputed, budget)
+            n = self._chunk(seq.num_uncomputed_tokens, budget)
             if n == 0:
                 i += 1
                 continue
-            while not self.bm.can_grow(seq, seq.num_computed + n):
+            while not self.bm.can_grow(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 picked.pop(victim.request_id, None)
@@ -71,7 +71,7 @@ class Scheduler:
                     break
             if seq.status is not Status.RUNNING:
                 break
-            self.bm.grow(seq, seq.num_computed + n)
+            self.bm.grow(seq, seq.num_computed_tokens + n)
             picked[seq.request_id] = n
             budget -= n
             i += 1
@@ -83,7 +83,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.bm.admit(seq, hits)
-            self.bm.grow(seq, seq.num_computed + n)
+            self.bm.grow(seq, seq.num_computed_tokens + n)
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
@@ -91,7 +91,9 @@ class Scheduler:
             picked[seq.request_id] = n
             budget -= n
         order = [s for s in self.running if s.request_id in picked]
-        order.sort(key=lambda s: not (picked[s.request_id] == 1 and s.num_uncomputed == 1))  # decodes first
+        order.sort(
+            key=lambda s: not (picked[s.request_id] == 1 and s.num_uncomputed_tokens == 1)
+        )  # decodes first
         return ScheduledBatch(order, [picked[s.request_id] for s in order], preempted)
 
     def _chunk(self, remaining: int, budget: int) -> int:
@@ -102,7 +104,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.bm.release(seq)
-        seq.num_computed = 0
+        seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.preemptions_total += 1

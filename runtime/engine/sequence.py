@@ -22,7 +22,7 @@ class Sequence:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)  # prompt + generated
-    num_computed: int = 0  # tokens whose KV is in the cache
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     status: Status = Status.WAITING
@@ -32,13 +32,13 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    num_emitted: int = 0  # generated tokens already handed to the client
+    num_emitted_tokens: int = 0  # generated tokens already handed to the client
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
 
     @property
-    def num_prompt(self) -> int:
+    def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
     @property
@@ -47,11 +47,11 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt :]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from modeldeploy.runtime.engine.request_check import RequestError, check_request
 from modeldeploy.runtime.server.admission import Admission
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.errors import APIError
@@ -111,28 +112,11 @@ class ServerContext:
             )
 
     def limit_tokens(self, n_prompt: int, max_tokens: int | None, param: str, prompt_param: str) -> int:
-        limit = self.max_model_len
-        if n_prompt == 0:
-            raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
-        if n_prompt >= limit:
-            raise APIError(
-                400,
-                f"{prompt_param}: the prompt has {n_prompt} tokens, the model's maximum context "
-                f"length is {limit}",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-        if max_tokens is None:
-            return limit - n_prompt
-        if n_prompt + max_tokens > limit:
-            raise APIError(
-                400,
-                f"{param}: prompt ({n_prompt} tokens) + {param} ({max_tokens}) exceeds the "
-                f"model's maximum context length {limit}",
-                param=param,
-                code="context_length_exceeded",
-            )
-        return max_tokens
+        """`check_request` (the engine's rule) as a 400 naming the field."""
+        try:
+            return check_request(n_prompt, max_tokens, self.max_model_len, prompt_param, param)
+        except RequestError as e:
+            raise APIError(400, str(e), param=e.field, code=e.code) from None
 
     def sampling(self, req: Any, max_tokens: int) -> Any:
         from modeldeploy.runtime import SamplingParams

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modeldeploy_dev.wait import wait_until
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -460,13 +462,16 @@ class LocalCluster:
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    return False
+        return False
+
+    try:
+        return wait_until(gone, timeout, 0.1, f"pid {pid} to exit")
+    except TimeoutError:
+        return False

@@ -6,11 +6,11 @@ pods is exercised for real; `modeldeploy.dev/node-kind` tells them apart (kwok |
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from modeldeploy_dev.wait import wait_until
 
 if TYPE_CHECKING:
     from modeldeploy_dev.cluster.local import Settings
@@ -76,16 +76,23 @@ def wait_ready(kubeconfig: str, s: Settings, timeout: float) -> None:
     c = api(kubeconfig)
     core = client.CoreV1Api(c)
     want = {f"gpu-{i}" for i in range(s.gpu_nodes)} | ({s.process_node} if s.process_node else set())
-    deadline = time.monotonic() + timeout
-    missing: set[str] = want
-    while time.monotonic() < deadline:
-        try:
-            nodes = {n.metadata.name: n for n in core.list_node().items}
-            missing = {n for n in want if n not in nodes or not node_ready(nodes[n])}
-            sa = core.list_namespaced_service_account("default").items
-            if not missing and any(a.metadata.name == "default" for a in sa):
-                return
-        except (ApiException, OSError):
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"nodes not Ready after {timeout}s: {sorted(missing)}")
+
+    def ready() -> bool:
+        nodes = {n.metadata.name: n for n in core.list_node().items}
+        missing = sorted(n for n in want if n not in nodes or not node_ready(nodes[n]))
+        sa = core.list_namespaced_service_account("default").items
+        if missing or not any(a.metadata.name == "default" for a in sa):
+            raise NotYet(f"nodes not Ready: {missing}" if missing else "no default ServiceAccount yet")
+        return True
+
+    wait_until(
+        ready,
+        timeout,
+        0.5,
+        "the nodes and the default ServiceAccount",
+        ignore=(ApiException, OSError, NotYet),
+    )
+
+
+class NotYet(Exception):
+    """What is still missing, carried to the TimeoutError."""

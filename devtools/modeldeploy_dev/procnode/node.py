@@ -31,6 +31,8 @@ from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.pids import kill_leftovers
 from modeldeploy_dev.procnode.worker import PodWorker
 
+from modeldeploy.operator.progression import RFC3339
+
 log = logging.getLogger("procnode")
 LEASE_SECONDS = 40
 SMP = "application/strategic-merge-patch+json"  # the client would default to json-patch
@@ -53,7 +55,7 @@ class ProcessNode:
 
     # --- node registration and heartbeats --------------------------------------------------
     def _conditions(self) -> list[dict[str, Any]]:
-        t = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        t = _now().strftime(RFC3339)
         pressure = [
             (k, "False", f"KubeletHas{r}")
             for k, r in (

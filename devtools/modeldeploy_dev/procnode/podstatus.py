@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
+from modeldeploy.operator.progression import RFC3339
+
 if TYPE_CHECKING:
     from modeldeploy_dev.procnode.worker import Container, PodWorker
 
 
 def ts() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime(RFC3339)
 
 
 def _cond(w: PodWorker, typ: str, ok: bool, reason: str = "") -> dict[str, Any]:
@@ -60,7 +62,7 @@ def pod_status(w: PodWorker) -> dict[str, Any]:
             "type": "PodScheduled",
             "status": x.status,
             "lastProbeTime": None,
-            "lastTransitionTime": x.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+            "lastTransitionTime": x.last_transition_time.strftime(RFC3339)
             if x.last_transition_time
             else None,
         }

@@ -27,11 +27,13 @@ from modeldeploy_dev.procnode.podstatus import pod_status
 from modeldeploy_dev.procnode.probes import ProbeState, now, probe_once
 from modeldeploy_dev.procnode.spec import UnsupportedPod, build_launch
 
+from modeldeploy.operator.progression import RFC3339
+
 log = logging.getLogger("procnode")
 
 
 def ts() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime(RFC3339)
 
 
 class Container:

@@ -1,0 +1,110 @@
+"""Execute plan()'s actions against the API server and post its Events.
+
+Names are deterministic, so a create racing a restarted operator gets 409 and the next event
+converges: never duplicates. A refused action does not stop the others (status included);
+the refusals become one ApplyFailed Event and an ApplyError for the caller to retry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from modeldeploy.operator import metrics
+from modeldeploy.operator.actions import Action, Annotate, Create, Delete, Event, Patch, PatchStatus
+from modeldeploy.operator.api import GROUP, VERSION
+from modeldeploy.operator.bundle import MANAGED_BY
+from modeldeploy.operator.kube import Kube
+
+FAILPOINT_ENV = "MODELDEPLOY_FAILPOINT"
+
+
+class ApplyError(RuntimeError):
+    """Some actions of a plan were refused by the API server."""
+
+
+def apply(
+    kube: Kube, md: dict[str, Any], actions: list[Action], now: str, status_written: Callable[[str], None]
+) -> None:
+    """Apply every action; `status_written(resourceVersion)` as soon as our status write lands."""
+    ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
+    failures: list[str] = []
+    for a in actions:
+        try:
+            if isinstance(a, PatchStatus):
+                status_written(kube.replace_status(ns, name, a.status))
+                failpoint(a.status.get("phase"))
+            elif isinstance(a, Event):
+                post_event(kube, md, a, now)
+            else:
+                _child(kube, ns, name, a)
+        except ApiException as e:
+            if e.status in (
+                404,
+                409,
+            ):  # raced with GC, another writer or a restarted operator: next event converges
+                continue
+            failures.append(f"{_describe(a)}: {_api_message(e)}")
+    if failures:
+        # every other action (status included) was still applied; the failure is an Event and an error
+        post_event(kube, md, Event("Warning", "ApplyFailed", "; ".join(failures)), now)
+        raise ApplyError("; ".join(failures))
+
+
+def _child(kube: Kube, ns: str, name: str, a: Action) -> None:
+    if isinstance(a, Annotate):
+        kube.annotate_md(ns, name, a.annotations)
+    elif isinstance(a, Create):
+        kube.create(ns, a.obj)
+        metrics.DECISIONS.labels("create", a.obj["kind"]).inc()
+    elif isinstance(a, Patch):
+        kube.patch(a.kind, ns, a.name, a.body)
+        metrics.DECISIONS.labels("patch", a.kind).inc()
+    elif isinstance(a, Delete):
+        kube.delete(a.kind, ns, a.name)
+        metrics.DECISIONS.labels("delete", a.kind).inc()
+
+
+def failpoint(phase: str | None) -> None:
+    """Crash tests: `MODELDEPLOY_FAILPOINT=kill-after-status:<Phase>` SIGKILLs this process right
+    after it persisted a status whose phase is <Phase>, so a test can kill the operator in
+    phases that last a single reconcile (Promoting, RollingBack) as surely as in long ones."""
+    point = os.environ.get(FAILPOINT_ENV, "")
+    if phase and point == f"kill-after-status:{phase}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _describe(a: Action) -> str:
+    if isinstance(a, Create):
+        return f"create {a.obj['kind']} {a.obj['metadata']['name']}"
+    if isinstance(a, Patch | Delete):
+        return f"{type(a).__name__.lower()} {a.kind} {a.name}"
+    return type(a).__name__
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{e.status} {e.reason}"
+
+
+def post_event(kube: Kube, md: dict[str, Any], ev: Event, now: str) -> None:
+    meta = md["metadata"]
+    body = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment", "name": meta["name"],
+            "namespace": meta["namespace"], "uid": meta["uid"], "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": ev.type, "reason": ev.reason, "message": ev.message[:1024],
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+    }  # fmt: skip
+    kube.create_event(meta["namespace"], body)
+    metrics.EVENTS.labels(ev.reason).inc()

@@ -1,0 +1,169 @@
+"""The Controller: one object owning everything the reconcile loop keeps between calls.
+
+As kubebuilder's Reconciler struct owns its client: the API client, the node cache, the work
+queue (coalescing and rollout ticks), the per-object locks, the own-write echoes, the
+conformance gate runs and the analysis baselines all hang off one `Controller`, created in
+kopf's startup handler and kept in `memo`. Handlers call its methods and stay a few lines.
+Deleting a ModelDeployment clears every entry kept for it (`forget`).
+
+One reconcile = observe (observe.py: read the world) -> plan (plan.py: pure decision) ->
+apply (apply.py: actions and Events) -> schedule the next tick while a rollout moves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from modeldeploy.operator import metrics
+from modeldeploy.operator.actions import Action, PatchStatus
+from modeldeploy.operator.apply import apply
+from modeldeploy.operator.children import PORT
+from modeldeploy.operator.gate import ConformanceRunner
+from modeldeploy.operator.kube import Kube
+from modeldeploy.operator.observe import LoadProbe, NodeCache, Observer
+from modeldeploy.operator.plan import plan
+from modeldeploy.operator.progression import now_iso
+from modeldeploy.operator.rollout import IN_FLIGHT
+from modeldeploy.operator.scrape import Baselines
+from modeldeploy.operator.workqueue import WorkQueue
+
+ROLLOUT_TICK_S = 2.0  # while a rollout is active, reconcile again this soon (gate, pauses)
+Key = tuple[str, str]  # (namespace, name)
+
+
+class Controller:
+    """Reconciles ModelDeployments; all of the operator's in-memory state lives here."""
+
+    def __init__(self, kube: Kube, tick_s: float = ROLLOUT_TICK_S) -> None:
+        self.kube = kube
+        self.nodes = NodeCache(kube)
+        self.probe = LoadProbe(PORT)
+        self.gate = ConformanceRunner()
+        self.baselines = Baselines()
+        self.observer = Observer(kube, self.nodes, self.probe, self.gate, self.baselines)
+        self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s)
+        self.reconciles = 0  # completed, for the liveness probe
+        self._guard = threading.Lock()
+        self._locks: dict[Key, threading.Lock] = {}  # one reconcile per object at a time
+        self.known: set[Key] = set()  # ModelDeployments seen by the watch, for the periodic resync
+        self.uids: dict[Key, str] = {}
+        self.own_writes: dict[Key, str] = {}  # resourceVersion of our last status write
+        self.last_done: dict[Key, float] = {}  # monotonic time of the last completed reconcile
+        self.children: dict[str, tuple] = {}  # child uid -> what plan() reads of it, as last seen
+
+    def request(self, namespace: str, name: str) -> None:
+        """Reconcile now or, when a reconcile of this object is running, once more after it."""
+        self.queue.request((namespace, name))
+
+    def reconcile(self, namespace: str, name: str) -> list[Action]:
+        """Observe, plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
+        key = (namespace, name)
+        with self._lock(key), metrics.RECONCILE_SECONDS.time():
+            md = self.kube.get_md(namespace, name)
+            if md is not None:
+                return self._reconcile(key, md)
+        self.forget(key)  # gone: nothing of it is kept
+        return []
+
+    def _reconcile(self, key: Key, md: dict[str, Any]) -> list[Action]:
+        now, uid = now_iso(), md["metadata"]["uid"]
+
+        def status_written(resource_version: str) -> None:
+            self.own_writes[key] = resource_version  # its watch event is an echo, not news
+
+        actions = plan(md, self.observer.observe(md), now)
+        apply(self.kube, md, actions, now, status_written)
+        status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
+        if status.get("phase") in IN_FLIGHT and status.get("canary"):
+            self.queue.tick(key)  # gate results, pauses and analysis intervals raise no watch event
+        elif status.get("phase") == "Stable":
+            self._forget_rollout(uid)
+        metrics.RECONCILES.inc()
+        with self._guard:
+            self.reconciles += 1
+            self.uids[key] = uid
+            self.last_done[key] = time.monotonic()
+        return actions
+
+    def md_event(self, kind: str | None, namespace: str, name: str, body: Mapping[str, Any]) -> bool:
+        """Bookkeeping for a ModelDeployment watch event; True when it calls for a reconcile."""
+        key, meta = (namespace, name), body.get("metadata") or {}
+        if kind == "DELETED":
+            self.forget(key, meta.get("uid"))
+            return False
+        with self._guard:
+            self.known.add(key)
+        return meta.get("resourceVersion") != self.own_writes.get(key)  # else: the echo of our status write
+
+    def child_event(self, kind: str | None, body: Mapping[str, Any]) -> str | None:
+        """The owning ModelDeployment's name when a child's change matters to plan(), else None."""
+        if kind in (None, "ADDED"):  # listing or our own create: the ModelDeployment's reconcile covers it
+            return None
+        meta = body.get("metadata") or {}
+        uid, sig = meta.get("uid"), signature(body)
+        if kind != "DELETED" and self.children.get(uid) == sig:
+            return None  # only status fields plan() does not read changed (observedGeneration, ...)
+        self.children[uid] = sig
+        if kind == "DELETED":
+            self.children.pop(uid, None)
+        return next(
+            (r["name"] for r in meta.get("ownerReferences", []) if r.get("kind") == "ModelDeployment"), None
+        )
+
+    def due(self, key: Key, period_s: float) -> bool:
+        """Whether the periodic resync should reconcile `key` (not reconciled through an event lately)."""
+        return time.monotonic() - self.last_done.get(key, 0.0) >= period_s
+
+    def forget(self, key: Key, uid: str | None = None) -> None:
+        """Drop every entry kept for a deleted object (after any reconcile of it in flight)."""
+        with self._lock(key):
+            self.queue.forget(key)
+            self.probe.forget(key)
+            with self._guard:
+                self.known.discard(key)
+                self.own_writes.pop(key, None)
+                self.last_done.pop(key, None)
+                uid = self.uids.pop(key, None) or uid
+                self._locks.pop(key, None)
+        if uid:
+            self._forget_rollout(uid)
+
+    def holds(self, namespace: str, name: str, uid: str) -> list[str]:
+        """Which stores still hold an entry for this object (empty once it is forgotten): for tests."""
+        key = (namespace, name)
+        found = [n for n in ("known", "uids", "own_writes", "last_done", "_locks") if key in getattr(self, n)]
+        found += ["queue"] if self.queue.holds(key) else []
+        found += ["probe"] if self.probe.holds(key) else []
+        found += ["gate"] if self.gate.holds(uid) else []
+        found += ["baselines"] if self.baselines.holds(uid) else []
+        return found
+
+    def _forget_rollout(self, uid: str) -> None:
+        """A settled or deleted object keeps no gate results or metric baselines: a later rollout starts fresh."""
+        self.gate.forget_md(uid)
+        self.baselines.forget(uid)
+
+    def _lock(self, key: Key) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+
+def signature(body: Mapping[str, Any]) -> tuple:
+    """What plan() reads of a child: spec (via generation), labels, annotations, readiness, failures."""
+    meta, status, spec = body.get("metadata") or {}, body.get("status") or {}, body.get("spec") or {}
+    failure = [
+        c.get("message")
+        for c in status.get("conditions") or []
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True"
+    ]
+    return (
+        meta.get("generation"),
+        repr(spec) if body.get("kind") == "Service" else None,  # Services have no generation
+        repr(sorted((meta.get("labels") or {}).items())),
+        repr(sorted((meta.get("annotations") or {}).items())),
+        status.get("readyReplicas"),
+        tuple(failure),
+    )

@@ -1,0 +1,130 @@
+"""The operator's API client: the few calls the reconcile makes, on one shared connection pool.
+
+Every call asks for the raw body (`_preload_content=False`) and reads JSON itself: decoding
+into the kubernetes client's models costs more than the reconcile's own work at scale.
+Children are addressed by kind (Deployment, Service, HTTPRoute), so `apply.py` maps an
+action to one call without caring which API group serves it. Errors stay `ApiException`.
+"""
+
+from __future__ import annotations
+
+import json
+from types import MappingProxyType
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator.routing import KIND as ROUTE_KIND
+
+ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
+POOL_SIZE = 32  # above the 16 worker threads plus the resync task
+MERGE = "application/merge-patch+json"
+RAW = MappingProxyType(
+    {"_preload_content": False}
+)  # the response body is read as JSON, not decoded into models
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    return json.loads(resp.data)
+
+
+class Kube:
+    """Typed access to the API server for one operator process (one ApiClient, connections reused)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core, self.apps, self.custom = (
+            client.CoreV1Api(api),
+            client.AppsV1Api(api),
+            client.CustomObjectsApi(api),
+        )
+
+    @classmethod
+    def connect(cls) -> Kube:
+        """In-cluster credentials, else $KUBECONFIG / ~/.kube/config."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        cfg = client.Configuration.get_default_copy()
+        cfg.connection_pool_maxsize = POOL_SIZE
+        return cls(client.ApiClient(cfg))
+
+    def get_md(self, ns: str, name: str) -> dict[str, Any] | None:
+        """The ModelDeployment, or None once it is gone."""
+        try:
+            return _json(self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, **RAW))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]] | None:
+        """Objects of `kind` (Deployment, Service, Pod, HTTPRoute) by label; None: HTTPRoute not served."""
+        if kind == ROUTE_KIND:
+            try:
+                resp = self.custom.list_namespaced_custom_object(
+                    *ROUTE_API[:2], ns, ROUTE_API[2], label_selector=selector, **RAW
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+            return _json(resp)["items"]
+        lister = {
+            "Deployment": self.apps.list_namespaced_deployment,
+            "Service": self.core.list_namespaced_service,
+            "Pod": self.core.list_namespaced_pod,
+        }[kind]
+        return _json(lister(ns, label_selector=selector, **RAW))["items"]
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return _json(self.core.list_node(**RAW))["items"]
+
+    def create(self, ns: str, obj: dict[str, Any]) -> None:
+        kind = obj["kind"]
+        if kind == ROUTE_KIND:
+            self.custom.create_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], obj, **RAW)
+        elif kind == "Deployment":
+            self.apps.create_namespaced_deployment(ns, obj, **RAW)
+        else:
+            self.core.create_namespaced_service(ns, obj, **RAW)
+
+    def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> None:
+        """JSON merge patch of a child."""
+        if kind == ROUTE_KIND:
+            self.custom.patch_namespaced_custom_object(
+                *ROUTE_API[:2], ns, ROUTE_API[2], name, body, _content_type=MERGE, **RAW
+            )
+        elif kind == "Deployment":
+            self.apps.patch_namespaced_deployment(name, ns, body, _content_type=MERGE, **RAW)
+        else:
+            self.core.patch_namespaced_service(name, ns, body, _content_type=MERGE, **RAW)
+
+    def delete(self, kind: str, ns: str, name: str) -> None:
+        if kind == ROUTE_KIND:
+            self.custom.delete_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], name, **RAW)
+        elif kind == "Deployment":
+            self.apps.delete_namespaced_deployment(name, ns, body={"propagationPolicy": "Background"}, **RAW)
+        else:
+            self.core.delete_namespaced_service(name, ns, body={"propagationPolicy": "Background"}, **RAW)
+
+    def annotate_md(self, ns: str, name: str, annotations: dict[str, str | None]) -> None:
+        """Merge patch of the ModelDeployment's annotations (None removes one)."""
+        body = {"metadata": {"annotations": annotations}}
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name, body, _content_type=MERGE, **RAW
+        )
+
+    def replace_status(self, ns: str, name: str, status: dict[str, Any]) -> str:
+        """Write the whole status; returns the object's new resourceVersion (to recognise the echo)."""
+        # JSON patch `add /status` replaces the whole status, so fields plan() dropped go too
+        body = [{"op": "add", "path": "/status", "value": status}]
+        resp = self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/json-patch+json", **RAW
+        )
+        return _json(resp)["metadata"]["resourceVersion"]
+
+    def create_event(self, ns: str, body: dict[str, Any]) -> None:
+        self.core.create_namespaced_event(ns, body, **RAW)

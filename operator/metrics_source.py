@@ -1,0 +1,56 @@
+"""Where canary analysis gets its figures: one `MetricsSource` protocol, two implementations.
+
+As Argo Rollouts' metric providers: the analysis does not care where samples come from.
+`PodScrape` (scrape.py, the default) reads each cohort pod's /metrics and keeps per-pod
+baselines; `Prometheus` (promql.py, when `spec.rollout.analysis.prometheus` is set) queries
+a Prometheus HTTP API. Both return this interval's stable and canary `CohortSample`s, which
+the pure `analysis.analyze()` judges. A source never raises for unreadable figures: it
+returns what it could read and a line saying what it could not, and the interval is then
+Inconclusive (the step holds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from modeldeploy.operator.analysis import CohortSample, analyze
+from modeldeploy.operator.api import Analysis, AnalysisResult
+from modeldeploy.operator.promql import Prometheus
+from modeldeploy.operator.scrape import Baselines, PodScrape
+
+
+@dataclass(frozen=True)
+class Cohorts:
+    """The two cohorts one analysis interval compares, and the window it covers."""
+
+    md_uid: str
+    namespace: str
+    stable: str  # bundle ids
+    canary: str
+    stable_pods: tuple[str, ...] = ()  # Ready pod IPs (or "host:port" targets)
+    canary_pods: tuple[str, ...] = ()
+    mark: Hashable = None  # the window's key (canary, step, step start): a new mark opens a new window
+    since: float | None = None  # when the step began, epoch seconds (sizes the Prometheus window)
+
+
+class MetricsSource(Protocol):
+    def read(self, cohorts: Cohorts) -> tuple[CohortSample, CohortSample, str]:
+        """This window's (stable, canary) samples, and '' or a line naming what could not be read."""
+        ...
+
+
+def source_for(cfg: Analysis, baselines: Baselines) -> MetricsSource:
+    """The source `spec.rollout.analysis` names: Prometheus when `prometheus` is set, else the pods."""
+    if cfg.prometheus is not None:
+        return Prometheus(cfg.prometheus, cfg.interval_seconds)
+    return PodScrape(baselines)
+
+
+def analyze_interval(
+    source: MetricsSource, cohorts: Cohorts, cfg: Analysis, step: int | None = None, time: str | None = None
+) -> tuple[AnalysisResult, str]:
+    """One analysis interval: read both cohorts from `source`, judge them; (result, '' or problems)."""
+    stable, canary, problems = source.read(cohorts)
+    return analyze(stable, canary, cfg, step=step, time=time), problems

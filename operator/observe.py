@@ -1,0 +1,216 @@
+"""Read the world for one reconcile: children, nodes, load progress and the rollout's inputs -> `Observed`.
+
+Reads are fresh GETs/LISTs (not the watch event body), so a reconcile never acts on a
+status it wrote a moment ago and has not seen yet. Everything that talks to pods is bounded:
+MAX_PROBES load probes of PROBE_TIMEOUT_S each per reconcile, one conformance run per
+(object, canary) in the background, one analysis per interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from modeldeploy.operator import commands, metrics
+from modeldeploy.operator.actions import Observed
+from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec
+from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
+from modeldeploy.operator.gate import ConformanceRunner
+from modeldeploy.operator.kube import Kube
+from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
+from modeldeploy.operator.pods import pod_ready, pod_url, ready_pod_ips
+from modeldeploy.operator.progression import epoch, iso
+from modeldeploy.operator.pull import pull_failure
+from modeldeploy.operator.routing import KIND as ROUTE_KIND
+from modeldeploy.operator.scrape import Baselines
+from modeldeploy.operator.topology import NodeInfo
+
+NODE_TTL_S = 15.0
+MAX_PROBES = 8
+PROBE_TIMEOUT_S = 0.5
+UNREACHABLE_S = 60.0
+MAX_UNREACHABLE = 10_000  # remembered unroutable pods, all objects together
+
+
+class NodeCache:
+    """All nodes, relisted every `ttl_s` (no node watch: kwok heartbeats would flood it).
+
+    Stale-while-revalidate: one thread relists, the others keep using the previous list
+    instead of queueing behind a slow LIST of a thousand nodes.
+    """
+
+    def __init__(self, kube: Kube, ttl_s: float = NODE_TTL_S, clock: Callable[[], float] = time.monotonic):
+        self.kube, self.ttl_s, self.clock = kube, ttl_s, clock
+        self._lock = threading.Lock()
+        self._at, self._nodes = 0.0, None
+
+    def get(self) -> list[NodeInfo]:
+        fresh = self._nodes is not None and self.clock() - self._at <= self.ttl_s
+        if fresh or not self._lock.acquire(blocking=self._nodes is None):
+            return self._nodes
+        try:
+            if self._nodes is None or self.clock() - self._at > self.ttl_s:
+                self._nodes = [NodeInfo.from_node(n) for n in self.kube.list_nodes()]
+                self._at = self.clock()
+            return self._nodes
+        finally:
+            self._lock.release()
+
+
+class LoadProbe:
+    """Load progress and load errors of Running-but-not-Ready pods, from their /health/ready,
+    and the image pull failures of Pending ones (pull.py), which never get to load.
+
+    The runtime answers 503 with {"status": "failed", "error": ...} when loading failed
+    (e.g. a digest mismatch); that error is what status should show, not "0/1 ready".
+    A pod not routable from the operator is not asked again for UNREACHABLE_S.
+    """
+
+    def __init__(self, port: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.port, self.clock = port, clock
+        self._lock = threading.Lock()
+        self._unreachable: dict[tuple[str, str], dict[str, float]] = {}  # object -> pod uid -> when
+
+    def probe(
+        self, key: tuple[str, str], pods: list[dict[str, Any]]
+    ) -> tuple[dict[str, list[float]], dict[str, str]]:
+        """(bundle -> progress per loading pod, bundle -> load error); an unreachable pod counts as 0."""
+        out: dict[str, list[float]] = {}
+        errors: dict[str, str] = {}
+        with self._lock:
+            if sum(len(v) for v in self._unreachable.values()) > MAX_UNREACHABLE:
+                self._unreachable.clear()
+            skip = dict(self._unreachable.get(key, {}))
+        probed = 0
+        with httpx.Client(timeout=PROBE_TIMEOUT_S) as http:
+            for p in pods:
+                st = p.get("status") or {}
+                if not pod_ready(p) and (pulled := pull_failure(p)) is not None:  # Pending: never loads
+                    errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), pulled)
+                    continue
+                if (
+                    pod_ready(p)
+                    or st.get("phase") != "Running"
+                    or not st.get("podIP")
+                    or probed >= MAX_PROBES
+                ):
+                    continue
+                uid, bundle = (
+                    p["metadata"].get("uid", ""),
+                    p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""),
+                )
+                progress = 0.0
+                if self.clock() - skip.get(uid, -UNREACHABLE_S) >= UNREACHABLE_S:
+                    probed += 1
+                    progress = self._ask(http, key, uid, st["podIP"], bundle, errors)
+                out.setdefault(bundle, []).append(progress)
+        return out, errors
+
+    def _ask(
+        self, http: httpx.Client, key: tuple[str, str], uid: str, ip: str, bundle: str, errors: dict
+    ) -> float:
+        try:
+            body = http.get(f"http://{ip}:{self.port}/health/ready").json()
+            progress = float(body.get("progress", 0.0))
+            if body.get("status") == "failed" and body.get("error"):
+                errors.setdefault(bundle, str(body["error"])[:800])
+            return progress
+        except httpx.TransportError:
+            with self._lock:  # not routable from here: don't wait on it every time
+                self._unreachable.setdefault(key, {})[uid] = self.clock()
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        return 0.0
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._unreachable.pop(key, None)
+
+    def holds(self, key: tuple[str, str]) -> bool:
+        with self._lock:
+            return key in self._unreachable
+
+
+class Observer:
+    """Reads one ModelDeployment's world into `Observed`, using the Controller's caches and runners."""
+
+    def __init__(
+        self, kube: Kube, nodes: NodeCache, probe: LoadProbe, gate: ConformanceRunner, baselines: Baselines
+    ) -> None:
+        self.kube, self.nodes, self.probe, self.gate, self.baselines = kube, nodes, probe, gate, baselines
+
+    def observe(self, md: dict[str, Any]) -> Observed:
+        meta = md["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
+        deps = [d for d in self.kube.list("Deployment", ns, sel) if _owned(d, uid)]
+        svcs = [s for s in self.kube.list("Service", ns, sel) if _owned(s, uid)]
+        loading, errors = {}, {}
+        if any(_not_ready(d) for d in deps):
+            loading, errors = self.probe.probe((ns, name), self.kube.list("Pod", ns, sel))
+        obs = Observed(deps, svcs, self.nodes.get(), loading, errors)
+        self._rollout(md, sel, obs)
+        return obs
+
+    def _rollout(self, md: dict[str, Any], sel: str, obs: Observed) -> None:
+        """The rollout machine's inputs: manual command, conformance gate result, canary analysis, routes."""
+        meta, st = md["metadata"], md.get("status") or {}
+        obs.command = commands.command_from_annotations(meta.get("annotations"))
+        obs.command_annotations = commands.pending(meta.get("annotations"))
+        last = st.get("lastAnalysis")
+        if last:
+            obs.analysis, obs.analysis_at = AnalysisResult.model_validate(last), epoch(last.get("time"))
+        try:
+            spec = ModelDeploymentSpec.model_validate(md.get("spec") or {})
+        except ValidationError:
+            return
+        ns = meta["namespace"]
+        obs.routes = self.kube.list(ROUTE_KIND, ns, sel) if spec.rollout.traffic_routing.gateway_api else []
+        phase, canary = st.get("phase"), (st.get("canary") or {}).get("bundle")
+        if phase not in ("Verifying", "Canary") or not canary:
+            return
+        pods = self.kube.list("Pod", ns, sel)
+
+        def ips(bundle: str | None) -> tuple[str, ...]:
+            return tuple(
+                ready_pod_ips(
+                    [p for p in pods if (p["metadata"].get("labels") or {}).get(BUNDLE_LABEL) == bundle]
+                )
+            )
+
+        if phase == "Verifying":
+            if (canary_ips := ips(canary)) and spec.rollout.conformance_gate:
+                obs.conformance = self.gate.ensure((meta["uid"], canary), pod_url(canary_ips[0]))
+            return
+        cfg, step = spec.rollout.analysis, st.get("currentStep")
+        now = time.time()
+        stale = obs.analysis is None or obs.analysis.step != step or obs.analysis_at is None
+        if not stale and now - obs.analysis_at < cfg.interval_seconds:
+            return
+        since = (st.get("rollout") or {}).get("phaseSince")
+        stable = (st.get("stable") or {}).get("bundle")
+        cohorts = Cohorts(
+            meta["uid"], ns, stable, canary, ips(stable), ips(canary), (canary, step, since), epoch(since)
+        )
+        stamp = iso(now)
+        result, problems = analyze_interval(
+            source_for(cfg, self.baselines), cohorts, cfg, step=step, time=stamp
+        )
+        if problems:  # shown in status.lastAnalysis: why an interval is Inconclusive, not only in a log
+            result = result.model_copy(update={"message": problems[:1024]})
+        obs.analysis, obs.analysis_at, obs.analysis_fresh = result, epoch(stamp), True
+        metrics.DECISIONS.labels("analysis", result.verdict).inc()
+
+
+def _owned(o: dict[str, Any], uid: str) -> bool:
+    return any(r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", []))
+
+
+def _not_ready(dep: dict[str, Any]) -> bool:
+    st = dep.get("status") or {}
+    return int(st.get("readyReplicas") or 0) < int((dep.get("spec") or {}).get("replicas") or 0)

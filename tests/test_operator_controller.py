@@ -1,0 +1,118 @@
+"""The Controller against an in-memory API server: observe -> plan -> apply, echoes, children, delete."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from fake_kube import MD, FakeKube
+from operator_fixtures import md
+
+from modeldeploy.operator.analysis import CohortSample
+from modeldeploy.operator.bundle import MANAGED_BY
+from modeldeploy.operator.controller import Controller
+from modeldeploy.operator.scrape import CohortScrape
+
+NS, NAME = "ns", "chat"
+
+
+def _node(i: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"gpu-{i}", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+    }
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _world() -> tuple[FakeKube, Controller, dict[str, Any]]:
+    kube = FakeKube()
+    kube.nodes = [_node(0), _node(1)]
+    obj = md()
+    obj["metadata"].pop("uid")
+    obj = kube.put(obj)
+    ctrl = Controller(kube, tick_s=3600.0)  # a tick is scheduled, never fired, in these tests
+    ctrl.probe.port = _closed_port()  # the loading pod below refuses connections: counted as unreachable
+    return kube, ctrl, obj
+
+
+def _loading_pod(kube: FakeKube, bundle: str) -> None:
+    labels = {"app.kubernetes.io/instance": NAME, "app.kubernetes.io/managed-by": MANAGED_BY}
+    kube.put({
+        "kind": "Pod",
+        "metadata": {"name": "chat-0", "namespace": NS, "labels": {**labels, "modeldeploy.dev/bundle": bundle}},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "False"}]},
+    })  # fmt: skip
+
+
+def test_reconcile_creates_children_and_recognises_its_own_status_echo() -> None:
+    kube, ctrl, obj = _world()
+    assert ctrl.md_event("ADDED", NS, NAME, obj) is True
+    ctrl.request(NS, NAME)
+    kinds = sorted(k for (k, _, _) in kube.objects if k != MD)
+    assert kinds == ["Deployment", "Service", "Service", "Service"]
+    stored = kube.get_md(NS, NAME)
+    assert stored["status"]["phase"] == "Deploying" and ctrl.reconciles == 1
+    assert ctrl.md_event("MODIFIED", NS, NAME, stored) is False  # the echo of our own status write
+    assert {e["reason"] for e in kube.events} >= {"Created", "Initial"}
+    ctrl.reconcile(NS, NAME)  # status now names the Deployment created by the first pass
+    assert ctrl.reconcile(NS, NAME) == []  # converged: idempotent
+
+
+def test_child_events_name_the_owner_only_when_plan_reads_the_change() -> None:
+    kube, ctrl, _ = _world()
+    ctrl.request(NS, NAME)
+    dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    assert ctrl.child_event("ADDED", dep) is None  # our own create
+    assert ctrl.child_event("MODIFIED", dep) == NAME
+    assert ctrl.child_event("MODIFIED", {**dep, "status": {"observedGeneration": 7}}) is None
+    dep["status"] = {"readyReplicas": 2}
+    assert ctrl.child_event("MODIFIED", dep) == NAME
+    assert ctrl.child_event("DELETED", dep) == NAME and dep["metadata"]["uid"] not in ctrl.children
+
+
+def test_delete_leaves_no_state_for_the_object() -> None:
+    kube, ctrl, obj = _world()
+    ctrl.md_event("ADDED", NS, NAME, obj)
+    ctrl.request(NS, NAME)
+    bundle = kube.get_md(NS, NAME)["status"]["stable"]["bundle"]
+    _loading_pod(kube, bundle)
+    ctrl.request(NS, NAME)  # probes the loading pod: it refuses, so it is remembered as unreachable
+    uid = obj["metadata"]["uid"]
+    ctrl.queue.tick((NS, NAME))
+    ctrl.baselines.delta(uid, bundle, "mark", CohortScrape(bundle, {"p": CohortSample()}))
+    ctrl.gate.ensure((uid, bundle), f"http://127.0.0.1:{_closed_port()}")
+    assert ctrl.gate.wait((uid, bundle), 60) is not None
+    held = ctrl.holds(NS, NAME, uid)
+    assert set(held) == {
+        "known",
+        "uids",
+        "own_writes",
+        "last_done",
+        "_locks",
+        "queue",
+        "probe",
+        "gate",
+        "baselines",
+    }
+
+    deleted = kube.get_md(NS, NAME)
+    kube.remove(MD, NS, NAME)
+    assert ctrl.md_event("DELETED", NS, NAME, deleted) is False
+    assert ctrl.holds(NS, NAME, uid) == []
+    assert (
+        ctrl.reconcile(NS, NAME) == [] and ctrl.holds(NS, NAME, uid) == []
+    )  # a late tick keeps nothing either
+
+
+def test_a_reconcile_that_finds_the_object_gone_forgets_it() -> None:
+    kube, ctrl, obj = _world()
+    ctrl.md_event("ADDED", NS, NAME, obj)
+    ctrl.request(NS, NAME)
+    kube.remove(MD, NS, NAME)  # the DELETED event has not arrived yet
+    assert ctrl.reconcile(NS, NAME) == []
+    assert ctrl.holds(NS, NAME, obj["metadata"]["uid"]) == []
