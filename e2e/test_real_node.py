@@ -324,7 +324,8 @@ def operator_release(rn, images) -> Iterator[str]:
 
 
 def test_helm_installed_operator_pod_is_ready_on_the_real_node(rn, images, operator_release) -> None:
-    """The operator as shipped: a pod on real-0 in a restricted namespace, image by digest."""
+    """The operator as shipped: a pod on real-0 in a restricted namespace, image by digest, with
+    its ServiceAccount's RBAC only (no Secrets, no writes to what it does not manage)."""
     _, k, _ = rn
     pods = k.core.list_namespaced_pod(operator_release).items
     assert len(pods) == 1 and pods[0].spec.node_name == "real-0", [p.metadata.name for p in pods]
@@ -332,6 +333,20 @@ def test_helm_installed_operator_pod_is_ready_on_the_real_node(rn, images, opera
     assert op.spec.containers[0].image == images("operator")
     cs = op.status.container_statuses[0]
     assert cs.ready and cs.image_id.endswith(images("operator").split("@")[1]), cs
+
+    # only its ServiceAccount's RBAC: no Secrets, nothing it does not manage
+    sa = f"system:serviceaccount:{operator_release}:{op.spec.service_account_name}"
+
+    def can(*args: str) -> bool:
+        r = k.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
+        assert r.stdout.strip() in ("yes", "no"), r.stdout + r.stderr
+        return r.stdout.strip() == "yes"
+
+    assert can("patch", "deployments.apps", "-n", "default")  # what it manages (the control)
+    for verb, what in (("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "nodes"),
+                       ("create", "clusterrolebindings"), ("update", "modeldeployments.serving.modeldeploy.dev"),
+                       ("delete", "customresourcedefinitions")):  # fmt: skip
+        assert not can(verb, what, "-A"), f"the operator's ServiceAccount may {verb} {what}"
 
 
 def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
