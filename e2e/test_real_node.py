@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from .conftest import E2ECluster, restricted_security_context
 
 ROOT = Path(__file__).resolve().parents[1]
 G, V, P = "serving.modeldeploy.dev", "v1alpha1", "modeldeployments"
+STREAMS = 4
 
 pytestmark = pytest.mark.e2e
 
@@ -354,7 +356,8 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
 ) -> None:
     """`kubectl apply` a ModelDeployment whose engine is the runtime image by digest and whose
     model is on a local PV: the operator (the helm-installed pod) makes the Deployment, the
-    runtime pod passes its startup probe, and a chat completion through the ClusterIP answers."""
+    runtime pod passes its startup probe, a chat completion through the ClusterIP answers, streams
+    in flight survive the pod's deletion, and a wrong engine digest is rolled back naming the image."""
     import httpx
 
     _, k, _ = rn
@@ -372,11 +375,48 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
         assert pod.spec.containers[0].startup_probe.http_get.path == "/health/ready"
         svc = k.core.read_namespaced_service("tiny", ns)
         base = f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
-        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+
+        def models() -> str | None:  # kube-proxy programs the new endpoint asynchronously
+            try:
+                return httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+            except httpx.TransportError:
+                return None
+
+        model = k.wait(models, 60, f"{base}/v1/models through the ClusterIP")
         r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})  # fmt: skip
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] > 0, r.text
+
+        # the serving pod deleted under streaming load: kubelet's SIGTERM, the preStop hook and the
+        # grace period let every in-flight stream finish
+        started, results, ended = threading.Barrier(STREAMS + 1, timeout=120), [], []
+
+        def stream() -> None:
+            body = {"model": model, "messages": [{"role": "user", "content": "count"}], "max_tokens": 160,
+                    "stream": True, "ignore_eos": True}  # fmt: skip
+            try:
+                with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=180) as r:
+                    chunks = r.iter_text()
+                    first = next(chunks, "")
+                    started.wait()
+                    results.append((r.status_code, "[DONE]" in first + "".join(chunks)))
+                    ended.append(time.monotonic())
+            except Exception as e:  # noqa: BLE001 - every failure is a result to report
+                results.append((repr(e), False))
+
+        threads = [threading.Thread(target=stream) for _ in range(STREAMS)]
+        for t in threads:
+            t.start()
+        started.wait()  # every stream has its first bytes
+        k.core.delete_namespaced_pod(pod.metadata.name, ns)
+        deleted = time.monotonic()
+        for t in threads:
+            t.join(240)
+        assert results == [(200, True)] * STREAMS, results
+        assert max(ended) > deleted, "every stream ended before the deletion: the test proved nothing"
+        k.wait(lambda: md_ready(k, ns, "tiny"), 600, "tiny Ready again after the pod deletion")
+        k.wait(models, 60, "the replacement pod through the ClusterIP")
 
         # a wrong engine digest: the pod cannot pull it, so those bits never run, and the rollout
         # rolls back to the bundle that serves, naming the image
