@@ -10,6 +10,9 @@ stages (bench/gpu_check.sh runs them all, each under its own timeout):
   decode         8B-shaped bf16 decode, batch 1/8/32/64 at context ~1k: tokens/s, bytes/s vs
                  copy roofline, and transformers generate tokens/s at the same batch
   kernel_bench   each kernel's time vs its memory roofline (and vs its twin)
+  lora           LoRA adapters: greedy tokens with 2 adapters + base mixed in one batch vs
+                 transformers on the merged weights (fp32, tiny llama); 8B-shaped bf16 decode
+                 step, batch 32 = 3 adapters + base vs base only (skips without CUDA)
   report OUTDIR  merge the stage JSONs into OUTDIR/gpu_check.json and print the table
 
 Each stage writes WORKDIR/<stage>[-NAME].json, with "error" set if it failed, so a CUDA fault
@@ -135,10 +138,10 @@ def stage_kernels(out: Path, name: str) -> dict:
 
 def _count_launches() -> dict[str, int]:
     """Wrap every wrapper module's `launch` so the stage can prove the CuPy kernels ran."""
-    from modeldeploy.kernels import activation, attention, cache, norm, rotary
+    from modeldeploy.kernels import activation, attention, cache, lora, norm, rotary
 
     counts: dict[str, int] = {}
-    for mod in (activation, attention, cache, norm, rotary):
+    for mod in (activation, attention, cache, lora, norm, rotary):
         real = mod.launch
 
         def counted(family, name, *a, _real=real, **k):
@@ -409,6 +412,7 @@ KERNEL_NAMES = (
     "write_kv",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "lora_apply",
 )
 
 
@@ -416,6 +420,7 @@ def stage_report(out: Path, _arg) -> dict:
     env = _load(out, "env")
     kern = {k: _load(out, f"kernels-{k}") for k in KERNEL_NAMES}
     greedy, decode, kb = _load(out, "greedy"), _load(out, "decode"), _load(out, "kernel_bench")
+    lora = _load(out, "lora")
     merged = {
         "git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
@@ -424,6 +429,7 @@ def stage_report(out: Path, _arg) -> dict:
         "greedy": greedy,
         "decode": decode,
         "kernel_bench": kb,
+        "lora": lora,
     }
     lines = [
         f"gpu_check {merged['date']} rev {merged['git_rev']}",
@@ -469,11 +475,217 @@ def stage_report(out: Path, _arg) -> dict:
                 f"  {r['kernel']:24s} {r['label'][:28]:28s} {r['bytes_per_s'] / 1e9:6.0f}  "
                 f"{r['roofline']:8.1%}  {r['speedup_vs_twin']:6.1f}x"
             )
+    lines += ["", "LoRA: " + _lora_line(lora)]
     merged["table"] = lines
     return merged
 
 
+def _lora_line(r: dict) -> str:
+    if r.get("skipped"):
+        return f"SKIP ({r['skipped']})"
+    if "error" in r and "greedy" not in r:
+        return f"ERROR {r['error'][:100]}"
+    g = r.get("greedy", {})
+    t = r.get("timing", {})
+    text = f"greedy mixed batch == transformers (merged weights): {'PASS' if g.get('ok') else 'FAIL'} "
+    text += f"({g.get('mismatches', g.get('error', '?'))} mismatches)"
+    if "ratio" in t:
+        text += (
+            f"; {t['shape']}: step mixed {t['mixed_step_s'] * 1e3:.2f} ms vs base-only "
+            f"{t['base_step_s'] * 1e3:.2f} ms ({t['ratio']:.2f}x); slot {t['slot_bytes'] / 2**20:.1f} MiB"
+        )
+    elif "error" in t:
+        text += f"; timing ERROR {t['error'][:80]}"
+    return text
+
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def write_lora(out: Path, cfg, rank: int, alpha: float, seed: int, dtype, scale: float = 0.05) -> dict:
+    """A PEFT-format adapter (random A and B on all seven projections) without needing peft;
+    returns {(layer, target): (A, B)} in float32 for merging."""
+    import torch
+    from safetensors.torch import save_file
+
+    from modeldeploy.runtime.models.llama import ModelArgs
+    from modeldeploy.runtime.models.lora import target_dims
+
+    args = cfg if isinstance(cfg, ModelArgs) else ModelArgs.from_hf(cfg)
+    g = torch.Generator().manual_seed(seed)
+    tensors, mats = {}, {}
+    for i in range(args.num_layers):
+        for t in LORA_TARGETS:
+            fan_in, fan_out = target_dims(args, t)
+            a = torch.randn(rank, fan_in, generator=g) * scale
+            b = torch.randn(fan_out, rank, generator=g) * scale
+            part = "self_attn" if t in ("q", "k", "v", "o") else "mlp"
+            key = f"base_model.model.model.layers.{i}.{part}.{t}_proj"
+            tensors[key + ".lora_A.weight"] = a.to(dtype).contiguous()
+            tensors[key + ".lora_B.weight"] = b.to(dtype).contiguous()
+            mats[(i, t)] = (a, b)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    targets = [f"{t}_proj" for t in LORA_TARGETS]
+    (out / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": targets})
+    )
+    return mats
+
+
+def _merged_model(base: Path, out: Path, mats: dict, scaling: float) -> Path:
+    """A copy of the base model with W + scaling * B @ A folded in: the reference for an adapter."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(base, out)
+    path = next(out.glob("*.safetensors"))
+    w = load_file(str(path))
+    for (i, t), (a, b) in mats.items():
+        part = "self_attn" if t in ("q", "k", "v", "o") else "mlp"
+        key = f"model.layers.{i}.{part}.{t}_proj.weight"
+        w[key] = (w[key].double() + scaling * (b.double() @ a.double())).to(w[key].dtype)
+    save_file(w, str(path), metadata={"format": "pt"})
+    return out
+
+
+def stage_lora(out: Path, _arg) -> dict:
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "no CUDA device", "ok": None}
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    counts = _count_launches()
+    result: dict = {}
+    max_new = 16
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 33, 70)]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        try:  # greedy: base + 2 adapters in one mixed batch vs transformers on merged weights
+            base = make_tiny_model(tmp / "base", "llama", 0, hidden_size=256, num_heads=4, num_kv_heads=2)
+            cfg = AutoConfig.from_pretrained(base)
+            pins, refs = [], {None: base}
+            for j, (rank, alpha) in enumerate(((8, 16), (16, 8))):
+                mats = write_lora(tmp / f"ad{j}", cfg, rank, alpha, seed=j, dtype=torch.float32, scale=0.2)
+                pins.append({"name": f"ad{j}", "path": str(tmp / f"ad{j}")})
+                refs[f"ad{j}"] = _merged_model(base, tmp / f"merged{j}", mats, alpha / rank)
+            llm = LLM(base, dtype="float32", device=DEVICE, adapters=pins, max_loras=2)
+            names = [None, "ad0", "ad1"]
+            rows = [(p, n) for p in prompts for n in names]
+            ours = llm.generate(
+                [p for p, _ in rows],
+                SamplingParams(temperature=0, max_tokens=max_new),
+                adapter=[n for _, n in rows],
+            )
+            mismatches, differ = 0, 0
+            for (p, n), o in zip(rows, ours, strict=True):
+                hf = AutoModelForCausalLM.from_pretrained(refs[n], dtype=torch.float32).to(DEVICE).eval()
+                x = torch.tensor([p], device=DEVICE)
+                with torch.no_grad():
+                    g = hf.generate(
+                        x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new
+                    )
+                mismatches += g[0, len(p) :].tolist() != o.token_ids
+            by_prompt = [tuple(tuple(o.token_ids) for o in ours[i : i + 3]) for i in range(0, len(ours), 3)]
+            differ = sum(len(set(t)) == 3 for t in by_prompt)
+            used = counts.get("lora_shrink_kernel", 0) > 0 or DEVICE != "cuda"
+            result["greedy"] = {
+                "cases": len(rows),
+                "mismatches": mismatches,
+                "prompts_where_all_three_differ": differ,
+                "lora_kernel_launches": counts.get("lora_shrink_kernel", 0),
+                "ok": mismatches == 0 and used,
+            }
+            del llm
+        except Exception as e:
+            result["greedy"] = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}"[:500],
+                "trace": traceback.format_exc()[-2000:],
+            }
+        gc.collect()
+        try:  # timing: decode step, batch 32 = 8 base + 8 x 3 adapters vs 32 base
+            result["timing"] = _lora_timing(tmp)
+        except Exception as e:
+            result["timing"] = {
+                "error": f"{type(e).__name__}: {e}"[:500],
+                "trace": traceback.format_exc()[-2000:],
+            }
+    result["ok"] = bool(result["greedy"].get("ok")) and "error" not in result["timing"]
+    return result
+
+
+def _lora_timing(tmp: Path) -> dict:
+    import torch
+
+    from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy.runtime.models.llama import ModelArgs
+
+    if DEVICE == "cuda":
+        cfg, dtype, shape = dict(LLAMA3_8B), "bfloat16", "8B bf16 r16 x3, batch 32, ctx 512"
+    else:  # dry run: the plumbing on a small shape
+        cfg = dict(LLAMA3_8B, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=512)  # fmt: skip
+        dtype, shape = "float32", "small fp32 (cpu dry run)"
+    d = tmp / "big"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    from modeldeploy.runtime.tiny_model import train_tokenizer
+
+    train_tokenizer(512).save_pretrained(d)
+    args = ModelArgs("LlamaForCausalLM", cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"],
+                     cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                     cfg["hidden_size"] // cfg["num_attention_heads"], 1e-5, 8192, False, False, False, {})  # fmt: skip
+    tdt = getattr(torch, dtype)
+    pins = []
+    for j in range(3):
+        write_lora(tmp / f"big-ad{j}", args, 16, 32, seed=10 + j, dtype=tdt)
+        pins.append({"name": f"big-ad{j}", "path": str(tmp / f"big-ad{j}")})
+    llm = LLM(d, dtype=dtype, device=DEVICE, load_format="dummy", max_model_len=1024, max_num_seqs=32,
+              max_num_batched_tokens=32 * 512, num_kv_blocks=32 * 40, adapters=pins, max_loras=3,
+              enable_prefix_caching=False)  # fmt: skip
+    eng = llm.engine
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+
+    def round_(names: list[str | None], tag: str) -> float:
+        p = SamplingParams(temperature=0, max_tokens=DECODE_STEPS + 1, ignore_eos=True)
+        for i, n in enumerate(names):
+            eng.add_request(f"{tag}{i}", [(13 * i + j) % 500 + 3 for j in range(512)], p, adapter=n)
+        eng.step()
+        times = []
+        while eng.has_work():
+            sync()
+            t = time.perf_counter()
+            eng.step()
+            sync()
+            times.append(time.perf_counter() - t)
+        times.sort()
+        return times[len(times) // 2]
+
+    mixed_names = [None, "big-ad0", "big-ad1", "big-ad2"] * 8
+    round_(mixed_names, "wm")
+    round_([None] * 32, "wb")
+    mixed = [round_(mixed_names, f"m{r}") for r in range(3)]
+    base = [round_([None] * 32, f"b{r}") for r in range(3)]
+    m, b = sorted(mixed)[1], sorted(base)[1]
+    info = eng.info()["lora"]
+    return {
+        "shape": shape,
+        "mixed_step_s": m,
+        "base_step_s": b,
+        "ratio": m / b,
+        "slot_bytes": info["slot_bytes"],
+    }
+
+
 STAGES = {
+    "lora": stage_lora,
     "env": stage_env,
     "kernels": stage_kernels,
     "greedy": stage_greedy,

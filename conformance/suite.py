@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from modeldeploy.conformance import checks
+from modeldeploy.conformance import adapters, checks
 from modeldeploy.conformance.http import Server
 from modeldeploy.conformance.load import bounded_load
 from modeldeploy.conformance.prom import scrape
@@ -33,6 +33,7 @@ CHECKS = (
     "error_handling",
     "cancellation",
     "bounded_load",
+    "adapters",
 )
 
 
@@ -152,6 +153,7 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
             "error_handling": lambda: checks.errors(target),
             "cancellation": lambda: checks.cancellation(target),
             "bounded_load": lambda: bounded_load(target, cfg.requests, cfg.concurrency),
+            "adapters": lambda: adapters.adapters(target),
         }
         results = []
         for name in CHECKS:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from .conftest import E2ECluster
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "modeldeploy-operator"
@@ -48,3 +50,43 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
         assert "modeldeployments.serving.modeldeploy.dev" in crds and "clusterkopfpeerings.kopf.dev" in crds
     finally:
         cluster.helm("uninstall", release, "-n", namespace, check=False)
+
+
+def test_monitoring_objects_pass_the_real_prometheus_operator_crds(
+    cluster: E2ECluster, namespace: str
+) -> None:
+    """Issue 19: with monitoring.* on, the API server (holding the pinned prometheus-operator CRDs,
+    schema and all) accepts every rendered object under strict field validation (unknown or
+    misspelt fields are errors, not pruned)."""
+    from modeldeploy_dev.upstream_crds import MONITORING_KINDS, go, monitoring_crd_files
+
+    if go() is None:
+        pytest.skip("Go is needed to read the pinned prometheus-operator CRDs (see .ci/run)")
+    files = [a for p in monitoring_crd_files().values() for a in ("-f", str(p))]
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", *files)
+    names = [f"crd/{plural}.monitoring.coreos.com" for plural in MONITORING_KINDS.values()]
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    sets = [
+        "monitoring.podMonitor.enabled=true",
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.dashboard.enabled=true",
+    ]
+    args = [a for s in sets for a in ("--set", s)]
+    rendered = cluster.helm(
+        "template", f"mdmon-{namespace[-6:]}", str(CHART), "-n", namespace, "--kube-version", "1.36.3", *args
+    ).stdout
+    for kind in MONITORING_KINDS:
+        assert f"kind: {kind}\n" in rendered, kind
+    out = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-", input=rendered
+    ).stdout
+    for kind in ("podmonitor", "servicemonitor", "prometheusrule"):
+        assert f"{kind}.monitoring.coreos.com/" in out, out
+    # the negative control: the same API server refuses a misspelt field
+    bad = rendered.replace("podMetricsEndpoints:", "podMetricEndpoints:")
+    r = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-", input=bad, check=False
+    )
+    assert r.returncode != 0 and "podMetricEndpoints" in r.stderr, r.stdout + r.stderr

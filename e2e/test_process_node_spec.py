@@ -81,3 +81,24 @@ def test_no_command_uses_the_runtime_image_entrypoint(tmp_path: Path) -> None:
     bare = client.V1Container(name="serve", image="x")
     argv = build_launch(pod(bare, []), bare, None, "10.244.0.7", tmp_path).argv  # type: ignore[arg-type]
     assert argv[1:] == ["serve", "--host", "0.0.0.0", "--port", "8000", "--model", "/models/model"]
+
+
+def test_name_equals_mount_path_args_are_rewritten(tmp_path: Path) -> None:
+    """`serve --adapter NAME=/models/adapters/NAME` (one mount per adapter) reaches the local dir."""
+    c = client.V1Container(
+        name="serve",
+        command=["modeldeploy", "serve"],
+        args=["--adapter", "tenant-a=/models/adapters/tenant-a", "--adapter-digest", "tenant-a=sha256:00"],
+        volume_mounts=[client.V1VolumeMount(name="adapter-0", mount_path="/models/adapters/tenant-a")],
+    )
+    vols = [
+        client.V1Volume(name="adapter-0", host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "a")))
+    ]
+    launch = build_launch(pod(c, vols), c, None, "10.244.0.7", tmp_path / "state")  # type: ignore[arg-type]
+    assert launch.argv[1:] == [
+        "serve",
+        "--adapter",
+        f"tenant-a={tmp_path}/a",
+        "--adapter-digest",
+        "tenant-a=sha256:00",
+    ]

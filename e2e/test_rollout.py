@@ -60,9 +60,15 @@ def events(cluster: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
 
 
 def serve_tiny(
-    cluster: E2ECluster, ns: str, tmp: Path, name: str, **rollout: Any
+    cluster: E2ECluster,
+    ns: str,
+    tmp: Path,
+    name: str,
+    adapters: list[dict[str, str]] | None = None,
+    **rollout: Any,
 ) -> tuple[dict[str, Any], str]:
-    """A ModelDeployment on the tiny model, Ready and Stable; returns (object, stable bundle id)."""
+    """A ModelDeployment on the tiny model (and `adapters`, if any), Ready and Stable; returns
+    (object, stable bundle id)."""
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
     digest = _pv_with_tiny_model(cluster, ns, tmp)
@@ -75,6 +81,8 @@ def serve_tiny(
         "device": "cpu",
         "servedModelName": "tiny-llama",
     }
+    if adapters:
+        spec["bundle"]["adapters"] = adapters
     spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
     spec["readiness"] = {"loadTimeoutSeconds": 180}
     spec["rollout"] = {

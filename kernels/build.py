@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 CUDA_DIR = Path(__file__).parent / "cuda"
-FAMILIES = ("norm", "activation", "rotary", "cache", "attention")
+FAMILIES = ("norm", "activation", "rotary", "cache", "attention", "lora")
 
 # torch dtype name -> CUDA C++ type
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -58,6 +58,14 @@ def attention_reduce_name(dtype: str) -> str:
     return f"paged_attention_reduce_kernel<{CTYPES[dtype]}>"
 
 
+def lora_shrink_name(dtype: str) -> str:
+    return f"lora_shrink_kernel<{CTYPES[dtype]}>"
+
+
+def lora_expand_name(dtype: str) -> str:
+    return f"lora_expand_kernel<{CTYPES[dtype]}>"
+
+
 @cache
 def name_expressions(family: str) -> tuple[str, ...]:
     """Every instantiation of a family's templates (what a wrapper may ask for)."""
@@ -76,6 +84,8 @@ def name_expressions(family: str) -> tuple[str, ...]:
             names += [attention_name(dt, d, g) for d in ATTN_HEAD_DIMS for g in ATTN_GROUPS]
             names += [attention_name(dt, d, g, 8) for (t, d, g) in ATTN_UNROLL8 if t == dt]
             names.append(attention_reduce_name(dt))
+        elif family == "lora":
+            names += [lora_shrink_name(dt), lora_expand_name(dt)]
         else:
             raise KeyError(family)
     return tuple(names)

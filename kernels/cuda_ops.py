@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import cupy  # noqa: F401  (ImportError here = no CUDA kernels)
 
-from modeldeploy.kernels import activation, attention, cache, dispatch, norm, rotary
+from modeldeploy.kernels import activation, attention, cache, dispatch, lora, norm, rotary
 
 KERNELS = {
     "rms_norm": norm.rms_norm,
@@ -18,6 +18,7 @@ KERNELS = {
     "write_kv": cache.write_kv,
     "paged_attention_decode": attention.paged_attention_decode,
     "paged_attention_prefill": attention.paged_attention_prefill,
+    "lora_apply": lora.lora_apply,
 }
 
 dispatch._CUDA.update(KERNELS)

@@ -55,3 +55,7 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
     return _impl("paged_attention_prefill", q)(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
     )
+
+
+def lora_apply(out, x, a, b, scales, slots):
+    return _impl("lora_apply", x)(out, x, a, b, scales, slots)

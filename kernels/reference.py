@@ -144,3 +144,30 @@ def paged_attention_prefill(
         mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]  # [Q, L]
         out[s:e] = _attend(q[s:e], k, v, scale, mask)
     return out
+
+
+def lora_apply(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Add each token's LoRA delta to `out` in place, grouped by adapter (SGMV: one pair of
+    GEMMs per run of consecutive tokens with the same adapter, over those rows only; never one
+    pass per adapter over the whole batch). Any order of `slots` is correct; the engine sorts
+    rows by adapter so each adapter is one or two runs.
+
+    out [T, N], x [T, K], a [L, R, K] (lora_A per slot), b [L, R, N] (lora_B transposed, per
+    slot: the CUDA expand reads it coalesced),
+    scales [L] float32, slots [T] int (slot of each token's adapter, -1 = base: no delta).
+    Order of operations as peft's Linear: out + (B (A x)) * scale, rounded per op.
+    """
+    values, counts = torch.unique_consecutive(slots, return_counts=True)
+    start = 0
+    for s, n in zip(values.tolist(), counts.tolist(), strict=True):
+        if s >= 0:
+            rows = slice(start, start + n)
+            out[rows] += (F.linear(x[rows], a[s]) @ b[s]) * scales[s].to(out.dtype)
+        start += n

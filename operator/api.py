@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from modeldeploy.operator._model import _Model
 from modeldeploy.operator.api_status import (  # noqa: F401  (re-exported: the API is one namespace)
@@ -40,6 +40,17 @@ MSG_URI = "uri must start with pvc://, file://, http:// or https://"
 MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica (and be 1 when gpusPerReplica is 0)"
 MSG_STEPS = "rollout.steps weights must be strictly increasing"
 MSG_TOKENIZER = "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
+ADAPTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_ADAPTERS = 16
+MSG_ADAPTER_NAME = (
+    "adapter name must be a DNS label: lowercase letters, digits and '-', at most 63 characters"
+)
+MSG_ADAPTER_UNIQUE = "adapters: every adapter name must be unique"
+MSG_ADAPTER_MODEL = (
+    "adapters: an adapter name must differ from the served model name "
+    "(config.servedModelName, default 'model'): clients select either by that name"
+)
+DEFAULT_SERVED_NAME = "model"  # the runtime's default: the model directory's name (children.MODEL_DIR)
 
 
 def _cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -99,6 +110,23 @@ class TokenizerRef(_Model):
     digest: Digest = Field(description="sha256 manifest digest of the tokenizer files.")
 
 
+class AdapterRef(_Model):
+    """A LoRA adapter (PEFT directory), pinned like the model; clients select it with `model: <name>`."""
+
+    name: Annotated[
+        str,
+        _matches(ADAPTER_NAME_RE, MSG_ADAPTER_NAME),
+        Field(
+            max_length=63,
+            description="The model name clients send to select this adapter (a DNS label).",
+            json_schema_extra=_cel(f"self.matches('{ADAPTER_NAME_RE}')", MSG_ADAPTER_NAME),
+        ),
+    ]
+    uri: Uri = Field(description="Where the adapter files are (same schemes as model.uri).")
+    revision: str = Field(max_length=256, description="Human revision, recorded in /v1/bundle.")
+    digest: Digest = Field(description="sha256 manifest digest of the adapter directory (required).")
+
+
 class SecretKeyRef(_Model):
     name: str = Field(max_length=253, description="Secret name in the same namespace.")
     key: str = Field(max_length=253, description="Key within the Secret.")
@@ -145,6 +173,12 @@ class ServingConfig(_Model):
         le=3600,
         description="SIGTERM drain budget (--drain-timeout); grace period is longer.",
     )
+    max_loras: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ADAPTERS,
+        description="LoRA adapters held on the device at once (--max-loras); the rest wait in host memory.",
+    )
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, never read by the operator.",
@@ -153,9 +187,19 @@ class ServingConfig(_Model):
 
 class Bundle(_Model):
     model_config = ConfigDict(
-        json_schema_extra=_cel(
-            "!has(self.tokenizer.uri) || self.tokenizer.uri == self.model.uri", MSG_TOKENIZER
-        )
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.tokenizer.uri) || self.tokenizer.uri == self.model.uri",
+                    "message": MSG_TOKENIZER,
+                },
+                {
+                    "rule": "!has(self.adapters) || self.adapters.all(a, a.name != "
+                    f"(has(self.config.servedModelName) ? self.config.servedModelName : '{DEFAULT_SERVED_NAME}'))",
+                    "message": MSG_ADAPTER_MODEL,
+                },
+            ]
+        }
     )
     engine: EngineRef = Field(description="The serving runtime image.")
     model: Artifact = Field(description="Model weights and config.")
@@ -163,11 +207,28 @@ class Bundle(_Model):
     config: ServingConfig = Field(
         default_factory=ServingConfig, description="Serving configuration (runtime flags)."
     )
+    adapters: list[AdapterRef] | None = Field(
+        default=None,
+        max_length=MAX_ADAPTERS,
+        description="LoRA adapters served beside the base model, each pinned by digest; part of the bundle id, "
+        "so changing one is a canaried rollout.",
+        json_schema_extra=_cel("self.all(a, self.exists_one(b, b.name == a.name))", MSG_ADAPTER_UNIQUE),
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _no_adapters_is_none(cls, v: list[AdapterRef] | None) -> list[AdapterRef] | None:
+        return v or None  # `adapters: []` and no adapters are the same bundle (and bundle id)
 
     @model_validator(mode="after")
     def _tokenizer_same_dir(self) -> Bundle:
         if self.tokenizer.uri is not None and self.tokenizer.uri != self.model.uri:
             raise ValueError(MSG_TOKENIZER)
+        names = [a.name for a in self.adapters or []]
+        if len(set(names)) != len(names):
+            raise ValueError(MSG_ADAPTER_UNIQUE)
+        if (self.config.served_model_name or DEFAULT_SERVED_NAME) in names:
+            raise ValueError(MSG_ADAPTER_MODEL)
         return self
 
 
@@ -242,6 +303,18 @@ class Resources(_Model):
 class Readiness(_Model):
     load_timeout_seconds: int = Field(
         default=600, ge=10, le=86400, description="Weights must load within this; sizes the startupProbe."
+    )
+
+
+class Observability(_Model):
+    """Where the runtime pods send traces; not part of the bundle (changing it restarts pods, no canary)."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="OTLP/HTTP endpoint (e.g. http://otel-collector.monitoring:4318), passed to the "
+        "pods as OTEL_EXPORTER_OTLP_ENDPOINT; unset: no traces are exported.",
     )
 
 
@@ -473,6 +546,9 @@ class ModelDeploymentSpec(_Model):
     )
     readiness: Readiness = Field(default_factory=Readiness, description="Load and readiness timing.")
     rollout: Rollout = Field(default_factory=Rollout, description="How a bundle change is rolled out.")
+    observability: Observability = Field(
+        default_factory=Observability, description="Telemetry the runtime pods export (traces over OTLP)."
+    )
 
 
 class ModelDeployment(_Model):

@@ -36,6 +36,62 @@ class ServiceAccount(_V):
     name: str = Field(default="", description="Name (default: release fullname).")
 
 
+DURATION = r"^[0-9]+(ms|s|m|h)$"
+
+
+class PodMonitor(_V):
+    """Scrape the runtime pods of every ModelDeployment (selected by the labels the operator sets)."""
+
+    enabled: bool = Field(default=False, description="Create a PodMonitor (prometheus-operator CRD).")
+    interval: str = Field(default="15s", pattern=DURATION, description="Scrape interval.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels, e.g. release: kube-prometheus-stack."
+    )
+
+
+class ServiceMonitor(_V):
+    """Scrape the operator's /metrics (rollout phase, canary weight, conditions, reconciles)."""
+
+    enabled: bool = Field(default=False, description="Create a ServiceMonitor for the operator.")
+    interval: str = Field(default="15s", pattern=DURATION, description="Scrape interval.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the ServiceMonitor.")
+
+
+class PrometheusRule(_V):
+    """Alerts from files/prometheus-rules.yaml (needs both monitors: they join runtime and operator series)."""
+
+    enabled: bool = Field(default=False, description="Create a PrometheusRule with the alerts.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the PrometheusRule.")
+
+
+class Dashboard(_V):
+    """The Grafana dashboard (dashboards/modeldeploy.json) as a ConfigMap the Grafana sidecar loads."""
+
+    enabled: bool = Field(default=False, description="Create the dashboard ConfigMap.")
+    labels: dict[str, str] = Field(
+        default_factory=lambda: {"grafana_dashboard": "1"},
+        description="Labels the Grafana sidecar selects (kube-prometheus-stack: grafana_dashboard).",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations, e.g. grafana_folder: LLM serving."
+    )
+
+
+class Tracing(_V):
+    otlpEndpoint: str = Field(
+        default="",
+        pattern=r"^(https?://[^\s/]+(/\S*)?)?$",
+        description="OTLP/HTTP endpoint for the operator's reconcile and analysis spans; empty: none.",
+    )
+
+
+class Monitoring(_V):
+    podMonitor: PodMonitor = Field(default_factory=PodMonitor)
+    serviceMonitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
+    prometheusRule: PrometheusRule = Field(default_factory=PrometheusRule)
+    dashboard: Dashboard = Field(default_factory=Dashboard)
+
+
 class Values(_V):
     image: Image
     imagePullSecrets: list[dict[str, str]] = Field(default_factory=list, description="Pull secrets.")
@@ -54,6 +110,10 @@ class Values(_V):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] = Field(default_factory=dict)
     podAnnotations: dict[str, str] = Field(default_factory=dict)
+    tracing: Tracing = Field(default_factory=Tracing, description="The operator's own traces.")
+    monitoring: Monitoring = Field(
+        default_factory=Monitoring, description="prometheus-operator monitors, alerts, Grafana dashboard."
+    )
 
 
 def schema_json() -> str:

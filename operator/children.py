@@ -12,7 +12,7 @@ import math
 from typing import Any
 from urllib.parse import urlparse
 
-from modeldeploy.operator.api import Artifact, ModelDeploymentSpec
+from modeldeploy.operator.api import AdapterRef, Artifact, ModelDeploymentSpec
 from modeldeploy.operator.bundle import (
     BUNDLE_LABEL,
     bundle_labels,
@@ -23,6 +23,7 @@ from modeldeploy.operator.bundle import (
 
 PORT = 8000
 MODEL_DIR = "/models/model"
+ADAPTERS_DIR = "/models/adapters"  # each adapter at ADAPTERS_DIR/<name>, staged like the model
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
@@ -61,6 +62,11 @@ def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
     args += ["--device", c.device, "--dtype", c.dtype, "--bundle-id", bid]
     args += ["--model-digest", spec.bundle.model.digest, "--tokenizer-digest", spec.bundle.tokenizer.digest]
     args += ["--model-revision", spec.bundle.model.revision, "--drain-timeout", str(c.drain_timeout_seconds)]
+    for a in spec.bundle.adapters or []:
+        args += ["--adapter", f"{a.name}={ADAPTERS_DIR}/{a.name}", "--adapter-digest", f"{a.name}={a.digest}"]
+        args += ["--adapter-revision", f"{a.name}={a.revision}"]
+    if c.max_loras is not None:
+        args += ["--max-loras", str(c.max_loras)]
     return args  # the API key arrives as env MODELDEPLOY_API_KEY, never on the command line
 
 
@@ -78,22 +84,47 @@ def container_security() -> dict[str, Any]:
 
 def model_source(model: Artifact, image: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(volume, init container or None) that put the model files at MODEL_DIR."""
-    u = urlparse(model.uri)
+    return artifact_source(model, image, "model", MODEL_DIR)
+
+
+def adapter_source(
+    index: int, adapter: AdapterRef, image: str
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    """(volume, init container or None, serve container mount) for one LoRA adapter: staged
+    exactly like the model (fetched and digest-verified, or a read-only claim/host path)."""
+    name, path = f"adapter-{index}", f"{ADAPTERS_DIR}/{adapter.name}"
+    volume, init = artifact_source(adapter, image, name, path)
+    return volume, init, _mount(volume, adapter.uri, path)
+
+
+def _mount(volume: dict[str, Any], uri: str, path: str) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": volume["name"], "mountPath": path, "readOnly": True}
+    sub = urlparse(uri).path.lstrip("/")
+    if volume.get("persistentVolumeClaim") and sub:
+        mount["subPath"] = sub
+    return mount
+
+
+def artifact_source(
+    artifact: Artifact | AdapterRef, image: str, volume_name: str, path: str
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(volume, init container or None) that put an artifact's files at `path`."""
+    u = urlparse(artifact.uri)
     if u.scheme == "pvc":
-        return {"name": "model", "persistentVolumeClaim": {"claimName": u.netloc, "readOnly": True}}, None
+        return {"name": volume_name, "persistentVolumeClaim": {"claimName": u.netloc, "readOnly": True}}, None
     if u.scheme == "file":
-        return {"name": "model", "hostPath": {"path": u.path, "type": "Directory"}}, None
+        return {"name": volume_name, "hostPath": {"path": u.path, "type": "Directory"}}, None
     init = {
-        "name": "fetch-model",
+        "name": f"fetch-{volume_name}",
         "image": image,
         "command": ["modeldeploy", "fetch"],
-        "args": [model.uri, MODEL_DIR, "--digest", model.digest],
-        "volumeMounts": [{"name": "model", "mountPath": MODEL_DIR}],
+        "args": [artifact.uri, path, "--digest", artifact.digest],
+        "volumeMounts": [{"name": volume_name, "mountPath": path}],
         "securityContext": container_security(),
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
     }
-    return {"name": "model", "emptyDir": {}}, init
+    return {"name": volume_name, "emptyDir": {}}, init
 
 
 def _quantities(d: dict[str, int | str]) -> dict[str, str]:
@@ -104,10 +135,8 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     topo, c = spec.topology, spec.bundle.config
     image = spec.bundle.engine.image
     volume, init = model_source(spec.bundle.model, image)
-    mount: dict[str, Any] = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
-    sub = urlparse(spec.bundle.model.uri).path.lstrip("/")
-    if volume.get("persistentVolumeClaim") and sub:
-        mount["subPath"] = sub
+    mount = _mount(volume, spec.bundle.model.uri, MODEL_DIR)
+    adapters = [adapter_source(i, a, image) for i, a in enumerate(spec.bundle.adapters or [])]
     requests = _quantities(spec.resources.requests)
     limits = _quantities(spec.resources.limits)
     if topo.gpus_per_replica:
@@ -117,6 +146,8 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
         {"name": "MODELDEPLOY_BUNDLE", "value": bid},
     ]
+    if spec.observability.otlp_endpoint:
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.observability.otlp_endpoint})
     if c.api_key_secret_ref is not None:
         ref = c.api_key_secret_ref
         env.append(
@@ -134,6 +165,7 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [
             mount,
+            *(m for _, _, m in adapters),
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -164,6 +196,7 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         "containers": [container],
         "volumes": [
             volume,
+            *(v for v, _, _ in adapters),
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(topo.shm_size)}},
             {"name": "tmp", "emptyDir": {}},
         ],
@@ -171,8 +204,9 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     }
     if node_selector:
         pod["nodeSelector"] = node_selector
-    if init is not None:
-        pod["initContainers"] = [init]
+    inits = [c for c in (init, *(i for _, i, _ in adapters)) if c is not None]
+    if inits:
+        pod["initContainers"] = inits
     return pod
 
 

@@ -23,11 +23,13 @@ from modeldeploy.operator.apply import apply
 from modeldeploy.operator.children import PORT
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
+from modeldeploy.operator.object_metrics import ObjectMetrics
 from modeldeploy.operator.observe import LoadProbe, NodeCache, Observer
 from modeldeploy.operator.plan import plan
 from modeldeploy.operator.progression import now_iso
 from modeldeploy.operator.rollout import IN_FLIGHT
 from modeldeploy.operator.scrape import Baselines
+from modeldeploy.operator.tracing import OperatorTracing
 from modeldeploy.operator.workqueue import WorkQueue
 
 ROLLOUT_TICK_S = 2.0  # while a rollout is active, reconcile again this soon (gate, pauses)
@@ -53,6 +55,8 @@ class Controller:
         self.own_writes: dict[Key, str] = {}  # resourceVersion of our last status write
         self.last_done: dict[Key, float] = {}  # monotonic time of the last completed reconcile
         self.children: dict[str, tuple] = {}  # child uid -> what plan() reads of it, as last seen
+        self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
+        self.tracing = OperatorTracing()  # reconcile/analysis spans when OTEL_EXPORTER_OTLP_ENDPOINT is set
 
     def request(self, namespace: str, name: str) -> None:
         """Reconcile now or, when a reconcile of this object is running, once more after it."""
@@ -69,14 +73,19 @@ class Controller:
         return []
 
     def _reconcile(self, key: Key, md: dict[str, Any]) -> list[Action]:
-        now, uid = now_iso(), md["metadata"]["uid"]
+        now, uid, t0 = now_iso(), md["metadata"]["uid"], time.time()
 
         def status_written(resource_version: str) -> None:
             self.own_writes[key] = resource_version  # its watch event is an echo, not news
 
-        actions = plan(md, self.observer.observe(md), now)
+        observed = self.observer.observe(md)
+        observed_at = time.time()
+        actions = plan(md, observed, now)
         apply(self.kube, md, actions, now, status_written)
         status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
+        self.object_metrics.record(md, status)
+        fresh = observed.analysis if observed.analysis_fresh else None
+        self.tracing.reconcile(md, actions, status, t0, fresh, observed_at)
         if status.get("phase") in IN_FLIGHT and status.get("canary"):
             self.queue.tick(key)  # gate results, pauses and analysis intervals raise no watch event
         elif status.get("phase") == "Stable":
@@ -122,6 +131,7 @@ class Controller:
         with self._lock(key):
             self.queue.forget(key)
             self.probe.forget(key)
+            self.object_metrics.forget(*key)
             with self._guard:
                 self.known.discard(key)
                 self.own_writes.pop(key, None)

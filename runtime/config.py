@@ -6,11 +6,13 @@ server publishes on /v1/bundle, so nothing here may be implicit.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("safetensors", "dummy")
+ADAPTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS label: also a URL/metric-safe model name
 
 
 @dataclass
@@ -34,6 +36,10 @@ class EngineConfig:
     load_format: str = "safetensors"  # dummy: random weights from config.json (benchmarks)
     seed: int = 0  # for dummy weights
     extra: dict[str, str] = field(default_factory=dict)
+    # LoRA adapters, pinned like the model: [{"name", "path", "digest", "revision"}]; a request
+    # selects one by name. At most max_loras are on the device at once, the rest in host memory.
+    adapters: list[dict[str, str]] = field(default_factory=list)
+    max_loras: int = 4
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -58,6 +64,7 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and not (v.startswith("sha256:") and len(v) == 71):
                 raise ValueError(f"{name}: must be 'sha256:' + 64 hex digits, got {v!r}")
+        self._validate_adapters()
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -67,3 +74,26 @@ class EngineConfig:
                 "max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
                 f"({self.max_num_batched_tokens} < {self.max_model_len})"
             )
+
+    def _validate_adapters(self) -> None:
+        if not isinstance(self.max_loras, int) or self.max_loras < 1:
+            raise ValueError(f"max_loras: must be an integer >= 1, got {self.max_loras!r}")
+        seen: set[str] = set()
+        for i, pin in enumerate(self.adapters):
+            where = f"adapters[{i}]"
+            unknown = set(pin) - {"name", "path", "digest", "revision"}
+            if unknown:
+                raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+            name = pin.get("name", "")
+            if not isinstance(name, str) or len(name) > 63 or not ADAPTER_NAME.match(name):
+                raise ValueError(
+                    f"{where}.name: {name!r} is not a DNS label (lowercase letters, digits, '-', at most 63)"
+                )
+            if name in seen:
+                raise ValueError(f"{where}.name: {name!r} is given twice")
+            seen.add(name)
+            if not pin.get("path"):
+                raise ValueError(f"{where}.path: adapter {name!r} needs a directory")
+            d = pin.get("digest")
+            if d and not (d.startswith("sha256:") and len(d) == 71):
+                raise ValueError(f"{where}.digest: must be 'sha256:' + 64 hex digits, got {d!r}")

@@ -13,7 +13,7 @@ import torch
 from modeldeploy_dev import kernel_checks as checks
 from modeldeploy_dev import kernel_emulate as emulate
 
-from modeldeploy.kernels import activation, attention, cache, norm, rotary
+from modeldeploy.kernels import activation, attention, cache, lora, norm, rotary
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU"
@@ -36,6 +36,9 @@ PROBLEMS = [
     checks.decode_problem([20, 70], 1, 8, 64, f16, "cpu"),
     checks.prefill_problem([37, 30, 5], [7, 20, 1], 2, 4, 64, f32, "cpu"),
     checks.prefill_problem([18, 9], [0, 9], 1, 2, 128, bf16, "cpu"),  # a sequence with no new tokens
+    checks.lora_problem(9, 64, 96, 12, 3, f32, "cpu"),
+    checks.lora_problem(6, 40, 36, 8, 2, bf16, "cpu"),
+    checks.lora_problem(5, 33, 20, 4, 1, f16, "cpu"),
 ]
 
 
@@ -47,7 +50,7 @@ def emulated(monkeypatch):
         launches.append(a[1])
         emulate.launch(*a, **k)
 
-    for mod in (activation, attention, cache, norm, rotary):
+    for mod in (activation, attention, cache, lora, norm, rotary):
         monkeypatch.setattr(mod, "launch", record)
     monkeypatch.setattr(attention, "_sm_count", lambda device: 16)  # small "GPU": split-K kicks in
     return launches
@@ -124,3 +127,25 @@ def test_unroll8_variant_matches_twin(make, emulated, monkeypatch):
     got, want = p.cuda(d), p.twin(twin_in)
     assert any(n.endswith(", 8>") for n in emulated), emulated
     assert checks.rel_err(got[0], want[0]) <= checks.TOL[p.dtype]
+
+
+@pytest.mark.slow
+def test_engine_with_emulated_lora_kernels_matches_peft(emulated, monkeypatch, tiny_model, tmp_path):
+    """Base, adapter A and adapter B rows in one batch with every hot op, the LoRA shrink/expand
+    kernels included, routed to the (emulated) CUDA kernels: greedy tokens equal transformers + peft."""
+    from lora_fixtures import hf_greedy, make_adapters
+
+    from modeldeploy.kernels import cuda_ops, dispatch
+    from modeldeploy.runtime import LLM, SamplingParams
+
+    monkeypatch.setattr(dispatch, "_impl", lambda name, t: cuda_ops.KERNELS[name])
+    base = tiny_model("llama")
+    adapters = make_adapters(base, tmp_path)
+    pins = [{"name": n, "path": str(p)} for n, p in adapters.items()]
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 40)), [300, 4, 77]]
+    names = [None, "tenant-a", "tenant-b"]
+    llm = LLM(base, dtype="float32", device="cpu", adapters=pins)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), adapter=names)
+    assert {n.split("<")[0] for n in emulated} >= {"lora_shrink_kernel", "lora_expand_kernel"}
+    for p, n, o in zip(prompts, names, outs, strict=True):
+        assert o.token_ids == hf_greedy(base, adapters[n] if n else None, [p], 4)[0], n

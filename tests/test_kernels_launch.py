@@ -17,7 +17,7 @@ import pytest
 import torch
 from modeldeploy_dev import kernel_checks as checks
 
-from modeldeploy.kernels import activation, attention, build, cache, norm, rotary
+from modeldeploy.kernels import activation, attention, build, cache, lora, norm, rotary
 
 pytest.importorskip("cupy", reason="cupy is a dev dependency")
 
@@ -50,7 +50,7 @@ def launches(monkeypatch):
     def record(family, name, device, grid, block, args):
         calls.append((family, name, grid, block, args))
 
-    for mod in (activation, attention, cache, norm, rotary):
+    for mod in (activation, attention, cache, lora, norm, rotary):
         monkeypatch.setattr(mod, "launch", record)
     monkeypatch.setattr(attention, "_sm_count", lambda device: 132)
     return calls

@@ -33,9 +33,9 @@ def serve(m: ServerMetrics, n: int, ttft: float, itl: float, errors: int = 0, se
         if i < errors:
             m.outcome("error")
             continue
-        m._hist["ttft"].observe(ttft * rng.uniform(0.8, 1.2))
+        m.hist("ttft").observe(ttft * rng.uniform(0.8, 1.2))
         for _ in range(7):
-            m._hist["itl"].observe(itl * rng.uniform(0.8, 1.2))
+            m.hist("itl").observe(itl * rng.uniform(0.8, 1.2))
         m.outcome("completed")
 
 

@@ -190,3 +190,17 @@ def test_import_operator_leaves_out_torch_transformers_engine() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_otlp_endpoint_reaches_the_pods_and_leaves_the_bundle_alone() -> None:
+    from pydantic import ValidationError
+
+    plain = build()
+    traced_md = md(observability={"otlpEndpoint": "http://otel-collector.monitoring:4318"})
+    spec = ModelDeploymentSpec.model_validate(traced_md["spec"])
+    assert bundle_id(spec.bundle) == bundle_id(ModelDeploymentSpec.model_validate(md()["spec"]).bundle)
+    env = {e["name"]: e.get("value") for e in children.pod_spec(spec, "b")["containers"][0]["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4318"
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in str(plain)  # unset: no export, the runtime builds no tracer
+    with pytest.raises(ValidationError, match="otlp_endpoint|otlpEndpoint"):
+        ModelDeploymentSpec.model_validate(md(observability={"otlpEndpoint": "otel-collector:4318"})["spec"])

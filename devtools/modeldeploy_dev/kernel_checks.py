@@ -299,6 +299,41 @@ def prefill_problem(
     )
 
 
+def lora_problem(tokens: int, k: int, n: int, rank: int, slots: int, dtype, device="cuda") -> Problem:
+    """Tokens spread over `slots` adapters and the base (-1), in no particular order; `out`
+    starts as a random base output (the kernel adds to it, base rows must stay untouched)."""
+    from modeldeploy.kernels import lora
+
+    def setup(seed):
+        g = _gen(seed, device)
+        return {
+            "out": torch.randn(tokens, n, generator=g, device=device).to(dtype),
+            "x": torch.randn(tokens, k, generator=g, device=device).to(dtype),
+            "a": (torch.randn(slots, rank, k, generator=g, device=device) / k**0.5).to(dtype),
+            "b": torch.randn(slots, rank, n, generator=g, device=device).to(dtype),
+            "scales": 0.5 + torch.rand(slots, generator=g, device=device),
+            "slots": torch.randint(-1, slots, (tokens,), generator=g, device=device).to(torch.int32),
+        }
+
+    def call(fn):
+        def f(d, check=True):
+            fn(d["out"], d["x"], d["a"], d["b"], d["scales"], d["slots"])
+            return [d["out"]]
+
+        return f
+
+    el = torch.tensor([], dtype=dtype).element_size()
+    return Problem(
+        "lora_apply",
+        f"{tokens}t {k}->{n} r{rank} x{slots}",
+        dtype,
+        setup,
+        call(lora.lora_apply),
+        call(reference.lora_apply),
+        lambda d: el * (tokens * (k + 2 * n) + slots * rank * (k + n)),
+    )
+
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -326,6 +361,8 @@ def correctness_problems(device: str = "cuda") -> list[Problem]:
             prefill_problem([37, 80, 5], [37, 20, 1], 2, 4, 128, dt, device),
             prefill_problem([600, 50], [0, 50], 4, 2, 64, dt, device),
             prefill_problem([19], [19], 1, 1, 64, dt, device),
+            lora_problem(37, 4096, 6144, 48, 3, dt, device),  # fused qkv, rank 16 x 3
+            lora_problem(5, 100, 36, 8, 2, dt, device),  # odd sizes
         ]
     return ps
 
@@ -342,4 +379,5 @@ def bench_problems(device: str = "cuda") -> list[Problem]:
         decode_problem([4096] * 8, 8, 4, 128, bf, device),
         decode_problem([32768], 8, 4, 128, bf, device),  # split-K
         prefill_problem([1024] * 4, [1024] * 4, 8, 4, 128, bf, device),
+        lora_problem(32, 4096, 14336, 16, 4, bf, device),  # mixed decode batch, gate_up-sized
     ]  # compute-bound

@@ -35,10 +35,22 @@ def write_targets(path: Path, targets: list[str], labels: dict[str, str]) -> Non
 class Prom:
     """A real Prometheus on 127.0.0.1 with a generated config; `stop()` kills it."""
 
-    def __init__(self, tmp: Path, targets: dict[str, tuple[str, str]], file_sd: Path | None = None) -> None:
-        """`targets`: job -> (host:port, namespace label); `file_sd`: a target file to watch (job "pods")."""
+    def __init__(
+        self,
+        tmp: Path,
+        targets: dict[str, tuple[str, str]],
+        file_sd: Path | None = None,
+        labels: dict[str, dict[str, str]] | None = None,
+        honor_labels: tuple[str, ...] = (),
+    ) -> None:
+        """`targets`: job -> (host:port, namespace label); `file_sd`: a target file to watch (job "pods");
+        `labels`: job -> more target labels (what a PodMonitor's relabelings would add);
+        `honor_labels`: jobs whose own labels win over target labels (as the chart's ServiceMonitor sets)."""
+        extra = labels or {}
         jobs = "".join(
-            f"  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n        labels: {{namespace: {ns}}}\n"
+            f"  - job_name: {job}\n    honor_labels: {str(job in honor_labels).lower()}\n"
+            f"    static_configs:\n      - targets: ['{t}']\n"
+            f"        labels: {json.dumps({'namespace': ns, **extra.get(job, {})})}\n"
             for job, (t, ns) in targets.items()
         )
         if file_sd is not None:

@@ -50,7 +50,7 @@ class AsyncEngine:
         return self.engine.stats()
 
     async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (break, cancel, disconnect) aborts the request."""
         if self.engine is None:
@@ -61,12 +61,13 @@ class AsyncEngine:
         ids = self.engine.encode(prompt)  # validated again in the engine thread
         # the engine's own length check, on the caller's side so errors come before queueing
         check_request(len(ids), params.max_tokens, self.engine.config.max_model_len)
+        self.engine.adapter_id(adapter)  # unknown names fail here, before queueing
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
             if request_id in self._queues:
                 raise ValueError(f"request_id: {request_id!r} is already running")
             self._queues[request_id] = queue
-        self._post("add", (request_id, ids, params))
+        self._post("add", (request_id, ids, params, adapter))
         finished = False
         try:
             while True:
@@ -109,9 +110,9 @@ class AsyncEngine:
             items, self._inbox = self._inbox, []
         for kind, payload in items:
             if kind == "add":
-                rid, ids, params = payload
+                rid, ids, params, adapter = payload
                 try:
-                    self.engine.add_request(rid, ids, params)
+                    self.engine.add_request(rid, ids, params, adapter=adapter)
                 except ValueError as e:
                     self._deliver(e, rid)
             else:

@@ -2,7 +2,9 @@
 prefix cache keyed by chained block hashes.
 
 A block's hash covers its tokens and the hash of the block before it, seeded with the
-bundle id, so a hit means the same bundle saw the same prefix. Blocks are registered
+bundle id and the sequence's LoRA adapter, so a hit means the same bundle and the same
+adapter saw the same prefix (an adapter changes every layer's K/V, so a base-model or other
+adapter's block is never valid for it). Blocks are registered
 only once their KV is computed, and freed blocks keep their hash (LRU order) until
 they are reused, so a later request with the same prefix skips that prefill.
 """
@@ -52,11 +54,17 @@ class BlockManager:
     def _block_hash(self, parent: int, tokens: tuple[int, ...]) -> int:
         return hash((parent, tokens))
 
+    def _root(self, seq: Sequence) -> int:
+        """Seed of seq's hash chain: the bundle's, and for an adapter the bundle's + the adapter's."""
+        if seq.adapter_id < 0:
+            return self.root_hash
+        return hash((self.root_hash, "adapter", seq.adapter_id))
+
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached block ids covering a prefix of seq (never its last token, which must be computed)."""
         if not self.prefix_caching:
             return []
-        hits, parent, bs = [], self.root_hash, self.block_size
+        hits, parent, bs = [], self._root(seq), self.block_size
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = self._block_hash(parent, tokens)
@@ -105,7 +113,7 @@ class BlockManager:
             return
         bs = self.block_size
         full = min(seq.num_computed_tokens, seq.num_tokens) // bs
-        parent = self.root_hash
+        parent = self._root(seq)
         if seq.num_hashed_blocks:
             parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
         for i in range(seq.num_hashed_blocks, full):

@@ -23,8 +23,10 @@ class LLM:
         self,
         prompts: str | list[int] | Seq[str | list[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
+        adapter: str | None | Seq[str | None] = None,
     ) -> list[RequestOutput]:
-        """All prompts are submitted together and batched continuously; outputs keep prompt order."""
+        """All prompts are submitted together and batched continuously; outputs keep prompt order.
+        `adapter`: a LoRA adapter name for all prompts, or one per prompt (None = base model)."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -33,11 +35,14 @@ class LLM:
         plist = list(params) if isinstance(params, Seq) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"params: {len(plist)} SamplingParams for {len(prompts)} prompts")
+        alist = [adapter] * len(prompts) if adapter is None or isinstance(adapter, str) else list(adapter)
+        if len(alist) != len(prompts):
+            raise ValueError(f"adapter: {len(alist)} adapters for {len(prompts)} prompts")
         ids = []
-        for prompt, p in zip(prompts, plist, strict=True):
+        for prompt, p, a in zip(prompts, plist, alist, strict=True):
             rid = f"offline-{self._next_id}"
             self._next_id += 1
-            self.engine.add_request(rid, prompt, p)
+            self.engine.add_request(rid, prompt, p, adapter=a)
             ids.append(rid)
         done: dict[str, RequestOutput] = {}
         while self.engine.has_work():

@@ -15,6 +15,7 @@ import torch
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.detokenizer import Detokenizer
+from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
 from modeldeploy.runtime.engine.request_check import check_request
@@ -30,8 +31,14 @@ class Engine:
         config = dataclasses.replace(config)
         config.validate()
         loaded = load(config, progress)
+        self.adapters = (
+            AdapterPool(config.adapters, loaded.args, loaded.dtype, loaded.device, config.max_loras, progress)
+            if config.adapters
+            else None
+        )
         progress("allocating kv cache", 0.92)
-        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded)
+        lora_bytes = self.adapters.device_bytes if self.adapters else 0
+        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded, lora_bytes)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if num_blocks < per_seq:
             raise ValueError(
@@ -43,12 +50,15 @@ class Engine:
         config.dtype, config.device = str(loaded.dtype).removeprefix("torch."), loaded.device.type
         config.model_digest = config.model_digest or loaded.model_digest
         config.tokenizer_digest = config.tokenizer_digest or loaded.tokenizer_digest
+        if self.adapters:
+            config.adapters = [dict(p) for p in self.adapters.pins]  # digests filled in
+            self.adapters.allocate()
         config.validate()
         self.config = config
         self.loaded_info = loaded
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.eos_token_ids)
-        self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len)
+        self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len, self.adapters)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching
         )
@@ -57,6 +67,7 @@ class Engine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             config.enable_chunked_prefill,
+            self.adapters.num_slots if self.adapters else None,
         )
         self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}
@@ -69,7 +80,9 @@ class Engine:
         progress("ready", 1.0)
 
     @staticmethod
-    def _auto_blocks(config: EngineConfig, loaded: Loaded) -> int:
+    def _auto_blocks(config: EngineConfig, loaded: Loaded, reserved_bytes: int = 0) -> int:
+        """KV blocks that fit: on cuda, free memory less activations and `reserved_bytes`
+        (the LoRA slots, allocated after this), times kv_cache_fraction."""
         per_block = ModelRunner.block_bytes(loaded, config.block_size)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if loaded.device.type == "cuda":
@@ -78,7 +91,7 @@ class Engine:
             activations = config.max_num_batched_tokens * (
                 4 * a.intermediate_size + 8 * a.hidden_size
             ) * 4 + (512 << 20)
-            return max(1, int((free - activations) * config.kv_cache_fraction) // per_block)
+            return max(1, int((free - activations - reserved_bytes) * config.kv_cache_fraction) // per_block)
         return max(1, min(config.kv_cache_cpu_bytes // per_block, config.max_num_seqs * per_seq))
 
     def _warmup(self) -> None:
@@ -100,9 +113,12 @@ class Engine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        adapter: str | None = None,
     ) -> Sequence:
-        """Validate and queue; ValueError names the problem, and nothing is queued on error."""
+        """Validate and queue; ValueError names the problem, and nothing is queued on error.
+        `adapter`: a configured LoRA adapter's name (None = the base model)."""
         params.validate()
+        adapter_id = self.adapter_id(adapter)
         if request_id in self.seqs:
             raise ValueError(f"request_id: {request_id!r} is already running")
         ids = self.encode(prompt)
@@ -110,7 +126,7 @@ class Engine:
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         check_request(len(ids), params.max_tokens, self.config.max_model_len)
-        seq = Sequence(request_id, ids, params)
+        seq = Sequence(request_id, ids, params, adapter_id=adapter_id)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         self.seqs[request_id] = seq
@@ -118,6 +134,14 @@ class Engine:
         self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
         return seq
+
+    def adapter_id(self, name: str | None) -> int:
+        """-1 for the base model (None or ''), else the adapter's id; ValueError if unknown."""
+        if not name:
+            return -1
+        if self.adapters is None:
+            raise ValueError(f"model: unknown adapter {name!r}; no adapters are configured")
+        return self.adapters.id_of(name)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.seqs.get(request_id)
@@ -136,6 +160,7 @@ class Engine:
         logits, sample_seqs = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n
+            seq.prefill_chunks += seq.first_token_time is None
             self.block_manager.commit(seq)
         tokens = self.sampler.sample(logits, sample_seqs)
         now = time.monotonic()
@@ -186,6 +211,7 @@ class Engine:
                 seq.first_token_time,
                 seq.last_token_time,
                 seq.finished_time,
+                seq.prefill_chunks,
             ),
             num_preemptions=seq.num_preemptions,
         )
@@ -203,6 +229,8 @@ class Engine:
             generation_tokens_total=self.generation_tokens_total,
             steps_total=self.steps_total,
             prefix_cache_hit_tokens=bm.hits,
+            lora_resident=tuple(self.adapters.resident_names()) if self.adapters else (),
+            lora_loads_total=self.adapters.loads_total if self.adapters else 0,
         )
 
     def info(self) -> dict:
@@ -217,4 +245,18 @@ class Engine:
             "num_kv_blocks": self.config.num_kv_blocks,
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,
+            "adapters": self.adapters.info() if self.adapters else [],
+            "lora": (
+                {
+                    "max_loras": self.adapters.num_slots,
+                    "max_rank": self.adapters.rank,
+                    "sites": list(self.adapters.sites),
+                    "slot_bytes": self.adapters.slot_bytes,
+                    "device_bytes": self.adapters.device_bytes,
+                    "host_bytes": self.adapters.host_bytes,
+                    "resident": self.adapters.resident_names(),
+                }
+                if self.adapters
+                else None
+            ),
         }

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import torch
 
+from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.scheduler import ScheduledBatch
 from modeldeploy.runtime.engine.sequence import Sequence
 from modeldeploy.runtime.loader import Loaded
 from modeldeploy.runtime.models.llama import AttnMeta, LlamaModel
+from modeldeploy.runtime.models.lora import LoraBatch
 
 
 class ModelRunner:
-    def __init__(self, loaded: Loaded, num_blocks: int, block_size: int, max_model_len: int):
+    def __init__(
+        self,
+        loaded: Loaded,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        adapters: AdapterPool | None = None,
+    ):
         a = loaded.args
+        self.adapters = adapters
         self.device, self.dtype = loaded.device, loaded.dtype
         self.block_size = block_size
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
@@ -45,13 +55,27 @@ class ModelRunner:
             len(seqs), width
         )
 
+    def _lora(self, rows: list[tuple[Sequence, int]]) -> LoraBatch | None:
+        """Each token's adapter slot (-1 = base), or None when no row of the step uses an adapter."""
+        used = {s.adapter_id for s, _ in rows if s.adapter_id >= 0}
+        if not used:
+            return None
+        slot = self.adapters.prepare(used)
+        token_slots: list[int] = []
+        for seq, n in rows:
+            token_slots += [slot.get(seq.adapter_id, -1)] * n
+        return LoraBatch(self.adapters.slots, self._tensor(token_slots))
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
         """Forward the batch; return logits [B, V] float32 for the sequences that sample, and those sequences."""
         ids, pos, slots, sample_rows, sample_seqs = [], [], [], [], []
         decode, prefill, cu, prefill_lens = [], [], [0], []
         bs = self.block_size
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+        rows = list(zip(batch.seqs, batch.num_tokens, strict=True))
+        if self.adapters is not None:  # decodes first as always, then each part grouped by adapter
+            rows.sort(key=lambda r: (not (r[1] == 1 and r[0].num_uncomputed_tokens == 1), r[0].adapter_id))
+        for seq, n in rows:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
@@ -65,6 +89,7 @@ class ModelRunner:
             if end == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
+        lora = self._lora(rows)
         meta = AttnMeta(
             slot_mapping=self._tensor(slots, torch.int64),
             num_decode=len(decode),
@@ -75,7 +100,7 @@ class ModelRunner:
             prefill_lens=self._tensor(prefill_lens),
         )
         hidden = self.model.forward(
-            self._tensor(ids, torch.int64), self._tensor(pos, torch.int64), meta, self.kv_caches
+            self._tensor(ids, torch.int64), self._tensor(pos, torch.int64), meta, self.kv_caches, lora
         )
         logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
         return logits, sample_seqs

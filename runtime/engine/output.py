@@ -12,6 +12,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    prefill_chunks: int = 0  # engine steps the prompt took (1 unless chunked prefill split it)
 
 
 @dataclass
@@ -45,3 +46,5 @@ class EngineStats:
     generation_tokens_total: int
     steps_total: int
     prefix_cache_hit_tokens: int = 0
+    lora_resident: tuple[str, ...] = ()  # adapters on the device now
+    lora_loads_total: int = 0  # adapter copies host -> device slot

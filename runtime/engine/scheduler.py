@@ -36,11 +36,13 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
+        max_adapters: int | None = None,
     ):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens  # tokens per step (not SamplingParams.max_tokens)
         self.chunked = enable_chunked_prefill
+        self.max_adapters = max_adapters  # distinct LoRA adapters running at once (device slots)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
@@ -79,7 +81,7 @@ class Scheduler:
             seq = self.waiting[0]
             hits = self.bm.match_prefix(seq)
             n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
-            if n == 0 or not self.bm.can_admit(seq, hits, n):
+            if n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
                 break
             self.waiting.popleft()
             self.bm.admit(seq, hits)
@@ -95,6 +97,13 @@ class Scheduler:
             key=lambda s: not (picked[s.request_id] == 1 and s.num_uncomputed_tokens == 1)
         )  # decodes first
         return ScheduledBatch(order, [picked[s.request_id] for s in order], preempted)
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """FCFS: a sequence whose adapter would need one device slot more than there are waits."""
+        if self.max_adapters is None or seq.adapter_id < 0:
+            return True
+        active = {s.adapter_id for s in self.running if s.adapter_id >= 0}
+        return seq.adapter_id in active or len(active) < self.max_adapters
 
     def _chunk(self, remaining: int, budget: int) -> int:
         if remaining <= budget:

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from modeldeploy.kernels import dispatch
+
+if TYPE_CHECKING:
+    from modeldeploy.runtime.models.lora import LoraBatch
 
 SUPPORTED = {
     "LlamaForCausalLM": dict(qkv_bias=False, qk_norm=False),
@@ -123,8 +127,8 @@ class AttnMeta:
 class Layer:
     """One decoder block; weights held as plain tensors (q/k/v and gate/up fused)."""
 
-    def __init__(self, args: ModelArgs, w: dict[str, torch.Tensor]):
-        self.args = args
+    def __init__(self, args: ModelArgs, w: dict[str, torch.Tensor], index: int = 0):
+        self.args, self.index = args, index
         self.w = w
         self.scale = args.head_dim**-0.5
         self.q_size = args.num_heads * args.head_dim
@@ -139,6 +143,7 @@ class Layer:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttnMeta,
+        lora: LoraBatch | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         a, w = self.args, self.w
         T = x.shape[0]
@@ -148,6 +153,8 @@ class Layer:
         else:
             h, residual = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps, residual)
         qkv = F.linear(h, w["qkv"], w.get("qkv_bias"))  # [T, (H + 2Hkv) D]
+        if lora is not None:
+            lora.apply(self.index, "qkv", h, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, a.num_heads, a.head_dim)
         k = k.reshape(T, a.num_kv_heads, a.head_dim)
@@ -174,9 +181,18 @@ class Layer:
                 meta.prefill_lens,
                 self.scale,
             )
-        x = F.linear(o.reshape(T, self.q_size), w["o"])  # [T, E]
+        o = o.reshape(T, self.q_size)
+        x = F.linear(o, w["o"])  # [T, E]
+        if lora is not None:
+            lora.apply(self.index, "o", o, x)
         h, residual = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, residual)
-        x = F.linear(dispatch.silu_and_mul(F.linear(h, w["gate_up"])), w["down"])
+        gate_up = F.linear(h, w["gate_up"])
+        if lora is not None:
+            lora.apply(self.index, "gate_up", h, gate_up)
+        act = dispatch.silu_and_mul(gate_up)
+        x = F.linear(act, w["down"])
+        if lora is not None:
+            lora.apply(self.index, "down", act, x)
         return x, residual
 
 
@@ -186,7 +202,7 @@ class LlamaModel:
         self.embed = weights["model.embed_tokens.weight"]  # [V, E]
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if args.tie_word_embeddings else weights["lm_head.weight"]
-        self.layers = [Layer(args, _layer_weights(weights, i, args)) for i in range(args.num_layers)]
+        self.layers = [Layer(args, _layer_weights(weights, i, args), i) for i in range(args.num_layers)]
         self.cos_sin = cos_sin_cache(args, max_pos, self.embed.device)
 
     def forward(
@@ -195,12 +211,13 @@ class LlamaModel:
         positions: torch.Tensor,
         meta: AttnMeta,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, E]."""
+        """input_ids, positions [T] -> final hidden states [T, E] (LoRA deltas per token when given)."""
         x = F.embedding(input_ids, self.embed)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer.forward(x, residual, positions, self.cos_sin, k_cache, v_cache, meta)
+            x, residual = layer.forward(x, residual, positions, self.cos_sin, k_cache, v_cache, meta, lora)
         x, _ = dispatch.rms_norm(x, self.norm, self.args.rms_norm_eps, residual)
         return x
 

@@ -9,6 +9,7 @@ latency. While draining, nothing new is admitted (503). The counters feed the
 from __future__ import annotations
 
 import asyncio
+import time
 
 from modeldeploy.runtime.server.errors import APIError
 
@@ -19,6 +20,7 @@ class Ticket:
     def __init__(self, admission: Admission):
         self._adm = admission
         self.state = "waiting"
+        self.acquired_at: float | None = None  # monotonic; the request's trace shows the admission wait
 
     async def acquire(self) -> None:
         try:
@@ -30,6 +32,7 @@ class Ticket:
             self._adm._sem.release()
             raise asyncio.CancelledError
         self.state = "running"
+        self.acquired_at = time.monotonic()
         self._adm.waiting -= 1
         self._adm.running += 1
         self._adm.max_running_seen = max(self._adm.max_running_seen, self._adm.running)

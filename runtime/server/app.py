@@ -2,7 +2,8 @@
 
 `create_app(cfg)` builds everything in-process (tests drive it through a real uvicorn or
 httpx's ASGI transport); `modeldeploy serve` wraps it with uvicorn and SIGTERM draining.
-There are no admin or weight-reload endpoints: a bundle is changed by rolling pods.
+There are no admin, weight-reload or adapter load/unload endpoints: a bundle (LoRA adapters
+included) is changed by rolling pods.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from modeldeploy.runtime.server import endpoints, readiness
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
+from modeldeploy.runtime.server.evidence import EvidenceMiddleware
+from modeldeploy.runtime.server.tracing import Tracing
 
 log = logging.getLogger("modeldeploy.server")
 PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -55,12 +58,15 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
                 await task
             if ctx.state.load_seconds:
                 await ctx.engine.shutdown()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(
         title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.ctx = ctx
     _errors(app, ctx)
+    tracing = Tracing.from_env(ctx.metrics.labels)  # None unless OTEL_EXPORTER_OTLP_ENDPOINT is set
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
@@ -88,14 +94,22 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {
-            "id": cfg.served_model_name,
-            "object": "model",
-            "created": ctx.created,
-            "owned_by": "modeldeploy",
-            "max_model_len": ctx.effective_config().get("max_model_len"),
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        max_len = ctx.effective_config().get("max_model_len")
+
+        def card(name: str, parent: str | None) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": ctx.created,
+                "owned_by": "modeldeploy",
+                "root": cfg.served_model_name,
+                "parent": parent,  # LoRA adapters name their base model
+                "max_model_len": max_len,
+            }
+
+        base = cfg.served_model_name
+        cards = [card(base, None)] + [card(n, base) for n in ctx.adapter_names]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.get("/v1/bundle")
     async def bundle() -> JSONResponse:
@@ -113,6 +127,10 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await endpoints.generate(ctx, request, "responses")
 
+    # outermost (added last): its headers reach every response, 401s from `auth` included
+    app.add_middleware(
+        EvidenceMiddleware, bundle=cfg.engine.bundle_id, labels=ctx.metrics.labels, tracing=tracing
+    )
     return app
 
 

@@ -43,6 +43,24 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    p.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a LoRA adapter (PEFT directory) served as model NAME; repeatable",
+    )
+    p.add_argument(
+        "--adapter-digest",
+        action="append",
+        default=[],
+        metavar="NAME=DIGEST",
+        help="refuse to serve unless adapter NAME's directory has this digest",
+    )
+    p.add_argument(
+        "--adapter-revision", action="append", default=[], metavar="NAME=REV", help="a label in /v1/bundle"
+    )
+    p.add_argument("--max-loras", type=int, default=4, help="adapters held on the device at once")
     p.add_argument("--bundle-id", default="", help="bundle id label on every metric series")
     p.add_argument(
         "--model-digest", default=None, help="refuse to serve unless the model dir has this digest"
@@ -81,6 +99,7 @@ def build_config(args: argparse.Namespace):
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if not 1 <= args.port <= 65535 and args.port != 0:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    adapters = adapter_pins(args.adapter, args.adapter_digest, args.adapter_revision)
     engine = EngineConfig(
         model=args.model,
         dtype=args.dtype,
@@ -97,8 +116,12 @@ def build_config(args: argparse.Namespace):
         tokenizer_digest=args.tokenizer_digest,
         bundle_id=args.bundle_id,
         load_format=args.load_format,
+        adapters=adapters,
+        max_loras=args.max_loras,
     )
     name = args.served_model_name or Path(args.model).resolve().name
+    if name in {a["name"] for a in adapters}:
+        raise ValueError(f"--adapter: {name!r} is also the served model name")
     cfg = ServerConfig(
         engine=engine,
         served_model_name=name,
@@ -111,6 +134,38 @@ def build_config(args: argparse.Namespace):
     )
     cfg.validate()
     return cfg
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        name, sep, rest = v.partition("=")
+        if not sep or not name or not rest:
+            raise ValueError(f"{flag}: expected NAME=VALUE, got {v!r}")
+        if name in out:
+            raise ValueError(f"{flag}: {name!r} is given twice")
+        out[name] = rest
+    return out
+
+
+def adapter_pins(paths: list[str], digests: list[str], revisions: list[str]) -> list[dict[str, str]]:
+    """--adapter / --adapter-digest / --adapter-revision -> EngineConfig.adapters."""
+    by_path = _pairs(paths, "--adapter")
+    by_digest = _pairs(digests, "--adapter-digest")
+    by_rev = _pairs(revisions, "--adapter-revision")
+    for flag, names in (("--adapter-digest", by_digest), ("--adapter-revision", by_rev)):
+        extra = sorted(set(names) - set(by_path))
+        if extra:
+            raise ValueError(f"{flag}: {extra[0]!r} is not an --adapter")
+    pins = []
+    for name, path in by_path.items():
+        pin = {"name": name, "path": path}
+        if name in by_digest:
+            pin["digest"] = by_digest[name]
+        if name in by_rev:
+            pin["revision"] = by_rev[name]
+        pins.append(pin)
+    return pins
 
 
 def main(args: argparse.Namespace) -> int:

@@ -34,7 +34,8 @@ class ServerContext:
             "engine_build": cfg.engine_build,
             "model_revision": cfg.model_revision,
         }
-        self.metrics = ServerMetrics(labels, self.live_values)
+        adapters = [a["name"] for a in cfg.engine.adapters]
+        self.metrics = ServerMetrics(labels, self.live_values, adapters)
 
     # ---- readiness -------------------------------------------------------------------
     @property
@@ -79,14 +80,28 @@ class ServerContext:
         return clean
 
     # ---- request preparation ---------------------------------------------------------
-    def check_model(self, name: str) -> None:
-        if name != self.cfg.served_model_name:
-            raise APIError(
-                404,
-                f"model {name!r} does not exist; this server serves {self.cfg.served_model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+    @property
+    def adapter_names(self) -> list[str]:
+        return [a["name"] for a in self.cfg.engine.adapters]
+
+    @property
+    def served_models(self) -> list[str]:
+        """The base model's name, then each LoRA adapter's."""
+        return [self.cfg.served_model_name, *self.adapter_names]
+
+    def check_model(self, name: str) -> str | None:
+        """The adapter a request's `model` selects (None = the base model); 404 if it is neither."""
+        if name == self.cfg.served_model_name:
+            return None
+        if name in self.adapter_names:
+            return name
+        served = ", ".join(repr(m) for m in self.served_models)
+        raise APIError(
+            404,
+            f"model {name!r} does not exist; this server serves {served}",
+            param="model",
+            code="model_not_found",
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -167,6 +182,8 @@ class ServerContext:
                 "architecture": info.get("architecture"),
             },
             "tokenizer": {"digest": info.get("tokenizer_digest") or ecfg.get("tokenizer_digest")},
+            "adapters": info.get("adapters") or ecfg.get("adapters", []),
+            "lora": info.get("lora"),
             "device": info.get("device", ecfg.get("device")),
             "dtype": info.get("dtype", ecfg.get("dtype")),
             "engine_config": ecfg,
@@ -197,6 +214,8 @@ class ServerContext:
             "prompt_tokens": getattr(stats, "prompt_tokens_total", 0),
             "generation_tokens": getattr(stats, "generation_tokens_total", 0),
             "preemptions": getattr(stats, "preemptions_total", 0),
+            "lora_resident": {n: n in getattr(stats, "lora_resident", ()) for n in self.adapter_names},
+            "lora_loads": getattr(stats, "lora_loads_total", 0),
             "build_info": {
                 "bundle": ecfg.bundle_id,
                 "engine_build": self.cfg.engine_build,

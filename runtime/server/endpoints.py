@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from modeldeploy.runtime.server import evidence
 from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
@@ -28,7 +29,6 @@ _PREFIX = {"completion": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 
 
 def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any]:
-    ctx.check_model(req.model)
     if kind == "completion":
         req.check_n()
         if isinstance(req.prompt, str):
@@ -53,18 +53,28 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
     arrival = time.monotonic()
     try:
         ctx.check_serving()
-        req = parse_body(await request.body(), KINDS[kind])
-        ids, params = _prepare(ctx, kind, req)
     except APIError as e:
         ctx.metrics.outcome(refusal_outcome(e.status))
         raise
     except Exception:
         ctx.metrics.outcome("error")
         raise
+    adapter = None
+    try:
+        req = parse_body(await request.body(), KINDS[kind])
+        adapter = ctx.check_model(req.model)
+        ids, params = _prepare(ctx, kind, req)
+    except APIError as e:
+        ctx.metrics.outcome(refusal_outcome(e.status), adapter or "")
+        raise
+    except Exception:
+        ctx.metrics.outcome("error", adapter or "")
+        raise
     rid = _PREFIX[kind] + uuid.uuid4().hex
-    job = Job(ctx, rid, ids, params, arrival)
+    job = Job(ctx, rid, ids, params, arrival, adapter)
+    job.evidence = evidence.of(request)
     created = int(time.time())
-    model = ctx.cfg.served_model_name
+    model = req.model  # the base model's name or the adapter's, as the client asked
     try:
         first_or_final = await race_disconnect(request, job.start() if req.stream else job.run())
     except ClientGone:

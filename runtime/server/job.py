@@ -23,14 +23,19 @@ class ClientGone(Exception):
 
 
 class Job:
-    def __init__(self, ctx: Any, rid: str, prompt: list[int], params: Any, arrival: float):
+    def __init__(
+        self, ctx: Any, rid: str, prompt: list[int], params: Any, arrival: float, adapter: str | None = None
+    ):
         self.ctx, self.rid, self.prompt, self.params = ctx, rid, prompt, params
-        self.tracker = ctx.metrics.tracker(arrival)
+        self.adapter = adapter  # LoRA adapter name; None = the base model
+        self.tracker = ctx.metrics.tracker(arrival, adapter or "")
         self.ticket = None
         self.agen: AsyncIterator | None = None
         self.final: Any = None
         self.refused: str | None = None  # outcome of a request refused before generation
         self.server_aborted = False  # drain timeout: not the client's doing
+        self.last: Any = None  # the latest output (its metrics and tokens), for the request's evidence
+        self.evidence: Any = None  # evidence.Evidence of this HTTP request, if the middleware made one
 
     async def start(self) -> Any:
         """Wait for a running slot, submit to the engine, return its first output."""
@@ -41,7 +46,10 @@ class Job:
             raise
         await self.ticket.acquire()
         self.ctx.jobs[self.rid] = self
-        self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
+        if self.adapter:
+            self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params, adapter=self.adapter)
+        else:
+            self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
         try:
             first = await self.agen.__anext__()
         except ValueError as e:  # the engine's own prompt validation
@@ -67,6 +75,7 @@ class Job:
 
     def _see(self, out: Any) -> None:
         self.tracker.observe(out)
+        self.last = out
         if out.finished:
             self.final = out
 
@@ -93,6 +102,8 @@ class Job:
         else:
             outcome = "error"
         self.tracker.finish(outcome, self.final)
+        if self.evidence is not None:
+            self.evidence.job_done(self, outcome)
 
 
 async def race_disconnect(request: Any, work: Awaitable[Any]) -> Any:

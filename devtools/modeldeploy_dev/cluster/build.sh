@@ -119,13 +119,17 @@ go_install() {
   log "built $name ($pkg@$version) in $(( $(date +%s) - t0 ))s -> $out/$name"
 }
 
-# Prometheus, for the tests of canary analysis through its HTTP API (operator/promql.py).
+# Prometheus, for the tests of canary analysis through its HTTP API (operator/promql.py), and promtool.
 # Module v0.3MM.P is Prometheus 3.MM.P. `remove_all_sd` leaves out the cloud service
 # discovery plugins (static and file SD stay): the tests use static targets only.
 build_prometheus() {
   local v="${PROMETHEUS_VERSION#v0.}" pv=github.com/prometheus/common/version
   v="$(( 10#${v%%.*} / 100 )).$(( 10#${v%%.*} % 100 )).${v#*.}"
   go_install prometheus prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
+    "-X $pv.Version=$v -X $pv.Branch=modeldeploy -X $pv.Revision=$PROMETHEUS_VERSION" remove_all_sd
+  # promtool from the same module and version: `check rules` / `test rules` on the chart's alerts
+  # and the dashboard's queries (tests/test_alert_rules.py, tests/test_dashboard.py)
+  go_install promtool prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool \
     "-X $pv.Version=$v -X $pv.Branch=modeldeploy -X $pv.Revision=$PROMETHEUS_VERSION" remove_all_sd
 }
 

@@ -82,6 +82,11 @@ class Binaries:
         """For the canary-analysis tests only: not part of the cluster, so not in `all()`."""
         return self._p("prometheus", "PROMETHEUS_VERSION", "prometheus")
 
+    @property
+    def promtool(self) -> Path:
+        """Same module and version as prometheus: checks and unit-tests the chart's rules and queries."""
+        return self._p("prometheus", "PROMETHEUS_VERSION", "promtool")
+
     def all(self) -> list[Path]:
         k = self.kube_dir
         kube = [k / n for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")]

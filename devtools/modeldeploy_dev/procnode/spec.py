@@ -4,7 +4,7 @@ Only the `modeldeploy` CLI runs here: container `command` = ["modeldeploy", ...]
 and the image's ENTRYPOINT/CMD taken from Dockerfile.runtime (`modeldeploy serve` + default
 args); it is run as the `modeldeploy` script next to this interpreter. There is no mount namespace, so volumes are mapped
 by path rewriting: an argument, env value or workingDir equal to a volumeMount's mountPath, or
-below it, is rewritten to the volume's local directory:
+below it (also as the value of `--flag=` or `NAME=`), is rewritten to the volume's local directory:
   hostPath              -> its path on this machine
   persistentVolumeClaim -> the bound PV's hostPath/local path, else <state>/pvc/<ns>/<claim>/
   emptyDir              -> <state>/pods/<uid>/volumes/<name>/
@@ -120,7 +120,7 @@ def _rewrite(s: str, mounts: list[tuple[str, Path]]) -> str:
             return str(local)
         if s.startswith(mp + "/"):
             return str(local) + s[len(mp) :]
-        if s.startswith("--") and "=" in s:  # --flag=/mount/path
+        if "=" in s:  # --flag=/mount/path, or NAME=/mount/path (serve --adapter NAME=DIR)
             flag, _, val = s.partition("=")
             if val == mp or val.startswith(mp + "/"):
                 return f"{flag}={_rewrite(val, mounts)}"
