@@ -5,7 +5,7 @@ PIP ?= .venv/bin/pip
 OUT ?= out
 
 .DEFAULT_GOAL := setup
-.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model
+.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example
 
 ##@ General
 
@@ -70,6 +70,21 @@ example-model: setup ## Make the model examples/modeldeployment-tiny.yaml pins.
 
 cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
 	bash devtools/modeldeploy_dev/cluster/build.sh
+
+# The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
+# README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
+real-node-build: ## Build the real worker node: kubelet, kube-proxy, containerd v2, registry, pause (cached).
+	bash devtools/modeldeploy_dev/cluster/build-node.sh
+
+# The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
+# the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.
+images: setup real-node-build ## Build the operator and runtime images, push them to the loopback registry, print the digests.
+	$(PY) -m modeldeploy_dev.cluster.realnode.images
+
+# The example manifests pinned to the images `make images` pushed: $(OUT)/examples/ (the examples in
+# git keep a placeholder digest), plus operator-values.yaml for helm.
+example: setup real-node-build ## `make images` + the example manifests pinned to those digests in $(OUT)/examples.
+	$(PY) -m modeldeploy_dev.cluster.realnode.images --examples $(OUT)/examples
 
 cluster: setup cluster-build ## Start the local cluster and the process node.
 	$(PY) -m modeldeploy cluster up

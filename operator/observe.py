@@ -25,6 +25,7 @@ from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
 from modeldeploy.operator.pods import pod_ready, pod_url, ready_pod_ips
 from modeldeploy.operator.progression import epoch, iso
+from modeldeploy.operator.pull import pull_failure
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
 from modeldeploy.operator.topology import NodeInfo
@@ -62,7 +63,8 @@ class NodeCache:
 
 
 class LoadProbe:
-    """Load progress and load errors of Running-but-not-Ready pods, from their /health/ready.
+    """Load progress and load errors of Running-but-not-Ready pods, from their /health/ready,
+    and the image pull failures of Pending ones (pull.py), which never get to load.
 
     The runtime answers 503 with {"status": "failed", "error": ...} when loading failed
     (e.g. a digest mismatch); that error is what status should show, not "0/1 ready".
@@ -88,6 +90,9 @@ class LoadProbe:
         with httpx.Client(timeout=PROBE_TIMEOUT_S) as http:
             for p in pods:
                 st = p.get("status") or {}
+                if not pod_ready(p) and (pulled := pull_failure(p)) is not None:  # Pending: never loads
+                    errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), pulled)
+                    continue
                 if (
                     pod_ready(p)
                     or st.get("phase") != "Running"

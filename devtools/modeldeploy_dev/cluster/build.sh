@@ -10,7 +10,7 @@
 #
 # Usage: devtools/modeldeploy_dev/cluster/build.sh [--print-dir]   (one progress line per binary)
 set -euo pipefail
-HERE="$(cd "$(dirname "$0")" && pwd)"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
 CACHE="${MODELDEPLOY_CACHE:-$HOME/.cache/modeldeploy}"
@@ -66,10 +66,13 @@ import (
 GO
 }
 
+# build_kubernetes [BINARY...]: the control plane by default; build-node.sh asks for kubelet and
+# kube-proxy, which come from the same module and share its Go build cache.
 build_kubernetes() {
   local out="$CACHE/kubernetes-$K8S_VERSION" dir
-  local need=()
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  local need=() wanted=("$@")
+  [[ ${#wanted[@]} -eq 0 ]] && wanted=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  for b in "${wanted[@]}"; do
     if have "$out/$b"; then log "cached $b $K8S_VERSION"; else need+=("$b"); fi
   done
   [[ ${#need[@]} -eq 0 ]] && return 0
@@ -145,4 +148,5 @@ main() {
   log "all binaries present in $CACHE ($(( $(date +%s) - t0 ))s)"
 }
 
-main "$@"
+# build-node.sh sources this file for its functions; only a direct run builds the control plane
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then main "$@"; fi

@@ -22,6 +22,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--name", default=None, help="cluster name (default $MODELDEPLOY_CLUSTER_NAME or modeldeploy)"
         )
+        if name in ("up", "build"):
+            sp.add_argument(
+                "--real-node",
+                action="store_true",
+                help="also a real worker node: kubelet + containerd v2 + runc + CNI bridge, kube-proxy, "
+                "and the loopback image registry. Opt-in: its first build compiles them from Go modules "
+                "(minutes on a cold Go cache); one real node per machine",
+            )
         if name == "up":
             sp.add_argument("--gpu-nodes", type=int, default=2, help="simulated (kwok) GPU nodes")
             sp.add_argument("--ready-delay-ms", type=int, default=1000, help="kwok pod Running/Ready delay")
@@ -45,7 +53,7 @@ def _settings(a: argparse.Namespace) -> Settings:
     s = Settings()
     if a.name:
         s.name = a.name
-    for k in ("gpu_nodes", "ready_delay_ms", "bridge", "pod_cidr"):
+    for k in ("gpu_nodes", "ready_delay_ms", "bridge", "pod_cidr", "real_node"):
         if getattr(a, k, None) is not None:
             setattr(s, k, getattr(a, k))
     if s.gpu_nodes < 0:

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,10 +103,24 @@ class Settings:
     name: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NAME", "modeldeploy"))
     gpu_nodes: int = 2
     ready_delay_ms: int = 1000
-    process_node: str = "proc-0"
+    process_node: str = "proc-0"  # "" leaves it out (a real-node-only cluster, e2e/test_real_node.py)
     bridge: str = field(default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_BRIDGE", "mdbr0"))
     pod_cidr: str = field(
         default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_POD_CIDR", "10.244.0.0/24")
+    )
+    # the real worker node (realnode/): opt-in, because its first build compiles kubelet,
+    # kube-proxy, containerd and a registry (minutes on a cold Go cache)
+    real_node: bool = False
+    real_node_name: str = "real-0"
+    node_bridge: str = field(
+        default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NODE_BRIDGE", "mdrn0")
+    )
+    node_pod_cidr: str = field(
+        default_factory=lambda: os.environ.get("MODELDEPLOY_CLUSTER_NODE_POD_CIDR", "10.244.200.0/24")
+    )
+    api_port: int = 0  # real node only: see LocalCluster.api_port
+    registry_port: int = field(
+        default_factory=lambda: int(os.environ.get("MODELDEPLOY_CLUSTER_REGISTRY_PORT", "5000"))
     )
 
 
@@ -170,11 +185,36 @@ class LocalCluster:
     # --- build -----------------------------------------------------------------------------
     def build(self) -> None:
         """Compile whatever is missing (prints one line per binary); a no-op when all are cached."""
-        if not self.bins.missing():
-            return
-        subprocess.run(["bash", str(HERE / "build.sh")], check=True)
-        if missing := self.bins.missing():
-            raise RuntimeError(f"build.sh finished but these binaries are missing: {missing}")
+        if self.bins.missing():
+            subprocess.run(["bash", str(HERE / "build.sh")], check=True)
+            if missing := self.bins.missing():
+                raise RuntimeError(f"build.sh finished but these binaries are missing: {missing}")
+        if self.s.real_node and self.real_node().bins.missing():
+            subprocess.run(["bash", str(HERE / "build-node.sh")], check=True)
+            if missing := self.real_node().bins.missing():
+                raise RuntimeError(f"build-node.sh finished but the real node lacks: {missing}")
+
+    def real_node(self):  # noqa: ANN201 - RealNode, imported lazily (the CLI loads this module)
+        from modeldeploy_dev.cluster.realnode import NodeBinaries, NodeNet, RealNode
+
+        return RealNode(
+            self.s.real_node_name,
+            self.s.name,
+            NodeNet(self.s.node_bridge, self.s.node_pod_cidr),
+            self.run_dir / "realnode",
+            NodeBinaries(cache_root(), self.bins.versions),
+            claim=cache_root() / "run" / "realnode.owner",
+        )
+
+    def registry(self):  # noqa: ANN201 - Registry (lazy import, like real_node)
+        """The loopback registry the real node pulls from; its storage outlives the cluster."""
+        from modeldeploy_dev.cluster.realnode import NodeBinaries
+        from modeldeploy_dev.cluster.realnode.registry import Registry
+
+        bins = NodeBinaries(cache_root(), self.bins.versions)
+        # one registry per port on this machine, whoever started it (a cluster, `make images`)
+        run = cache_root() / "run" / f"registry-{self.s.registry_port}"
+        return Registry(bins.registry, cache_root() / "registry", run, self.s.registry_port)
 
     # --- state -----------------------------------------------------------------------------
     def cluster_running(self) -> bool:
@@ -202,9 +242,32 @@ class LocalCluster:
     # --- up --------------------------------------------------------------------------------
     def _config_file(self) -> Path:
         b = self.bins
+        patches, options = "", ""
+        if self.s.real_node:
+            # Pods reach the API through the `kubernetes` Service, which kube-proxy DNATs to the
+            # advertise address: the node's bridge address. kwokctl wires its components over
+            # 127.0.0.1, so kube-apiserver listens on all addresses and the node's firewall rules
+            # (RealNode.guard_api_port) admit only loopback and the bridge to its port.
+            from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
+
+            gw, port = self.real_node().net.gateway, self.api_port()
+            # in-cluster clients verify https://10.0.0.1 against the ServiceAccount's ca.crt
+            options = f"  kubeApiserverPort: {port}\n  kubeApiserverCertSANs: ['{SERVICE_IP}', '{gw}']\n"
+            # (override: true replaces a flag kwokctl sets; without it a flag is added)
+            patches = (
+                "- name: kube-apiserver\n  extraArgs:\n"
+                f"  - {{key: service-cluster-ip-range, value: '{SERVICE_CIDR}'}}\n"
+                f"  - {{key: advertise-address, value: '{gw}'}}\n"
+                "  - {key: bind-address, value: 0.0.0.0, override: true}\n"
+                # `kubectl logs/exec` on the real node: the apiserver shows kubelet a client
+                # certificate of the cluster CA (kubelet refuses anonymous requests)
+                "  - {key: kubelet-preferred-address-types, value: InternalIP}\n"
+                f"  - {{key: kubelet-client-certificate, value: '{self.cluster_dir / 'pki' / 'admin.crt'}'}}\n"
+                f"  - {{key: kubelet-client-key, value: '{self.cluster_dir / 'pki' / 'admin.key'}'}}\n"
+            )
         cfg = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n"
-            f"  runtime: binary\n  bindAddress: 127.0.0.1\n"
+            f"  runtime: binary\n  bindAddress: 127.0.0.1\n{options}"
             f"  kubeVersion: {b.versions['K8S_VERSION']}\n  kwokVersion: {b.versions['KWOK_VERSION']}\n"
             f"  etcdVersion: {b.versions['ETCD_VERSION'].lstrip('v')}\n"
             f"  kubeBinaryPrefix: {b.kube_dir.as_posix().rstrip('/')}\n  kubectlBinary: {b.kubectl}\n"
@@ -215,6 +278,7 @@ class LocalCluster:
             "componentsPatches:\n- name: kwok-controller\n  extraArgs:\n"
             "  - {key: manage-all-nodes, value: 'false', override: true}\n"
             "  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}\n"
+            f"{patches}"
         )
         stages = (HERE / "stages.yaml").read_text().replace("__READY_DELAY_MS__", str(self.s.ready_delay_ms))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +292,17 @@ class LocalCluster:
         t0 = time.monotonic()
         self.build()
         with self._lock():
+            if self.s.real_node and self.cluster_running() and not self._recorded().get("real_node"):
+                raise RuntimeError(
+                    f"cluster {self.s.name} runs without the real node (its API listens on loopback only): "
+                    "`modeldeploy cluster down` it, then `up --real-node`"
+                )
+            if self.s.real_node:
+                self.s.api_port = self.s.api_port or self._recorded().get("api_port", 0)
+                node = self.real_node()
+                node.claim_machine()  # before anything is created: one real node per machine
+                node.ensure_bridge()  # the apiserver advertises its address
+                node.guard_api_port(self.api_port())
             if not self.cluster_running():
                 if self.cluster_dir.exists():  # stopped or half-created: start from scratch
                     self.kwokctl("delete", "cluster", "--kubeconfig", str(self.kubeconfig), check=False)
@@ -257,14 +332,41 @@ class LocalCluster:
             from modeldeploy_dev.cluster.nodes import apply_nodes
 
             apply_nodes(str(self.kubeconfig), self.s)
-            if self.procnode_pid() is None:
+            if self.s.process_node and self.procnode_pid() is None:
                 self._start_procnode()
             from modeldeploy_dev.cluster.nodes import wait_ready
 
             wait_ready(str(self.kubeconfig), self.s, timeout=90)
+            if self.s.real_node:
+                reg = self.registry()
+                reg.up()
+                self.real_node().trust_registry(reg.host)
+                join = self.real_node().start(
+                    self.kubeconfig, self.cluster_dir / "pki", self.api_server(), log
+                )
+                log(f"[cluster] real node {self.s.real_node_name} joined in {join:.1f}s")
         dt = time.monotonic() - t0
         log(f"[cluster] {self.s.name} up in {dt:.1f}s; KUBECONFIG={self.kubeconfig}")
         return dt
+
+    def api_port(self) -> int:
+        """The apiserver port of a real-node cluster: chosen before kwokctl runs, so the firewall
+        rules that keep it off the network are in place before it listens (kept in settings)."""
+        if not self.s.api_port:
+            with contextlib.closing(socket.socket()) as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.s.api_port = sock.getsockname()[1]
+        return self.s.api_port
+
+    def _recorded(self) -> dict:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(self.settings_file.read_text())
+        return {}
+
+    def api_server(self) -> str:
+        import yaml
+
+        return yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
 
     def _write_kubeconfig(self) -> None:
         r = self.kwokctl("get", "kubeconfig")
@@ -304,6 +406,12 @@ class LocalCluster:
         """Stop the process node (it stops its pods and removes their namespaces and the bridge),
         then let kwokctl stop and delete the control plane. Leaves no process and no port."""
         with self._lock():
+            if self.s.real_node:
+                node = self.real_node()
+                self.registry().down()
+                left = node.stop(self.kubeconfig if self.cluster_running() else None, log)
+                if left:
+                    log(f"[cluster] real node left behind: {left}")
             pid = self.procnode_pid()
             if pid is not None:
                 log(f"[cluster] stopping process node (pid {pid})")

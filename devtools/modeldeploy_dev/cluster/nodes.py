@@ -76,7 +76,7 @@ def wait_ready(kubeconfig: str, s: Settings, timeout: float) -> None:
     """Wait until all expected nodes are Ready and the default ServiceAccount exists (pods need it)."""
     c = api(kubeconfig)
     core = client.CoreV1Api(c)
-    want = {f"gpu-{i}" for i in range(s.gpu_nodes)} | {s.process_node}
+    want = {f"gpu-{i}" for i in range(s.gpu_nodes)} | ({s.process_node} if s.process_node else set())
 
     def ready() -> bool:
         nodes = {n.metadata.name: n for n in core.list_node().items}
