@@ -76,6 +76,25 @@ def num_text(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
+def analysis_table(title: Text, a: dict) -> Table:
+    """Each metric's stable/canary/threshold/samples/verdict: `rollout status` and the demo's live
+    view show the same table."""
+    t = Table(title=title, box=box.SIMPLE, title_justify="left")
+    for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
+        t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+    for m in a.get("metrics") or []:
+        mv = m.get("verdict", "?")
+        t.add_row(
+            m.get("metric", "?"),
+            num_text(m.get("stable")),
+            num_text(m.get("canary")),
+            num_text(m.get("threshold")),
+            num_text(m.get("samples")),
+            Text(mv, style=VERDICT_STYLE.get(mv, "")),
+        )
+    return t
+
+
 def cohort_text(c: dict[str, Any] | None) -> str:
     if not c:
         return "-"
@@ -135,27 +154,12 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
     if a:
         v = a.get("verdict", "?")
         step_s = f" step {a['step'] + 1}" if a.get("step") is not None else ""
-        t = Table(
-            title=Text.assemble(
+        t = analysis_table(
+            Text.assemble(
                 "last analysis", step_s, f" at {a.get('time') or '?'}: ", (v, VERDICT_STYLE.get(v, ""))
             ),
-            box=box.SIMPLE,
-            title_justify="left",
+            a,
         )
-        for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
-            t.add_column(
-                col, justify="right" if col in ("stable", "canary", "threshold", "samples") else "left"
-            )
-        for m in a.get("metrics") or []:
-            mv = m.get("verdict", "?")
-            t.add_row(
-                m.get("metric", "?"),
-                num_text(m.get("stable")),
-                num_text(m.get("canary")),
-                num_text(m.get("threshold")),
-                num_text(m.get("samples")),
-                Text(mv, style=VERDICT_STYLE.get(mv, "")),
-            )
         out.append(t)
         if a.get("message"):
             out.append(Text(f"analysis could not read: {a['message']}", style="yellow"))

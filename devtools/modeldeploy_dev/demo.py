@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modeldeploy_dev.operator_process import OperatorProcess
-from modeldeploy_dev.wait import wait_until
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
-from modeldeploy.operator.rollout_cli import VERDICT_STYLE, cohort_text, num_text
+from modeldeploy.operator.rollout_cli import VERDICT_STYLE, analysis_table, cohort_text
+from modeldeploy_dev.operator_process import OperatorProcess
+from modeldeploy_dev.wait import wait_until
 
 NAME = "chat"
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64  # the process node runs `modeldeploy serve`
@@ -165,23 +165,7 @@ def view(s: Snapshot) -> Group:
     parts: list[RenderableType] = [head]
     a = st.get("lastAnalysis") or {}
     verdict = a.get("verdict", "-")
-    t = Table(
-        title=Text.assemble("last analysis: ", (verdict, VERDICT_STYLE.get(verdict, ""))),
-        box=box.SIMPLE,
-        title_justify="left",
-    )
-    for col in ("metric", "stable", "canary", "threshold", "samples", "verdict"):
-        t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
-    for m in a.get("metrics") or []:
-        mv = m.get("verdict", "?")
-        t.add_row(
-            m.get("metric", "?"),
-            num_text(m.get("stable")),
-            num_text(m.get("canary")),
-            num_text(m.get("threshold")),
-            num_text(m.get("samples")),
-            Text(mv, style=VERDICT_STYLE.get(mv, "")),
-        )
+    t = analysis_table(Text.assemble("last analysis: ", (verdict, VERDICT_STYLE.get(verdict, ""))), a)
     parts.append(t)
     t = Table(title="traffic (closed-loop load)", box=box.SIMPLE, title_justify="left")
     for col in ("cohort", "bundle", "role", "ok", "errors"):
