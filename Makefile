@@ -31,8 +31,8 @@ unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
 lint: setup ## ruff check, ruff format --check and the DESIGN import contracts (import-linter).
-	.venv/bin/ruff check .
-	.venv/bin/ruff format --check .
+	.venv/bin/ruff check --no-cache .
+	.venv/bin/ruff format --no-cache --check .
 	$(PY) -m modeldeploy_dev.lint_imports
 
 demo-model: setup ## Make a tiny random-weight Llama in out/tiny-llama.

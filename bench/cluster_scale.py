@@ -15,11 +15,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, config
+
+from modeldeploy.operator.progression import RFC3339
 from modeldeploy_dev.cluster.local import LocalCluster, Settings
 from modeldeploy_dev.cluster.nodes import kwok_node, node_ready
 from modeldeploy_dev.wait import wait_until
-
-from modeldeploy.operator.progression import RFC3339
 
 
 def wait(fn, timeout: float, what: str, interval: float = 1.0) -> float:  # noqa: ANN001

@@ -66,10 +66,10 @@ def main() -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from modeldeploy_dev.prometheus import Prom
     from prometheus_client import start_http_server
 
     from modeldeploy.operator.object_metrics import ObjectMetrics
+    from modeldeploy_dev.prometheus import Prom
 
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-render-"))
     model = str(tmp / "tiny")

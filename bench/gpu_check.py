@@ -105,9 +105,9 @@ def stage_env(out: Path, _arg) -> dict:
 
 def stage_kernels(out: Path, name: str) -> dict:
     import torch
-    from modeldeploy_dev import kernel_checks as checks
 
     from modeldeploy.kernels import attention
+    from modeldeploy_dev import kernel_checks as checks
 
     results = []
     unrolls = (4, 8) if name.startswith("paged_attention") else (4,)  # 8: build.ATTN_UNROLL8 shapes
@@ -366,9 +366,9 @@ def stage_decode(out: Path, _arg) -> dict:
 
 def stage_kernel_bench(out: Path, _arg) -> dict:
     import torch
-    from modeldeploy_dev import kernel_checks as checks
 
     from modeldeploy.kernels import attention
+    from modeldeploy_dev import kernel_checks as checks
 
     bw = copy_bandwidth()
     rows = []

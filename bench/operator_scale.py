@@ -22,10 +22,10 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
-from modeldeploy_dev.cluster.nodes import kwok_node
-from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.operator import api
+from modeldeploy_dev.cluster.nodes import kwok_node
+from modeldeploy_dev.wait import wait_until
 
 G, V, P = api.GROUP, api.VERSION, api.PLURAL
 NS = "bench-operator"

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+
 from modeldeploy_dev.wait import wait_until
 
 

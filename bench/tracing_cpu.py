@@ -36,10 +36,9 @@ CLIENT = (
 
 
 def server(model: str, traced: bool, endpoint: str) -> object:
-    from modeldeploy_dev.harness import ThreadedServer
-
     from modeldeploy.runtime import EngineConfig
     from modeldeploy.runtime.server.config import ServerConfig
+    from modeldeploy_dev.harness import ThreadedServer
 
     if traced:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint

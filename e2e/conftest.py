@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client, config
+
 from modeldeploy_dev.cluster.local import LocalCluster
 from modeldeploy_dev.wait import wait_until
 

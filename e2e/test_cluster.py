@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
+
 from modeldeploy_dev.cluster.nodes import NODE_KIND
 
 from .conftest import E2ECluster, restricted_security_context

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client, config
+
 from modeldeploy_dev.cluster.local import LocalCluster, Settings
 from modeldeploy_dev.procnode.net import NETNS_PREFIX
 from modeldeploy_dev.procnode.pids import alive

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-from modeldeploy_dev.load import Load
-from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 
 from modeldeploy.operator.children import PORT
+from modeldeploy_dev.load import Load
+from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)

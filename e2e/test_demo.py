@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from modeldeploy_dev import demo
 
 from .conftest import E2ECluster

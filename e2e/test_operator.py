@@ -18,9 +18,9 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from modeldeploy_dev.operator_process import OperatorProcess
 
 from modeldeploy.operator import api, crd
+from modeldeploy_dev.operator_process import OperatorProcess
 
 from .conftest import E2ECluster
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
 from modeldeploy_dev.cluster.nodes import NODE_KIND
 from modeldeploy_dev.procnode.pids import alive
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+
 from modeldeploy_dev.procnode.spec import MODELDEPLOY, UnsupportedPod, build_launch, expand
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from modeldeploy_dev.cluster.local import LocalCluster, Settings
 from modeldeploy_dev.cluster.realnode import cleanup
 from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster

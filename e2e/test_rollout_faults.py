@@ -18,10 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from modeldeploy.digest import dir_digest
 from modeldeploy_dev.argocd import checked
 from modeldeploy_dev.load import Load
-
-from modeldeploy.digest import dir_digest
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from modeldeploy_dev.cluster.local import pinned_versions
 from modeldeploy_dev.load import Load
 

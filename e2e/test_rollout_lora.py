@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes.client.exceptions import ApiException
+
 from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster

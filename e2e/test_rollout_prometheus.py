@@ -13,10 +13,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from modeldeploy_dev.load import Load
-from modeldeploy_dev.prometheus import PROMETHEUS, Prom, write_targets
 
 from modeldeploy.operator.children import PORT
+from modeldeploy_dev.load import Load
+from modeldeploy_dev.prometheus import PROMETHEUS, Prom, write_targets
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from modeldeploy_dev.argocd import LUA, health
 
 from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentStatus
+from modeldeploy_dev.argocd import LUA, health
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = sorted((ROOT / "tests/data/argocd").glob("*.json"))

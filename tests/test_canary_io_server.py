@@ -18,13 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.api import Analysis
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.metrics_source import Cohorts, analyze_interval
 from modeldeploy.operator.scrape import Baselines, PodScrape, scrape_cohort
+from modeldeploy_dev.wait import wait_until
 
 BUNDLE = "bundle-canary-io-1"
 KEY = ("uid-canary-io", BUNDLE)

@@ -5,7 +5,6 @@ operator's gate asks for it exactly when the bundle declares structured output."
 from __future__ import annotations
 
 import pytest
-from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.structured import SCHEMA, violations
@@ -14,6 +13,7 @@ from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server import structured as server_structured
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
 
 ONLY = [
     "readiness", "normal_response", "streaming", "usage_accounting", "stop_sequences", "error_handling",

@@ -11,13 +11,13 @@ import threading
 
 import pytest
 import uvicorn
-from modeldeploy_dev.wait import wait_until
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
+from modeldeploy_dev.wait import wait_until
 
 
 def _sloppy_app() -> Starlette:

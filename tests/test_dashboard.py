@@ -159,11 +159,11 @@ PROM_BIN = _prometheus()
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator[Any]:
-    from modeldeploy_dev.prometheus import Prom
     from prometheus_client import start_http_server
     from test_canary_io_server import Serve, _free_port
 
     from modeldeploy.operator.object_metrics import ObjectMetrics
+    from modeldeploy_dev.prometheus import Prom
 
     tmp = tmp_path_factory.mktemp("dashboard")
     stable = Serve(tmp, llama_dir, "--max-num-seqs", "4", bundle="bundle-dash-stable")

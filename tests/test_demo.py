@@ -6,7 +6,6 @@ import argparse
 import copy
 import io
 
-from modeldeploy_dev import demo, demo_cli
 from rich.console import Console
 
 from modeldeploy.cli import COMMANDS, commands
@@ -20,6 +19,7 @@ from modeldeploy.operator.api import (
     RolloutStatus,
 )
 from modeldeploy.operator.bundle import bundle_id
+from modeldeploy_dev import demo, demo_cli
 
 DIGEST = "sha256:" + "a" * 64
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from modeldeploy_dev import kernel_checks as checks
-from modeldeploy_dev import kernel_emulate as emulate
 
 from modeldeploy.kernels import activation, attention, cache, lora, norm, rotary
+from modeldeploy_dev import kernel_checks as checks
+from modeldeploy_dev import kernel_emulate as emulate
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason="g++ not found: cannot emulate CUDA on the CPU"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from modeldeploy_dev import kernel_checks as checks
 
 

@@ -15,9 +15,9 @@ import re
 import numpy as np
 import pytest
 import torch
-from modeldeploy_dev import kernel_checks as checks
 
 from modeldeploy.kernels import activation, attention, build, cache, lora, norm, rotary
+from modeldeploy_dev import kernel_checks as checks
 
 pytest.importorskip("cupy", reason="cupy is a dev dependency")
 

@@ -8,13 +8,13 @@ import argparse
 import httpx
 import pytest
 from lora_fixtures import make_adapters
-from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.digest import dir_digest
 from modeldeploy.runtime import LLM, EngineConfig, SamplingParams
 from modeldeploy.runtime.server import cli
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
 
 BUNDLE = "bundle-lora-0001"
 MESSAGES = [{"role": "user", "content": "Which tenant are you?"}]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import openai
 import pytest
-from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 from operator_fixtures import prometheus_analysis
 from test_canary_io_server import Serve
 
@@ -25,6 +24,7 @@ from modeldeploy.operator import promql
 from modeldeploy.operator.analysis import CohortSample, analyze
 from modeldeploy.operator.api import Analysis, PrometheusSource
 from modeldeploy.operator.scrape import Baselines, scrape_cohort
+from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 
 pytestmark = [
     pytest.mark.slow,

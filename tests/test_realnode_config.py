@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from modeldeploy_dev.cluster.realnode.config import (
     SERVICE_CIDR,
     Layout,

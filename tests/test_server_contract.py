@@ -12,7 +12,6 @@ import threading
 
 import httpx
 import pytest
-from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.checks import read_stream
@@ -22,6 +21,7 @@ from modeldeploy.conformance.prom import Metrics
 from modeldeploy.conformance.suite import discover
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
 
 BUNDLE = "bundle-test-0001"
 

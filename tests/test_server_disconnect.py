@@ -8,12 +8,12 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from modeldeploy_dev.harness import ThreadedServer
-from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
+from modeldeploy_dev.wait import wait_until
 
 
 def _raw_request(port: int, body: bytes, read_bytes: int) -> None:

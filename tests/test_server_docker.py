@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
+from modeldeploy_dev.wait import wait_until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
 
 junk = st.recursive(
     st.none()

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from modeldeploy_dev.wait import wait_until
 
 from modeldeploy.conformance.http import iter_sse
+from modeldeploy_dev.wait import wait_until
 
 
 def _port() -> int:

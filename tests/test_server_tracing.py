@@ -23,12 +23,11 @@ import pytest
 pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto not installed")
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk not installed (modeldeploy[runtime])")
 
-from modeldeploy_dev.harness import ThreadedServer  # noqa: E402
-from modeldeploy_dev.otlp import Receiver  # noqa: E402
-
 from modeldeploy.runtime import AsyncEngine, EngineConfig  # noqa: E402
 from modeldeploy.runtime.server.config import ServerConfig  # noqa: E402
 from modeldeploy.runtime.server.evidence import EvidenceMiddleware  # noqa: E402
+from modeldeploy_dev.harness import ThreadedServer  # noqa: E402
+from modeldeploy_dev.otlp import Receiver  # noqa: E402
 
 BUNDLE = "bundle-traced"
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

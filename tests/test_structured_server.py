@@ -12,10 +12,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from modeldeploy_dev.harness import ThreadedServer
 
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy_dev.harness import ThreadedServer
 
 SCHEMA = {
     "type": "object",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from modeldeploy_dev.wait import wait_until
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from modeldeploy_dev.demo import (
     DEMO_LABEL,
     NAME,
@@ -25,7 +27,6 @@ from modeldeploy_dev.demo import (
     view,
 )
 from modeldeploy_dev.wait import wait_until
-from rich.console import Console
 
 
 def install_crd(api: Any) -> None:
@@ -124,8 +125,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from kubernetes import config
-    from modeldeploy_dev.cluster.local import LocalCluster, Settings
     from rich.live import Live
+
+    from modeldeploy_dev.cluster.local import LocalCluster, Settings
 
     console, t0, workdir, ns, env = (
         Console(),

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+
 from modeldeploy_dev.cluster.local import Binaries, cache_root, pinned_versions
 from modeldeploy_dev.wait import wait_until
 

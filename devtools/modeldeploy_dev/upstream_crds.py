@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from modeldeploy_dev.cluster.local import pinned_versions
 
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
