@@ -120,26 +120,6 @@ def test_100_outputs_validate_greedy_and_seeded(llm, name):
         _validate(outs, schema)
 
 
-def test_json_object_100_outputs_parse(llm):
-    """A random-weight model almost never closes a free JSON string in a CI token budget, so a
-    logit_bias on '"' shortens strings; every brace, key, colon and escape is still the grammar's."""
-    quote = llm.tokenizer.convert_tokens_to_ids('"')
-    params = [
-        SamplingParams(
-            max_tokens=300,
-            temperature=1.0,
-            seed=i,
-            logit_bias={quote: 6.0},
-            structured=schema_spec("json_object"),
-        )
-        for i in range(100)
-    ]
-    outs = llm.generate(PROMPTS, params)
-    for o in outs:
-        assert o.finish_reason == "stop", o.text
-        assert isinstance(json.loads(o.text), dict)
-
-
 def _mixed_params(seed: int) -> list[SamplingParams]:
     names = ["person", "order", "reading"]
     out = []

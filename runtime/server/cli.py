@@ -8,7 +8,9 @@ then exits 0. A second signal exits at once.
 Test hooks: env MODELDEPLOY_LOAD_DELAY_S (or the hidden flag --load-delay S) waits S seconds
 before loading, so readiness-during-load can be observed on a tiny model; env
 MODELDEPLOY_STEP_DELAY_S (or --step-delay S) sleeps S seconds after every engine step, a
-deliberately slowed server for `modeldeploy bench` compare tests. Never set them in production.
+deliberately slowed server for `modeldeploy bench` compare tests; env
+MODELDEPLOY_IGNORE_RESPONSE_FORMAT=1 serves response_format unconstrained, an engine whose structured
+output broke, for the conformance gate's e2e. Never set them in production.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ def build_config(args: argparse.Namespace):
         drain_timeout_s=args.drain_timeout,
         load_delay_s=args.load_delay,
         step_delay_s=args.step_delay,
+        ignore_response_format=os.environ.get("MODELDEPLOY_IGNORE_RESPONSE_FORMAT") == "1",
         engine_build=args.engine_build,
         model_revision=args.model_revision,
     )

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from modeldeploy.runtime.server import evidence
 from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server import structured as S
+from modeldeploy.runtime.server import toolcalls as TC
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
 from modeldeploy.runtime.server.job import ClientGone, Job, race_disconnect
@@ -39,7 +40,7 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
             ids = list(req.prompt)
             ctx.check_ids(ids, "prompt")
         max_tokens = ctx.limit_tokens(len(ids), req.max_tokens, "max_tokens", "prompt")
-        structured, logprobs = S.from_response_format(req.response_format), req.logprobs
+        structured, logprobs = S.from_response_format(_response_format(ctx, req)), req.logprobs
     elif kind == "chat":
         req.check_n()
         limit = req.token_limit()
@@ -48,15 +49,25 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
         ids = ctx.encode_chat([m.render() for m in req.messages], tools)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = ctx.limit_tokens(len(ids), limit, param, "messages")
-        structured = plan.structured or S.from_response_format(req.response_format)
+        structured = plan.structured or S.from_response_format(_response_format(ctx, req))
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
-        ids = ctx.encode_chat(req.messages())
+        chat = req.as_chat()
+        plan = S.tool_plan(chat, ctx.chat_template, "tools.{i}.parameters")
+        structured, logprobs = S.from_text_format(req.text), req.logprobs
+        if plan.mode != "none" and structured is not None:
+            raise APIError(400, "text.format: cannot be combined with tools", param="text.format")
+        tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
+        ids = ctx.encode_chat([m.render() for m in chat.messages], tools)
         max_tokens = ctx.limit_tokens(len(ids), req.max_output_tokens, "max_output_tokens", "input")
-        structured, logprobs = S.from_text_format(req.text), None
+        structured = plan.structured or structured
     return ids, ctx.sampling(req, max_tokens, structured, logprobs), plan
+
+
+def _response_format(ctx: ServerContext, req: Any) -> Any:
+    return None if ctx.cfg.ignore_response_format else req.response_format  # the test hook's defect
 
 
 async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
@@ -100,20 +111,25 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         if kind == "completion":
             return JSONResponse(F.completion(rid, created, model, outs, tok))
         if kind == "chat":
-            calls = [S.tool_calls(plan, o.text) if plan.mode != "none" else None for o in outs]
-            if plan.mode == "auto":  # text around the calls stays content
-                outs = [S.with_text(o, S.split_auto(o.text)[0]) for o in outs]
-            elif plan.mode != "none":  # the whole output was the call
-                outs = [S.with_text(o, None) if c else o for o, c in zip(outs, calls, strict=True)]
+            calls: list[Any] = [None] * len(outs)
+            if plan.mode != "none":  # the text outside the calls stays content
+                pairs = [TC.final_calls(plan.mode, plan.function, o.text) for o in outs]
+                outs = [S.with_text(o, content) for o, (content, _) in zip(outs, pairs, strict=True)]
+                calls = [c for _, c in pairs]
             return JSONResponse(F.chat(rid, created, model, outs, tok, req.top_logprobs, calls))
-        return JSONResponse(F.response(rid, "msg_" + rid[5:], created, model, req, outs[0]))
+        content, calls = outs[0].text, None
+        if plan.mode != "none":
+            content, calls = TC.final_calls(plan.mode, plan.function, outs[0].text)
+        lps = F.chat_logprobs(tok, outs[0].token_ids, outs[0].logprobs, req.top_logprobs or 0)
+        body = F.response(rid, "msg_" + rid[5:], created, model, req, outs[0], content, calls, lps)
+        return JSONResponse(body)
     head = (job, first_or_final, rid, created, model, req)
     if kind == "completion":
         body = _completion_stream(*head, tok)
     elif kind == "chat":
         body = _chat_stream(*head, tok, plan)
     else:
-        body = _responses_stream(*head)
+        body = _responses_stream(*head, tok, plan)
     return SSEResponse(body, on_close=lambda: job.close(client_gone=True))
 
 
@@ -148,61 +164,32 @@ async def _completion_stream(
 async def _chat_stream(
     job: Job, first: Any, rid: str, created: int, model: str, req: Any, tok: Any, plan: S.ToolPlan
 ) -> AsyncIterator[bytes]:
-    """Content deltas per choice; with a named tool the arguments stream as delta.tool_calls, with
-    tool_choice 'required' the call is sent whole once the grammar completes (its name comes first)."""
+    """Content deltas per choice; tool calls as OpenAI streams them (toolcalls.py): a first
+    delta.tool_calls with id, type and name, then argument fragments, for every tool mode."""
     usage = req.include_usage
     for i in range(req.n):
         yield event(F.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, usage, i))
     lasts: dict[int, Any] = {}
-    opened: set[int] = set()
-    shown: dict[int, int] = {}  # auto: content characters already streamed, per choice
+    streams: dict[int, TC.ToolStream] = {}
     async for out in _all(job, first):
         lasts[out.index] = out
         lps = None
         if out.new_logprobs:
             new_ids = out.token_ids[len(out.token_ids) - len(out.new_logprobs) :]
             lps = F.chat_logprobs(tok, new_ids, out.new_logprobs, req.top_logprobs or 0)
-        if plan.mode == "named":
-            if out.delta_text:
-                call = {"index": 0, "function": {"arguments": out.delta_text}}
-                if out.index not in opened:  # the first delta opens the call: id, type, name
-                    opened.add(out.index)
-                    call = {**S.call(plan.function, out.delta_text), "index": 0}
-                yield event(
-                    F.chat_chunk(rid, created, model, {"tool_calls": [call]}, None, usage, out.index, lps)
-                )
-        elif plan.mode == "required":
-            if out.finished:
-                calls = S.tool_calls(plan, out.text) or []
-                if calls:
-                    delta = {"tool_calls": [{**c, "index": k} for k, c in enumerate(calls)]}
-                    yield event(F.chat_chunk(rid, created, model, delta, None, usage, out.index, lps))
-        elif plan.mode == "auto":
-            upto = (
-                len(out.text) if out.finished and S.CALL_BEGIN not in out.text else S.auto_visible(out.text)
-            )
-            sent = shown.get(out.index, 0)
-            if upto > sent:
-                shown[out.index] = upto
-                yield event(
-                    F.chat_chunk(
-                        rid, created, model, {"content": out.text[sent:upto]}, None, usage, out.index
-                    )
-                )
-            calls = S.split_auto(out.text)[1] if out.finished else None
-            if calls:
-                delta = {"tool_calls": [{**c, "index": k} for k, c in enumerate(calls)]}
+        if plan.mode != "none":
+            ts = streams.setdefault(out.index, TC.ToolStream(plan.mode, plan.function))
+            for delta in map(_tool_delta, ts.feed(out.text, out.finished)):
                 yield event(F.chat_chunk(rid, created, model, delta, None, usage, out.index, lps))
+                lps = None
+            if lps:  # tokens that added nothing visible yet still carry their logprobs
+                yield event(F.chat_chunk(rid, created, model, {}, None, usage, out.index, lps))
         elif out.delta_text or lps:
             delta = {"content": out.delta_text}
             yield event(F.chat_chunk(rid, created, model, delta, None, usage, out.index, lps))
         if out.finished:
             finish = out.finish_reason
-            if (
-                plan.mode != "none"
-                and finish == "stop"
-                and (plan.mode != "auto" or S.split_auto(out.text)[1])
-            ):
+            if finish == "stop" and plan.mode != "none" and streams[out.index].calls:
                 finish = "tool_calls"
             yield event(F.chat_chunk(rid, created, model, {}, finish, usage, out.index))
     if usage:
@@ -211,31 +198,124 @@ async def _chat_stream(
     yield DONE
 
 
+def _tool_delta(p: TC.Piece) -> dict[str, Any]:
+    if p.kind == "content":
+        return {"content": p.text}
+    if p.kind == "open":
+        return {"tool_calls": [{"index": p.index, **(p.call or {})}]}
+    return {"tool_calls": [{"index": p.index, "function": {"arguments": p.text}}]}
+
+
 async def _responses_stream(
-    job: Job, first: Any, rid: str, created: int, model: str, req: Any
+    job: Job, first: Any, rid: str, created: int, model: str, req: Any, tok: Any, plan: S.ToolPlan
 ) -> AsyncIterator[bytes]:
-    seq = 0
-    msg_id = "msg_" + rid[5:]
-    where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
-
-    def ev(kind: str, **data: Any) -> bytes:
-        nonlocal seq
-        seq += 1
-        return event({"type": kind, "sequence_number": seq - 1, **data}, name=kind)
-
-    shell = F.response(rid, msg_id, created, model, req, None)
-    yield ev("response.created", response=shell)
-    yield ev("response.in_progress", response=shell)
-    yield ev("response.output_item.added", output_index=0, item=F.message_item(msg_id, None, "in_progress"))
-    yield ev("response.content_part.added", **where, part=F.text_part(""))
+    """Typed events as OpenAI sends them: text in a message item (deltas with their logprobs), each
+    tool call in a function_call item (added with its name, then arguments deltas, then done)."""
+    st = _ResponsesEvents(rid, "msg_" + rid[5:], req)
+    shell = F.response(rid, st.msg_id, created, model, req, None)
+    yield st.ev("response.created", response=shell)
+    yield st.ev("response.in_progress", response=shell)
+    ts = TC.ToolStream(plan.mode, plan.function) if plan.mode != "none" else None
+    if ts is None:
+        for e in st.open_message():
+            yield e
     last = first
     async for out in _all(job, first):
         last = out
-        if out.delta_text:
-            yield ev("response.output_text.delta", **where, delta=out.delta_text, logprobs=[])
-    yield ev("response.output_text.done", **where, text=last.text, logprobs=[])
-    yield ev("response.content_part.done", **where, part=F.text_part(last.text))
-    yield ev("response.output_item.done", output_index=0, item=F.message_item(msg_id, last.text, "completed"))
+        lps = None
+        if out.new_logprobs and req.logprobs is not None:
+            new_ids = out.token_ids[len(out.token_ids) - len(out.new_logprobs) :]
+            lps = (F.chat_logprobs(tok, new_ids, out.new_logprobs, req.top_logprobs or 0) or {}).get(
+                "content"
+            )
+        if ts is None:
+            if out.delta_text or lps:
+                for e in st.text(out.delta_text, lps or []):
+                    yield e
+            continue
+        for p in ts.feed(out.text, out.finished):
+            for e in st.text(p.text, []) if p.kind == "content" else st.call(p):
+                yield e
+    if st.kind is None:  # nothing at all: an empty message, as in the non-streamed body
+        for e in st.open_message():
+            yield e
+    for e in st.close():
+        yield e
+    content = st.content if st.content or not st.calls else None
+    body = F.response(rid, st.msg_id, created, model, req, last, content, st.calls, {"content": st.logprobs})
     # Always `response.completed` (the SDK's stream helper waits for it); a max_output_tokens cut
     # shows as status "incomplete" with incomplete_details inside, as in the non-streaming body.
-    yield ev("response.completed", response=F.response(rid, msg_id, created, model, req, last))
+    yield st.ev("response.completed", response=body)
+
+
+class _ResponsesEvents:
+    """The open output item of a /v1/responses stream and the sequence numbers of its events."""
+
+    def __init__(self, rid: str, msg_id: str, req: Any):
+        self.seq, self.msg_id, self.req = 0, msg_id, req
+        self.index = -1  # output_index of the open item
+        self.kind: str | None = None  # "message" | "call" | None (nothing open)
+        self.content, self.logprobs = "", []
+        self.calls: list[dict[str, Any]] = []
+
+    def ev(self, kind: str, **data: Any) -> bytes:
+        self.seq += 1
+        return event({"type": kind, "sequence_number": self.seq - 1, **data}, name=kind)
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.msg_id, "output_index": self.index, "content_index": 0}
+
+    def open_message(self) -> list[bytes]:
+        self.index, self.kind = self.index + 1, "message"
+        item = F.message_item(self.msg_id, None, "in_progress")
+        part = F.text_part("", [] if self.req.logprobs is not None else None)
+        return [
+            self.ev("response.output_item.added", output_index=self.index, item=item),
+            self.ev("response.content_part.added", **self._where(), part=part),
+        ]
+
+    def text(self, delta: str, lps: list[dict[str, Any]]) -> list[bytes]:
+        evs = self.open_message() if self.kind != "message" else []
+        self.content += delta
+        self.logprobs += lps
+        return evs + [self.ev("response.output_text.delta", **self._where(), delta=delta, logprobs=lps)]
+
+    def call(self, p: TC.Piece) -> list[bytes]:
+        if p.kind == "open":
+            evs = self.close()
+            self.index, self.kind = self.index + 1, "call"
+            self.calls.append(p.call or {})
+            item = F.function_call_item(self.calls[-1], "in_progress")
+            return evs + [self.ev("response.output_item.added", output_index=self.index, item=item)]
+        fn = self.calls[p.index]["function"]
+        fn["arguments"] += p.text
+        item_id = F.function_call_item(self.calls[p.index], "")["id"]
+        return [
+            self.ev(
+                "response.function_call_arguments.delta",
+                item_id=item_id,
+                output_index=self.index,
+                delta=p.text,
+            )
+        ]
+
+    def close(self) -> list[bytes]:
+        """Done events for the open item, if any."""
+        kind, self.kind = self.kind, None
+        if kind == "message":
+            lps = self.logprobs if self.req.logprobs is not None else None
+            part = F.text_part(self.content, lps)
+            item = F.message_item(self.msg_id, self.content, "completed", lps)
+            return [
+                self.ev("response.output_text.done", **self._where(), text=self.content, logprobs=lps or []),
+                self.ev("response.content_part.done", **self._where(), part=part),
+                self.ev("response.output_item.done", output_index=self.index, item=item),
+            ]
+        if kind == "call":
+            item = F.function_call_item(self.calls[-1], "completed")
+            done = {"item_id": item["id"], "output_index": self.index, "arguments": item["arguments"]}
+            return [
+                self.ev("response.function_call_arguments.done", **done),
+                self.ev("response.output_item.done", output_index=self.index, item=item),
+            ]
+        return []

@@ -122,7 +122,7 @@ def chat(
                 "index": o.index,
                 "message": chat_message(o, c),
                 "logprobs": chat_logprobs(tok, o.token_ids, o.logprobs, top or 0),
-                "finish_reason": "tool_calls" if c else o.finish_reason,
+                "finish_reason": "tool_calls" if c and o.finish_reason == "stop" else o.finish_reason,
             }
             for o, c in zip(outs, calls, strict=True)
         ],
@@ -164,8 +164,21 @@ def usage_chunk(rid: str, created: int, model: str, obj: str, outs: list[Any]) -
     }
 
 
-def response(rid: str, msg_id: str, created: int, model: str, req: Any, out: Any | None) -> dict[str, Any]:
-    """A /v1/responses object; `out=None` is the in-progress shell sent at stream start."""
+def response(
+    rid: str,
+    msg_id: str,
+    created: int,
+    model: str,
+    req: Any,
+    out: Any | None,
+    content: str | None = None,
+    calls: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A /v1/responses object; `out=None` is the in-progress shell sent at stream start. The output
+    is a message (the text outside tool calls, when there is some or no call) then one
+    `function_call` item per call."""
+    choice = req.tool_choice
     body: dict[str, Any] = {
         "id": rid,
         "object": "response",
@@ -180,14 +193,20 @@ def response(rid: str, msg_id: str, created: int, model: str, req: Any, out: Any
         "max_output_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
-        "parallel_tool_calls": False,
-        "tool_choice": "none",
-        "tools": [],
+        "top_logprobs": req.top_logprobs,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "tool_choice": (choice.model_dump() if choice is not None and not isinstance(choice, str) else choice)
+        or ("auto" if req.tools else "none"),
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
         "user": req.user,
     }
     if out is None:
         return body
-    body["output"] = [message_item(msg_id, out.text, "completed")]
+    done = "incomplete" if out.finish_reason == "length" else "completed"
+    if content is not None or not calls:
+        lps = (logprobs or {}).get("content") if req.logprobs is not None else None
+        body["output"].append(message_item(msg_id, content or "", "completed", lps))
+    body["output"] += [function_call_item(c, done) for c in calls or []]
     body["usage"] = {
         "input_tokens": out.num_prompt_tokens,
         "output_tokens": len(out.token_ids),
@@ -195,17 +214,33 @@ def response(rid: str, msg_id: str, created: int, model: str, req: Any, out: Any
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": 0},
     }
-    if out.finish_reason == "length":
-        body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
-    else:
-        body["status"] = "completed"
+    body["status"] = done
+    if done == "incomplete":
+        body["incomplete_details"] = {"reason": "max_output_tokens"}
     return body
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
 
 
-def message_item(msg_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [text_part(text)]
+def message_item(
+    msg_id: str, text: str | None, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    content = [] if text is None else [text_part(text, logprobs)]
     return {"type": "message", "id": msg_id, "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(call: dict[str, Any], status: str) -> dict[str, Any]:
+    """A tool call as a /v1/responses output item: `call_id` is what a function_call_output answers."""
+    return {
+        "type": "function_call",
+        "id": "fc_" + call["id"].removeprefix("call_"),
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+        "status": status,
+    }

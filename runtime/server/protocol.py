@@ -215,15 +215,105 @@ class InputMessage(ChatMessage):
     type: Literal["message"] = "message"
 
 
+class FunctionCallItem(BaseModel):
+    """/v1/responses input: a call the model made earlier (rendered as an assistant tool call)."""
+
+    model_config = _STRICT
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+    id: StrictStr | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutputItem(BaseModel):
+    """/v1/responses input: the answer to a call (rendered as a `tool` message)."""
+
+    model_config = _STRICT
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: StrictStr
+    id: StrictStr | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class ResponsesTool(BaseModel):
+    """/v1/responses function tool: the FunctionDef fields sit beside `type` (only `function`)."""
+
+    model_config = _STRICT
+    type: Literal["function"]
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ResponsesNamedTool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    name: StrictStr
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
 class ResponsesRequest(_Common):
-    input: StrictStr | Annotated[list[InputMessage], Field(min_length=1)]
+    input: (
+        StrictStr
+        | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)]
+    )
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     text: TextConfig | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedTool | None = None
+    parallel_tool_calls: StrictBool | None = None
+    include: list[Literal["message.output_text.logprobs"]] | None = None  # the only one we can fill
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
 
-    def messages(self) -> list[dict[str, str]]:
-        if isinstance(self.input, str):
-            return [{"role": "user", "content": self.input}]
-        return [{"role": m.role, "content": m.text()} for m in self.input]
+    @property
+    def logprobs(self) -> int | None:
+        """Top-k per output token when `include` asks for output text logprobs, else None."""
+        if LOGPROBS_INCLUDE not in (self.include or []):
+            if self.top_logprobs is not None:
+                raise APIError(
+                    400, f"top_logprobs: requires include [{LOGPROBS_INCLUDE!r}]", param="top_logprobs"
+                )
+            return None
+        if self.tools and self.tool_choice != "none":
+            raise APIError(400, f"include: {LOGPROBS_INCLUDE} cannot be combined with tools", param="include")
+        return self.top_logprobs or 0
+
+    def as_chat(self) -> ChatCompletionRequest:
+        """The same conversation and tools as a chat request (one tool planner and template for both)."""
+        msgs: list[dict[str, Any]] = []
+        items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        for it in items:
+            if isinstance(it, FunctionCallItem):
+                call = {
+                    "id": it.call_id,
+                    "type": "function",
+                    "function": {"name": it.name, "arguments": it.arguments},
+                }
+                if msgs and msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls"):
+                    msgs[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+                else:
+                    msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif isinstance(it, FunctionCallOutputItem):
+                msgs.append({"role": "tool", "tool_call_id": it.call_id, "content": it.output})
+            else:
+                msgs.append(it.model_dump(exclude_none=True, exclude={"type"}))
+        choice = self.tool_choice
+        if isinstance(choice, ResponsesNamedTool):
+            choice = {"type": "function", "function": {"name": choice.name}}
+        tools = [
+            {"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
+            for t in self.tools or []
+        ]
+        return ChatCompletionRequest.model_validate(
+            {"model": self.model, "messages": msgs, "tools": tools or None, "tool_choice": choice,
+             "parallel_tool_calls": self.parallel_tool_calls}
+        )  # fmt: skip
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> Any:

@@ -3,18 +3,16 @@
 The schema checks and the grammar itself live in the engine (xgrammar); this file maps the
 OpenAI request shapes onto it, turns an unsupported schema feature into a 400 naming the
 feature and where it came from, and turns a constrained tool-call output back into OpenAI
-`tool_calls`.
+`tool_calls` (toolcalls.py).
 """
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from modeldeploy.runtime.server.errors import APIError
+from modeldeploy.runtime.server.toolcalls import CALL_BEGIN, CALL_END
 
 
 def _spec(kind: str, schema: Any, param: str) -> Any:
@@ -55,9 +53,7 @@ def from_text_format(text: Any) -> Any:
     return _spec("json_schema", fmt.schema_, "text.format.schema")
 
 
-# The Hermes/Qwen tool-call format; `auto` is offered where the chat template uses it.
-CALL_BEGIN, CALL_END = "<tool_call>", "</tool_call>"
-_CALLS = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(CALL_END), re.S)
+# The Hermes/Qwen tool-call format (toolcalls.py); `auto` is offered where the chat template uses it.
 
 
 @dataclass
@@ -71,14 +67,15 @@ class ToolPlan:
     function: str | None = None  # the named function
 
 
-def _params_schema(tool: Any, i: int) -> Any:
+def _params_schema(tool: Any, i: int, where: str = "tools.{i}.function.parameters") -> Any:
     schema = tool.function.parameters if tool.function.parameters is not None else {"type": "object"}
-    param = f"tools.{i}.function.parameters"
+    param = where.format(i=i)
     _spec("json_schema", schema, param)  # checked here so the 400 names the tool
     return schema
 
 
-def tool_plan(req: Any, template: str | None) -> ToolPlan:
+def tool_plan(req: Any, template: str | None, where: str = "tools.{i}.function.parameters") -> ToolPlan:
+    """`where` names a tool's parameters in 400s (/v1/responses: tools.{i}.parameters)."""
     tools, choice = req.tools or [], req.tool_choice
     uses_tools = tools or any(m.role == "tool" or m.tool_calls for m in req.messages)
     if uses_tools and "tool" not in (template or ""):
@@ -108,7 +105,9 @@ def tool_plan(req: Any, template: str | None) -> ToolPlan:
         from modeldeploy.runtime.engine.grammar import UnsupportedSchema, tool_tag_spec
 
         try:
-            spec = tool_tag_spec(_call_schema(tools), CALL_BEGIN, CALL_END, req.parallel_tool_calls is False)
+            spec = tool_tag_spec(
+                _call_schema(tools, where), CALL_BEGIN, CALL_END, req.parallel_tool_calls is False
+            )
         except UnsupportedSchema as e:
             raise APIError(400, f"tools: {e}", param="tools", code="unsupported_schema_feature") from None
         return ToolPlan("auto", spec)
@@ -119,71 +118,22 @@ def tool_plan(req: Any, template: str | None) -> ToolPlan:
         i, tool = by_name[choice.function.name]
         return ToolPlan(
             "named",
-            _spec("json_schema", _params_schema(tool, i), f"tools.{i}.function.parameters"),
+            _spec("json_schema", _params_schema(tool, i, where), where.format(i=i)),
             tool.function.name,
         )
-    return ToolPlan("required", _spec("json_schema", _call_schema(tools), "tools"))
+    return ToolPlan("required", _spec("json_schema", _call_schema(tools, where), "tools"))
 
 
-def _call_schema(tools: list[Any]) -> dict[str, Any]:
+def _call_schema(tools: list[Any], where: str) -> dict[str, Any]:
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.function.name}, "arguments": _params_schema(t, i)},
+            "properties": {"name": {"const": t.function.name}, "arguments": _params_schema(t, i, where)},
             "required": ["name", "arguments"],
         }
         for i, t in enumerate(tools)
     ]
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
-
-
-def split_auto(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """`auto` output -> (content, tool_calls): the calls inside the template's tags, the text around them."""
-    calls = []
-    for body in _CALLS.findall(text):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        calls.append(call(obj["name"], json.dumps(obj["arguments"], separators=(",", ":"))))
-    if not calls:
-        return text, None
-    content = _CALLS.sub("", text).strip()
-    return content or None, calls
-
-
-def auto_visible(text: str) -> int:
-    """How much of an `auto` output may stream as content: up to a call tag or a possible start of one."""
-    at = text.find(CALL_BEGIN)
-    if at >= 0:
-        return at
-    for k in range(min(len(CALL_BEGIN) - 1, len(text)), 0, -1):
-        if text.endswith(CALL_BEGIN[:k]):
-            return len(text) - k
-    return len(text)
-
-
-def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
-    """The OpenAI tool_calls for a constrained output (None when the output is not a complete call)."""
-    if plan.mode == "auto":
-        return split_auto(text)[1]
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if plan.mode == "named":  # the output is the arguments, verbatim (streamed deltas concatenate to it)
-        name, args = plan.function, text
-    else:
-        name, args = obj["name"], json.dumps(obj["arguments"], separators=(",", ":"))
-    return [call(name, args)]
-
-
-def call(name: str, arguments: str) -> dict[str, Any]:
-    return {
-        "id": "call_" + uuid.uuid4().hex[:24],
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
 
 
 def with_text(out: Any, text: str | None) -> Any:

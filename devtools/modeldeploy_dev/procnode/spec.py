@@ -27,6 +27,12 @@ MODELDEPLOY = Path(sys.executable).with_name("modeldeploy")
 # ENTRYPOINT and CMD of Dockerfile.runtime, used when a pod leaves `command` (and `args`) unset
 IMAGE_ENTRYPOINT = ["serve"]
 IMAGE_CMD = ["--host", "0.0.0.0", "--port", "8000", "--model", "/models/model"]
+# The process node runs this checkout whatever the image; an engine image whose repository is one of
+# these stands for a build with a known defect, switched on through the runtime's test hook, so a
+# rollout e2e can canary a broken engine (the failure scenario the conformance gate exists for).
+FAULT_IMAGES = {
+    "modeldeploy-runtime-ignores-response-format": {"MODELDEPLOY_IGNORE_RESPONSE_FORMAT": "1"},
+}
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -148,6 +154,8 @@ def build_launch(pod: Any, c: Any, core: client.CoreV1Api, pod_ip: str, state: P
             mounts.append((m.mount_path, local))
     mounts.sort(key=lambda t: len(t[0]), reverse=True)  # the most specific mount wins
     env = _env(pod, c, core, pod_ip)
+    repo = (c.image or "").split("@", 1)[0].rsplit(":", 1)[0].rsplit("/", 1)[-1]
+    env.update(FAULT_IMAGES.get(repo, {}))
     env = {k: _rewrite(v, mounts) for k, v in env.items()}
     args = [_rewrite(expand(a, env), mounts) for a in [*cmd, *args]]
     cwd = _rewrite(c.working_dir, mounts) if c.working_dir else None
