@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from modeldeploy_dev.load import Load
+
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)
     Operator,
@@ -52,35 +54,39 @@ def test_structured_bundle_passes_the_gate_and_a_broken_engine_is_rolled_back(
     ns, name = namespace, "so"
     _, old = serve_tiny(cluster, ns, tmp_path, name)
 
-    change_bundle(cluster, ns, name, lambda b: b["config"].update(structuredOutput=True))
-    md = cluster.wait(lambda: _past_gate(get_md(cluster, ns, name), old), 300, "the new bundle past its gate")
-    st = md["status"]
-    good = (st.get("canary") or {}).get("bundle") or st["stable"]["bundle"]
-    assert good != old and not st.get("failedBundles"), st
-    passed = [m for r, m in events(cluster, ns, name) if r == "ConformancePassed"]
-    assert passed, events(cluster, ns, name)
-    # the gate's structured_output check sent constrained requests to the canary: grammars compiled
-    ips = pod_ips(cluster, ns, good)
-    assert ips and sum(_grammar_compiles(ip) for ip in ips) >= 1
-    md = cluster.wait(
-        lambda: (lambda m: m if m["status"].get("stable", {}).get("bundle") == good else None)(
-            get_md(cluster, ns, name)
-        ),
-        300,
-        "the structured-output bundle promoted",
-    )
-    assert md["status"]["phase"] == "Stable" and not md["status"].get("failedBundles"), md["status"]
+    with Load(cluster.api, ns, name) as load:  # the canary step's analysis needs samples
+        change_bundle(cluster, ns, name, lambda b: b["config"].update(structuredOutput=True))
+        md = cluster.wait(
+            lambda: _past_gate(get_md(cluster, ns, name), old), 300, "the new bundle past its gate"
+        )
+        st = md["status"]
+        good = (st.get("canary") or {}).get("bundle") or st["stable"]["bundle"]
+        assert good != old and not st.get("failedBundles"), st
+        passed = [m for r, m in events(cluster, ns, name) if r == "ConformancePassed"]
+        assert passed, events(cluster, ns, name)
+        # the gate's structured_output check sent constrained requests to the canary: grammars compiled
+        ips = pod_ips(cluster, ns, good)
+        assert ips and sum(_grammar_compiles(ip) for ip in ips) >= 1
+        md = cluster.wait(
+            lambda: (lambda m: m if m["status"].get("stable", {}).get("bundle") == good else None)(
+                get_md(cluster, ns, name)
+            ),
+            300,
+            "the structured-output bundle promoted",
+        )
+        assert md["status"]["phase"] == "Stable" and not md["status"].get("failedBundles"), md["status"]
 
-    change_bundle(cluster, ns, name, lambda b: b["engine"].update(image=BROKEN_IMAGE))
-    md = wait_phase(cluster, ns, name, ("Verifying", "RollingBack"), 240)
-    broken = md["status"]["canary"]["bundle"]
-    done = cluster.wait(
-        lambda: (
-            lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
-        )(get_md(cluster, ns, name)),
-        300,
-        "broken structured output rolled back",
-    )
+        change_bundle(cluster, ns, name, lambda b: b["engine"].update(image=BROKEN_IMAGE))
+        md = wait_phase(cluster, ns, name, ("Verifying", "RollingBack"), 240)
+        broken = md["status"]["canary"]["bundle"]
+        broken_ips = pod_ips(cluster, ns, broken)
+        done = cluster.wait(
+            lambda: (
+                lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
+            )(get_md(cluster, ns, name)),
+            300,
+            "broken structured output rolled back",
+        )
     st = done["status"]
     assert st["stable"]["bundle"] == good and st["failedBundles"] == [broken], st
     assert st.get("canaryWeight", 0) == 0, st
@@ -89,3 +95,6 @@ def test_structured_bundle_passes_the_gate_and_a_broken_engine_is_rolled_back(
     assert "structured_output" in deg["message"], deg
     failed = [m for r, m in events(cluster, ns, name) if r == "ConformanceFailed" or r == "RolledBack"]
     assert any("structured_output" in m for m in failed), failed
+    seen = load.by_ip()
+    assert broken_ips and not broken_ips & set(seen), ("the broken bundle got traffic before its gate", seen)
+    assert sum(seen.get(ip, {}).get(200, 0) for ip in ips) > 0, seen  # the good canary served traffic

@@ -94,7 +94,7 @@ def test_valid_bodies_parse():
     )
     assert ch.messages[1].text() == "ab" and ch.token_limit() == 3 and ch.include_usage
     r = parse_body(b'{"model": "m", "input": "hello", "max_output_tokens": 5}', ResponsesRequest)
-    assert r.messages() == [{"role": "user", "content": "hello"}]
+    assert [m.render() for m in r.as_chat().messages] == [{"role": "user", "content": "hello"}]
 
 
 def test_semantic_checks_name_the_field():

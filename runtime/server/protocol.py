@@ -11,7 +11,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from modeldeploy.runtime.server.errors import APIError
 
@@ -256,13 +266,24 @@ class ResponsesNamedTool(BaseModel):
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+_ITEM_TYPES = ("message", "function_call", "function_call_output")
+
+
+def _item_type(v: Any) -> str:
+    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
+    return t if t in _ITEM_TYPES else "message"  # an unknown type then fails on `type`, naming it
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
 
 
 class ResponsesRequest(_Common):
-    input: (
-        StrictStr
-        | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)]
-    )
+    input: StrictStr | Annotated[list[InputItem], Field(min_length=1)]
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     text: TextConfig | None = None
     tools: list[ResponsesTool] | None = None
@@ -348,4 +369,4 @@ def _to_api_error(e: ValidationError) -> APIError:
 
 def _is_union_tag(part: Any) -> bool:
     # pydantic reports which union member failed ("str", "list[int]", "function-after[...]"); not a field
-    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part)
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool", *_ITEM_TYPES} or "[" in part)
