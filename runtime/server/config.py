@@ -15,7 +15,9 @@ class ServerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     load_delay_s: float = 0.0  # test hook (env MODELDEPLOY_LOAD_DELAY_S): wait before loading
     step_delay_s: float = 0.0  # test hook (env MODELDEPLOY_STEP_DELAY_S): sleep after every engine step
-    ignore_response_format: bool = False  # test hook (env MODELDEPLOY_IGNORE_RESPONSE_FORMAT=1): a broken engine
+    ignore_response_format: bool = (
+        False  # test hook (env MODELDEPLOY_IGNORE_RESPONSE_FORMAT=1): a broken engine
+    )
     engine_build: str = ""  # engine image digest / build id, a metric label
     model_revision: str = ""  # bundle.model.revision, a metric label
     retry_after_s: int = 1  # Retry-After sent with 429 / 503

@@ -16,10 +16,10 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    Tag,
     StrictBool,
     StrictInt,
     StrictStr,
+    Tag,
     ValidationError,
 )
 
