@@ -31,9 +31,9 @@ def llama_dir(tiny_model: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny llama fine-tuned to call tools and answer JSON (modeldeploy_dev.tool_model), once
-    per session: a few hundred CPU steps, under a minute on an idle machine."""
-    from modeldeploy_dev.tool_model import make_tool_model
+def tool_model_dir() -> Path:
+    """The tiny llama fine-tuned to call tools and answer JSON (modeldeploy_dev.tool_model): a few
+    hundred CPU steps (about a minute on an idle machine), cached per machine by source hash."""
+    from modeldeploy_dev.tool_model import cached_tool_model
 
-    return make_tool_model(tmp_path_factory.mktemp("tool-model-trained"))
+    return cached_tool_model()

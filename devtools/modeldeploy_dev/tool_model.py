@@ -19,8 +19,13 @@ product never imports it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import shutil
+import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -161,4 +166,32 @@ def make_tool_model(
     cfg = json.loads(cfg_path.read_text())
     cfg["chat_template"] = TOOL_TEMPLATE
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def cached_tool_model(seed: int = 0) -> Path:
+    """The trained model from a cache (`$MODELDEPLOY_CACHE`, default ~/.cache/modeldeploy) keyed by
+    this file, the tiny model's source and the torch/transformers/tokenizers versions: trained once
+    per machine, not once per test session. Written to a temporary directory, then renamed."""
+    from modeldeploy.runtime import tiny_model
+
+    key = hashlib.sha256()
+    for src in (Path(__file__), Path(tiny_model.__file__), Path(tiny_model.CORPUS)):
+        key.update(src.read_bytes())
+    for pkg in ("torch", "transformers", "tokenizers"):
+        key.update(version(pkg).encode())
+    root = Path(os.environ.get("MODELDEPLOY_CACHE", Path.home() / ".cache" / "modeldeploy")) / "test-models"
+    out = root / f"tool-model-{seed}-{key.hexdigest()[:16]}"
+    if (out / "config.json").is_file():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".training-"))
+    try:
+        make_tool_model(tmp, seed)
+        try:
+            tmp.rename(out)
+        except OSError:  # another session finished first: use its copy
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
