@@ -96,7 +96,7 @@ def test_chat_json_schema_stream_equals_non_stream(server, temperature):
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_completions_json_schema_and_json_object(server):
+def test_completions_json_schema(server):
     body = {"prompt": "Forecast:", "response_format": RF, "max_tokens": 120, "temperature": 0}
     r = post(server, "/v1/completions", body)
     text = r.json()["choices"][0]["text"]

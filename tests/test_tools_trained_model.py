@@ -251,3 +251,23 @@ def test_responses_unsupported_or_invalid_is_400_naming_the_field(server, body, 
     r = post(server, "/v1/responses", {"input": "Hello", "max_output_tokens": 4, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_json_object_on_the_server_streamed_equals_whole(client):
+    kw = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "Reply with a JSON object about Oslo"}],
+        response_format={"type": "json_object"},
+        max_tokens=120,
+        temperature=1.0,
+        seed=3,
+    )
+    whole = client.chat.completions.create(**kw)
+    assert whole.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(whole.choices[0].message.content), dict)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**kw, stream=True)
+        if c.choices
+    )
+    assert streamed == whole.choices[0].message.content
