@@ -136,11 +136,42 @@ def _mixed_params(seed: int) -> list[SamplingParams]:
     return out
 
 
+def _record_steps(engine) -> list[tuple[int, int, int]]:
+    """Wrap the sampler: per engine step, (rows sampled, constrained rows, rows the mask covered)."""
+    steps: list[tuple[int, int, int]] = []
+    sample = engine.sampler.sample
+
+    def recording_sample(logits, seqs, bitmask, masked, *a, **k):
+        steps.append((len(seqs), sum(s.grammar is not None for s in seqs), len(masked)))
+        return sample(logits, seqs, bitmask, masked, *a, **k)
+
+    engine.sampler.sample = recording_sample
+    return steps
+
+
 def test_mixed_batch_equals_each_alone(llm):
     prompts = PROMPTS[:8]
-    together = llm.generate(prompts, _mixed_params(7))
     alone = [llm.generate([p], [sp])[0] for p, sp in zip(prompts, _mixed_params(7), strict=True)]
+    engine = llm.engine
+    steps = _record_steps(engine)
+    steps_before = engine.steps_total
+    try:
+        together = llm.generate(prompts, _mixed_params(7))
+    finally:
+        del engine.sampler.sample  # back to the class's method for the module's other tests
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    # Batched, not run kind by kind: every row samples one token per step from the first step on, so
+    # the steps are as many as the longest output, and step i samples exactly the rows still running,
+    # constrained and unconstrained together, the grammar mask covering the constrained ones.
+    lens = [len(o.token_ids) for o in together]
+    constrained = [sp.structured is not None for sp in _mixed_params(7)]
+    assert engine.steps_total - steps_before == len(steps) == max(lens)
+    assert steps[0] == (8, 6, 6)
+    for i, step in enumerate(steps):
+        c = sum(n > i for n, k in zip(lens, constrained, strict=True) if k)
+        u = sum(n > i for n, k in zip(lens, constrained, strict=True) if not k)
+        assert step == (c + u, c, c), i
+    assert sum(0 < c < n for n, c, _ in steps) >= min(n for n, k in zip(lens, constrained, strict=True) if k)
     for o, name in zip(together[:6], ["person", "order", "reading"] * 2, strict=True):
         jsonschema.validate(json.loads(o.text), SCHEMAS[name])
 
