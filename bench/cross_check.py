@@ -36,6 +36,7 @@ from modeldeploy.conformance.bench.report import git_revision
 from modeldeploy.conformance.bench.runner import Bench, BenchConfig
 from modeldeploy.conformance.bench.server import probe
 from modeldeploy.conformance.prom import Metrics
+from modeldeploy.operator.progression import RFC3339
 
 
 def _port() -> int:
@@ -231,7 +232,7 @@ def main() -> int:
         a, b = v["modeldeploy_bench"], v["guidellm"]
         v["guidellm_over_md"] = b / a if a and b is not None else None
     record = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.now(UTC).strftime(RFC3339),
         "git_revision": git_revision(),
         "command": sys.argv,
         "guidellm": subprocess.run(

@@ -26,6 +26,7 @@ from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, sourc
 from modeldeploy.operator.pods import pod_ready, pod_url, ready_pod_ips
 from modeldeploy.operator.progression import epoch, iso
 from modeldeploy.operator.pull import pull_failure
+from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
 from modeldeploy.operator.topology import NodeInfo
@@ -172,7 +173,7 @@ class Observer:
         ns = meta["namespace"]
         obs.routes = self.kube.list(ROUTE_KIND, ns, sel) if spec.rollout.traffic_routing.gateway_api else []
         phase, canary = st.get("phase"), (st.get("canary") or {}).get("bundle")
-        if phase not in ("Verifying", "Canary") or not canary:
+        if phase not in UNDER_TEST or not canary:
             return
         pods = self.kube.list("Pod", ns, sel)
 

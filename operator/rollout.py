@@ -24,6 +24,7 @@ Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "Roll
 ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
 IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")  # a canary exists: the reconcile keeps ticking
 TAKING_TRAFFIC: tuple[Phase, ...] = ("Canary", "Promoting")  # the canary is behind the main Service
+UNDER_TEST: tuple[Phase, ...] = ("Verifying", "Canary")  # gated or analysed: observe reads its pods
 PROMOTABLE: tuple[Phase, ...] = (
     "Deploying",
     "Verifying",
