@@ -54,7 +54,7 @@ class Controller:
         self.uids: dict[Key, str] = {}
         self.own_writes: dict[Key, str] = {}  # resourceVersion of our last status write
         self.last_done: dict[Key, float] = {}  # monotonic time of the last completed reconcile
-        self.children: dict[str, tuple] = {}  # child uid -> what plan() reads of it, as last seen
+        self.children: dict[str, tuple[Key, tuple]] = {}  # child uid -> (owner, what plan() reads of it)
         self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
         self.tracing = OperatorTracing()  # reconcile/analysis spans when OTEL_EXPORTER_OTLP_ENDPOINT is set
 
@@ -112,15 +112,18 @@ class Controller:
         if kind in (None, "ADDED"):  # listing or our own create: the ModelDeployment's reconcile covers it
             return None
         meta = body.get("metadata") or {}
-        uid, sig = meta.get("uid"), signature(body)
-        if kind != "DELETED" and self.children.get(uid) == sig:
-            return None  # only status fields plan() does not read changed (observedGeneration, ...)
-        self.children[uid] = sig
-        if kind == "DELETED":
-            self.children.pop(uid, None)
-        return next(
+        owner = next(
             (r["name"] for r in meta.get("ownerReferences", []) if r.get("kind") == "ModelDeployment"), None
         )
+        uid, seen = meta.get("uid"), ((meta.get("namespace"), owner), signature(body))
+        with self._guard:
+            if kind == "DELETED":
+                self.children.pop(uid, None)
+            elif self.children.get(uid) == seen:
+                return None  # only status fields plan() does not read changed (observedGeneration, ...)
+            else:
+                self.children[uid] = seen
+        return owner
 
     def due(self, key: Key, period_s: float) -> bool:
         """Whether the periodic resync should reconcile `key` (not reconciled through an event lately)."""
@@ -136,6 +139,8 @@ class Controller:
                 self.known.discard(key)
                 self.own_writes.pop(key, None)
                 self.last_done.pop(key, None)
+                for child in [c for c, (owner, _) in self.children.items() if owner == key]:
+                    del self.children[child]  # its own DELETED event may never come (a watch restart)
                 uid = self.uids.pop(key, None) or uid
                 self._locks.pop(key, None)
         if uid:
@@ -145,6 +150,8 @@ class Controller:
         """Which stores still hold an entry for this object (empty once it is forgotten): for tests."""
         key = (namespace, name)
         found = [n for n in ("known", "uids", "own_writes", "last_done", "_locks") if key in getattr(self, n)]
+        found += ["children"] if any(owner == key for owner, _ in self.children.values()) else []
+        found += ["object_metrics"] if self.object_metrics.holds(*key) else []
         found += ["queue"] if self.queue.holds(key) else []
         found += ["probe"] if self.probe.holds(key) else []
         found += ["gate"] if self.gate.holds(uid) else []

@@ -93,6 +93,11 @@ class ObjectMetrics:
                 gauge.remove(*labels)
             self._live[(meta["namespace"], meta["name"])] = keep
 
+    def holds(self, namespace: str, name: str) -> bool:
+        """Whether series of this object are published (for tests: a deleted object has none)."""
+        with self._lock:
+            return (namespace, name) in self._live
+
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             for gauge, labels in self._live.pop((namespace, name), set()):

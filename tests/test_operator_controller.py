@@ -87,6 +87,10 @@ def test_delete_leaves_no_state_for_the_object() -> None:
     ctrl.baselines.delta(uid, bundle, "mark", CohortScrape(bundle, {"p": CohortSample()}))
     ctrl.gate.ensure((uid, bundle), f"http://127.0.0.1:{_closed_port()}")
     assert ctrl.gate.wait((uid, bundle), 60) is not None
+    dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    assert ctrl.child_event("MODIFIED", dep) == NAME  # remembered: what plan() reads of the child
+    other = {**dep, "metadata": {**dep["metadata"], "uid": "u-other", "ownerReferences": []}}
+    assert ctrl.child_event("MODIFIED", other) is None  # owned by no ModelDeployment: kept regardless
     held = ctrl.holds(NS, NAME, uid)
     assert set(held) == {
         "known",
@@ -94,6 +98,8 @@ def test_delete_leaves_no_state_for_the_object() -> None:
         "own_writes",
         "last_done",
         "_locks",
+        "children",
+        "object_metrics",
         "queue",
         "probe",
         "gate",
@@ -103,7 +109,8 @@ def test_delete_leaves_no_state_for_the_object() -> None:
     deleted = kube.get_md(NS, NAME)
     kube.remove(MD, NS, NAME)
     assert ctrl.md_event("DELETED", NS, NAME, deleted) is False
-    assert ctrl.holds(NS, NAME, uid) == []
+    assert ctrl.holds(NS, NAME, uid) == []  # the child's entry too: its own DELETED event may be missed
+    assert "u-other" in ctrl.children
     assert (
         ctrl.reconcile(NS, NAME) == [] and ctrl.holds(NS, NAME, uid) == []
     )  # a late tick keeps nothing either
