@@ -13,6 +13,10 @@ stages (bench/gpu_check.sh runs them all, each under its own timeout):
   lora           LoRA adapters: greedy tokens with 2 adapters + base mixed in one batch vs
                  transformers on the merged weights (fp32, tiny llama); 8B-shaped bf16 decode
                  step, batch 32 = 3 adapters + base vs base only (skips without CUDA)
+  grammar_mask   xgrammar's token bitmask (batch 32, vocab 128256, 24 constrained rows) applied
+                 to CUDA float32 logits by the runtime's apply_bitmask (xgrammar's Triton kernel)
+                 vs the CPU path and vs the sampler's pure-torch twin: bit-identical, and timed
+                 (skips without CUDA or without xgrammar)
   report OUTDIR  merge the stage JSONs into OUTDIR/gpu_check.json and print the table
 
 Each stage writes WORKDIR/<stage>[-NAME].json, with "error" set if it failed, so a CUDA fault
@@ -421,6 +425,7 @@ def stage_report(out: Path, _arg) -> dict:
     kern = {k: _load(out, f"kernels-{k}") for k in KERNEL_NAMES}
     greedy, decode, kb = _load(out, "greedy"), _load(out, "decode"), _load(out, "kernel_bench")
     lora = _load(out, "lora")
+    grammar = _load(out, "grammar_mask")
     merged = {
         "git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
@@ -430,6 +435,7 @@ def stage_report(out: Path, _arg) -> dict:
         "decode": decode,
         "kernel_bench": kb,
         "lora": lora,
+        "grammar_mask": grammar,
     }
     lines = [
         f"gpu_check {merged['date']} rev {merged['git_rev']}",
@@ -476,6 +482,7 @@ def stage_report(out: Path, _arg) -> dict:
                 f"{r['roofline']:8.1%}  {r['speedup_vs_twin']:6.1f}x"
             )
     lines += ["", "LoRA: " + _lora_line(lora)]
+    lines += ["grammar mask: " + _grammar_line(grammar)]
     merged["table"] = lines
     return merged
 
@@ -684,7 +691,126 @@ def _lora_timing(tmp: Path) -> dict:
     }
 
 
+GRAMMAR_VOCAB, GRAMMAR_BATCH = 128256, 32  # Llama-3's vocabulary, the issue's batch
+
+
+def _grammar_bitmasks(vocab: int, batch: int) -> tuple[object, object, float]:
+    """(a bitmask filled by xgrammar matchers of a JSON schema at different states over a synthetic
+    vocab-sized tokenizer, a random bitmask exercising every bit position incl. bit 31, compile s)."""
+    import random
+
+    import torch
+    import xgrammar as xgr
+
+    rng = random.Random(0)
+    alphabet = 'abcdefghijklmnopqrstuvwxyz0123456789 {}[]":,.-_'
+    words = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(vocab * 2)}
+    vocab_list = (list(alphabet) + sorted(words))[: vocab - 1] + ["</s>"]
+    info = xgr.TokenizerInfo(vocab_list, stop_token_ids=[vocab - 1])
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]{1,12}$"},
+              "b": {"type": "integer"}}, "required": ["a", "b"]}  # fmt: skip
+    t = time.perf_counter()
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(
+        json.dumps(schema), any_whitespace=False
+    )
+    compile_s = time.perf_counter() - t
+    matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
+    for i, m in enumerate(matchers):  # inside a string, after a number, at the start: wide and narrow masks
+        m.accept_string(['{"a": "ab', '{"a": "x", "b": 1', "{", ""][i % 4])
+    real = xgr.allocate_token_bitmask(batch, vocab)
+    xgr.BatchGrammarMatcher(max_threads=1).batch_fill_next_token_bitmask(matchers, real, list(range(batch)))
+    gen = torch.Generator().manual_seed(0)
+    rand = torch.randint(-(2**31), 2**31, real.shape, generator=gen, dtype=torch.int64).to(torch.int32)
+    return real, rand, compile_s
+
+
+def stage_grammar_mask(out: Path, _arg) -> dict:
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "no CUDA device", "ok": None}
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError as e:
+        return {"skipped": f"xgrammar not installed ({e})", "ok": None}
+    from modeldeploy.runtime.engine.grammar import apply_bitmask  # what the engine's sampler calls
+    from modeldeploy.runtime.engine.sampler import _apply_bitmask as torch_twin
+
+    vocab, batch = GRAMMAR_VOCAB, GRAMMAR_BATCH
+    real, rand, compile_s = _grammar_bitmasks(vocab, batch)
+    rows = [i for i in range(batch) if i % 4]  # a mixed batch: every 4th row unconstrained
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(batch, vocab, generator=gen)
+    cases = []
+    for label, bm in (("xgrammar-filled", real), ("random bits", rand)):
+        for rlabel, idx in (("24 of 32 rows", rows), ("all rows", list(range(batch)))):
+            cpu = apply_bitmask(logits.clone(), bm, idx)  # the CPU path
+            dev = apply_bitmask(logits.to(DEVICE), bm, idx).cpu()  # bitmask on the host, as in the engine
+            twin = torch_twin(logits.to(DEVICE), bm, idx).cpu()
+            masked = torch.isinf(cpu).sum().item()
+            free = [i for i in range(batch) if i not in idx]
+            cases.append(
+                {
+                    "label": f"{label}, {rlabel}",
+                    "masked_logits": masked,
+                    "cuda_equals_cpu": torch.equal(dev, cpu),
+                    "twin_equals_cpu": torch.equal(twin, cpu),
+                    "unconstrained_rows_untouched": torch.equal(dev[free], logits[free]),
+                    "argmax_equal": torch.equal(dev.argmax(-1), cpu.argmax(-1)),
+                }
+            )
+    ok = all(
+        c["cuda_equals_cpu"] and c["twin_equals_cpu"] and c["unconstrained_rows_untouched"] for c in cases
+    )
+    ok = ok and all(c["masked_logits"] > 0 for c in cases)  # the masks really mask something
+    timing: dict = {}
+    try:
+        x = logits.to(DEVICE)
+        bm_dev = real.to(DEVICE)
+        if DEVICE == "cuda":
+            timing["cuda_apply_incl_h2d_ms"] = time_cuda(lambda: apply_bitmask(x, real, rows)) * 1e3
+            timing["cuda_apply_ms"] = time_cuda(lambda: apply_bitmask(x, bm_dev, rows)) * 1e3
+            timing["cuda_torch_twin_ms"] = time_cuda(lambda: torch_twin(x, bm_dev, rows)) * 1e3
+        xc, times = logits.clone(), []
+        for _ in range(20):
+            t = time.perf_counter()
+            apply_bitmask(xc, real, rows)
+            times.append(time.perf_counter() - t)
+        timing["cpu_apply_ms"] = sorted(times)[len(times) // 2] * 1e3
+    except Exception as e:
+        timing["error"] = f"{type(e).__name__}: {e}"[:500]
+    return {
+        "vocab": vocab,
+        "batch": batch,
+        "constrained_rows": len(rows),
+        "compile_s": compile_s,
+        "cases": cases,
+        "timing": timing,
+        "ok": ok,
+    }
+
+
+def _grammar_line(r: dict) -> str:
+    if r.get("skipped"):
+        return f"SKIP ({r['skipped']})"
+    if "cases" not in r:
+        return f"ERROR {r.get('error', '?')[:100]}"
+    bad = [c["label"] for c in r["cases"] if not (c["cuda_equals_cpu"] and c["twin_equals_cpu"])]
+    text = f"batch {r['batch']} vocab {r['vocab']}: {DEVICE.upper()} == CPU == torch twin: "
+    text += "PASS" if r.get("ok") else "FAIL " + "; ".join(bad)[:80]
+    t = r.get("timing", {})
+    if "cuda_apply_ms" in t:
+        text += (
+            f"; apply {t['cuda_apply_ms']:.3f} ms ({t['cuda_apply_incl_h2d_ms']:.3f} ms with the host bitmask"
+            f" copy; twin {t['cuda_torch_twin_ms']:.3f} ms; CPU {t['cpu_apply_ms']:.2f} ms)"
+        )
+    elif "error" in t:
+        text += f"; timing ERROR {t['error'][:80]}"
+    return text
+
+
 STAGES = {
+    "grammar_mask": stage_grammar_mask,
     "lora": stage_lora,
     "env": stage_env,
     "kernels": stage_kernels,

@@ -40,5 +40,6 @@ stage 75 greedy
 stage 90 lora
 stage 200 decode
 stage 70 kernel_bench
+stage 45 grammar_mask
 "$PY" bench/gpu_check.py "$WORK" report "$OUT" 2>>"$LOG"
 rm -rf "$WORK"
