@@ -9,6 +9,7 @@ checks run in pydantic so a unit test or `plan()` sees the error the API server 
 from __future__ import annotations
 
 import re
+from decimal import ROUND_CEILING, Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
@@ -37,7 +38,15 @@ URI_RE = r"^(pvc|file|https?)://.+$"
 MSG_IMAGE = "engine.image must be pinned by digest: <repo>@sha256:<64 hex>, tags alone are not accepted"
 MSG_DIGEST = "digest must be 'sha256:' followed by 64 lowercase hex characters"
 MSG_URI = "uri must start with pvc://, file://, http:// or https://"
-MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica (and be 1 when gpusPerReplica is 0)"
+MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica"
+MSG_TP_CPU = (
+    "topology.tensorParallel > 1 with topology.gpusPerReplica 0 needs bundle.config.device: cpu "
+    "(CPU ranks over gloo); give GPU ranks a GPU each with gpusPerReplica"
+)
+MSG_TP_ADAPTERS = (
+    "topology.tensorParallel > 1 cannot be combined with bundle.adapters: "
+    "the runtime does not serve LoRA adapters under tensor parallelism yet"
+)
 MSG_STEPS = "rollout.steps weights must be strictly increasing"
 MSG_TOKENIZER = "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
 ADAPTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -50,6 +59,10 @@ MSG_ADAPTER_MODEL = (
     "adapters: an adapter name must differ from the served model name "
     "(config.servedModelName, default 'model'): clients select either by that name"
 )
+# Default /dev/shm per tensor-parallel rank: 1Gi at TP=1 (the value before TP, so those pods keep
+# their template), N Gi for N ranks (TGI runs sharded models with --shm-size 1g; vLLM asks for more
+# or --ipc=host). A memory-backed emptyDir only charges what is written, to the pod's memory limit.
+SHM_PER_RANK_GI = 1
 DEFAULT_SERVED_NAME = "model"  # the runtime's default: the model directory's name (children.MODEL_DIR)
 
 
@@ -83,6 +96,36 @@ Uri = Annotated[
 ]
 # A Kubernetes quantity ("4Gi", "500m", 2): int-or-string in the CRD.
 Quantity = int | str
+_QUANTITY_RE = re.compile(
+    r"^([+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E))?$"
+)
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_SUFFIX |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_bytes(q: Quantity) -> int:
+    """A byte quantity ("140Gi", "80G", "1.5Ti", 2**30) as whole bytes (rounded up); ValueError otherwise."""
+    if isinstance(q, bool):
+        raise ValueError(f"not a quantity: {q!r}")
+    if isinstance(q, int):
+        if q < 0:
+            raise ValueError(f"a byte quantity must not be negative, got {q}")
+        return q
+    m = _QUANTITY_RE.match(q.strip())
+    if not m:
+        raise ValueError(f"not a Kubernetes quantity (e.g. 8Gi, 80G): {q!r}")
+    number, exponent, suffix = m.groups()
+    value = Decimal(number + (exponent or "")) * _SUFFIX[suffix or ""]
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def _check_bytes(v: Quantity | None) -> Quantity | None:
+    if v is not None:
+        quantity_bytes(v)
+    return v
+
+
+ByteQuantity = Annotated[Quantity, AfterValidator(_check_bytes)]
 
 
 class EngineRef(_Model):
@@ -256,7 +299,7 @@ def _gpu_toleration() -> list[Toleration]:
 class Topology(_Model):
     model_config = ConfigDict(
         json_schema_extra=_cel(
-            "self.gpusPerReplica == 0 ? self.tensorParallel == 1 : self.gpusPerReplica % self.tensorParallel == 0",
+            "self.gpusPerReplica == 0 || self.gpusPerReplica % self.tensorParallel == 0",
             MSG_TP,
             fieldPath=".tensorParallel",
         )
@@ -265,7 +308,12 @@ class Topology(_Model):
         default=1, ge=0, le=64, description="nvidia.com/gpu per replica (0: CPU only)."
     )
     tensor_parallel: int = Field(
-        default=1, ge=1, le=64, description="Tensor-parallel degree; divides gpusPerReplica."
+        default=1,
+        ge=1,
+        le=64,
+        description="Tensor-parallel ranks in each pod (--tensor-parallel-size): one GPU per rank, so it "
+        "divides gpusPerReplica; with gpusPerReplica 0 only CPU ranks (bundle.config.device: cpu). "
+        "Not combinable with bundle.adapters yet.",
     )
     gpu_type: str | None = Field(
         default=None,
@@ -281,18 +329,21 @@ class Topology(_Model):
         max_length=32,
         description="Pod tolerations (default: nvidia.com/gpu Exists).",
     )
-    shm_size: Quantity = Field(default="1Gi", description="Size of the memory-backed /dev/shm.")
+    shm_size: ByteQuantity | None = Field(
+        default=None,
+        description="Size limit of the memory-backed /dev/shm (tensor-parallel ranks exchange data "
+        f"through it); default {SHM_PER_RANK_GI}Gi per tensor-parallel rank.",
+    )
 
     @model_validator(mode="after")
     def _tp_divides(self) -> Topology:
-        ok = (
-            self.tensor_parallel == 1
-            if self.gpus_per_replica == 0
-            else self.gpus_per_replica % self.tensor_parallel == 0
-        )
-        if not ok:
+        if self.gpus_per_replica and self.gpus_per_replica % self.tensor_parallel:
             raise ValueError(MSG_TP)
         return self
+
+    def shm_size_limit(self) -> Quantity:
+        """The /dev/shm sizeLimit: shmSize when set, else SHM_PER_RANK_GI Gi per tensor-parallel rank."""
+        return self.shm_size if self.shm_size is not None else f"{SHM_PER_RANK_GI * self.tensor_parallel}Gi"
 
 
 class Resources(_Model):
@@ -541,6 +592,24 @@ class Rollout(_Model):
 
 
 class ModelDeploymentSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.topology.tensorParallel == 1 || !has(self.bundle.adapters) "
+                    "|| size(self.bundle.adapters) == 0",
+                    "message": MSG_TP_ADAPTERS,
+                    "fieldPath": ".topology.tensorParallel",
+                },
+                {
+                    "rule": "self.topology.tensorParallel == 1 || self.topology.gpusPerReplica != 0 "
+                    "|| (has(self.bundle.config.device) && self.bundle.config.device == 'cpu')",
+                    "message": MSG_TP_CPU,
+                    "fieldPath": ".topology.tensorParallel",
+                },
+            ]
+        }
+    )
     bundle: Bundle = Field(
         description="What is served: engine image, model, tokenizer, config. Hashed into the bundle id."
     )
@@ -554,6 +623,15 @@ class ModelDeploymentSpec(_Model):
     observability: Observability = Field(
         default_factory=Observability, description="Telemetry the runtime pods export (traces over OTLP)."
     )
+
+    @model_validator(mode="after")
+    def _tp_fits_the_bundle(self) -> ModelDeploymentSpec:
+        if self.topology.tensor_parallel > 1:
+            if self.bundle.adapters:
+                raise ValueError(MSG_TP_ADAPTERS)
+            if self.topology.gpus_per_replica == 0 and self.bundle.config.device != "cpu":
+                raise ValueError(MSG_TP_CPU)
+        return self
 
 
 class ModelDeployment(_Model):

@@ -4,6 +4,8 @@ One Deployment per live bundle runs `modeldeploy serve`; Services `<name>` (all 
 pods), `<name>-stable` and `<name>-canary` (one cohort each) select by labels.
 Pods pass Pod Security `restricted` except for file:// models, which need a hostPath
 volume and are therefore for development clusters only (documented on the field).
+Every pod mounts a memory-backed emptyDir at /dev/shm (allowed under `restricted`; the root
+filesystem stays read-only): sizeLimit topology.shmSize, else 1Gi per tensor-parallel rank.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
         args += ["--adapter-revision", f"{a.name}={a.revision}"]
     if c.max_loras is not None:
         args += ["--max-loras", str(c.max_loras)]
+    if spec.topology.tensor_parallel > 1:  # only then: a TP=1 pod keeps the args (and template) it had
+        args += ["--tensor-parallel-size", str(spec.topology.tensor_parallel)]
     return args  # the API key arrives as env MODELDEPLOY_API_KEY, never on the command line
 
 
@@ -197,7 +201,7 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         "volumes": [
             volume,
             *(v for v, _, _ in adapters),
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(topo.shm_size)}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(topo.shm_size_limit())}},
             {"name": "tmp", "emptyDir": {}},
         ],
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in topo.tolerations],

@@ -123,7 +123,8 @@ def test_valid_spec_parses_with_defaults() -> None:
         (("bundle", "model", "uri"), "hf://org/model", "pvc://"),
         (("bundle", "tokenizer", "uri"), "pvc://other/tok", "tokenizer.uri must be omitted"),
         (("topology",), {"gpusPerReplica": 4, "tensorParallel": 3}, "must divide"),
-        (("topology",), {"gpusPerReplica": 0, "tensorParallel": 2}, "must divide"),
+        (("topology",), {"gpusPerReplica": 0, "tensorParallel": 2}, "needs bundle.config.device: cpu"),
+        (("topology",), {"gpusPerReplica": 2, "tensorParallel": 4}, "must divide"),
         (("rollout", "steps"), [{"weight": 50}, {"weight": 10}], "strictly increasing"),
         (("rollout", "steps"), [{"weight": 10}, {"weight": 10}], "strictly increasing"),
         (("rollout", "steps"), [{"weight": 101}], "less than or equal to 100"),
@@ -165,3 +166,71 @@ def test_numeric_bounds_are_numbers() -> None:
                 assert type(node[key]) in (int, float), f"{path}.{key} = {node[key]!r}"
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node, path
+
+
+def spec_rules() -> list[dict[str, str]]:
+    return schema()["properties"]["spec"]["x-kubernetes-validations"]
+
+
+def _tp_spec(gpus: int, tp: int, device: str = "auto", adapters: list | None = None) -> dict[str, Any]:
+    obj = md()["spec"]
+    obj["topology"] = {"gpusPerReplica": gpus, "tensorParallel": tp}
+    obj["bundle"]["config"]["device"] = device
+    if adapters is not None:
+        obj["bundle"]["adapters"] = adapters
+    return obj
+
+
+ADAPTER = {"name": "tenant-a", "uri": "pvc://adapters/a", "revision": "a1", "digest": DIGEST}
+
+
+def test_tensor_parallel_cel_rules_name_the_fields() -> None:
+    by_message = {r["message"]: r for r in spec_rules()}
+    adapters, cpu = by_message[api.MSG_TP_ADAPTERS], by_message[api.MSG_TP_CPU]
+    assert "topology.tensorParallel" in api.MSG_TP_ADAPTERS and "bundle.adapters" in api.MSG_TP_ADAPTERS
+    assert "topology.gpusPerReplica 0" in api.MSG_TP_CPU and "bundle.config.device: cpu" in api.MSG_TP_CPU
+    assert adapters["fieldPath"] == cpu["fieldPath"] == ".topology.tensorParallel"
+    # `adapters: []` is no adapters (the bundle id agrees), so the rule accepts an empty list
+    assert "size(self.bundle.adapters) == 0" in adapters["rule"]
+    assert (
+        "self.bundle.config.device == 'cpu'" in cpu["rule"]
+        and "self.topology.gpusPerReplica != 0" in cpu["rule"]
+    )
+    [divide] = rules("spec.topology")
+    assert divide["message"] == api.MSG_TP and divide["rule"].startswith("self.gpusPerReplica == 0 ||")
+    # the paths the rules read exist, with defaults, so `has()` is only needed for the optional list
+    spec = schema()["properties"]["spec"]["properties"]
+    assert spec["topology"]["default"]["tensorParallel"] == 1
+    assert spec["bundle"]["properties"]["config"]["default"]["device"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"gpus": 2, "tp": 2, "adapters": [ADAPTER]}, api.MSG_TP_ADAPTERS),
+        ({"gpus": 2, "tp": 2, "device": "cpu", "adapters": [ADAPTER]}, api.MSG_TP_ADAPTERS),
+        ({"gpus": 0, "tp": 2, "device": "auto"}, api.MSG_TP_CPU),
+        ({"gpus": 0, "tp": 2, "device": "cuda"}, api.MSG_TP_CPU),
+        ({"gpus": 6, "tp": 4, "device": "cuda"}, api.MSG_TP),
+    ],
+)
+def test_tensor_parallel_rejections(kwargs: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        api.ModelDeploymentSpec.model_validate(_tp_spec(**kwargs))
+    assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"gpus": 0, "tp": 2, "device": "cpu"},  # CPU ranks over gloo (the real-node lane has no GPUs)
+        {"gpus": 2, "tp": 2, "device": "cpu"},  # the process node: simulated GPUs, CPU ranks
+        {"gpus": 4, "tp": 2, "device": "cuda"},
+        {"gpus": 0, "tp": 1, "adapters": [ADAPTER]},
+        {"gpus": 2, "tp": 1, "adapters": [ADAPTER]},
+        {"gpus": 2, "tp": 2, "adapters": []},
+    ],
+)
+def test_tensor_parallel_accepted(kwargs: dict[str, Any]) -> None:
+    spec = api.ModelDeploymentSpec.model_validate(_tp_spec(**kwargs))
+    assert spec.topology.tensor_parallel == kwargs["tp"]

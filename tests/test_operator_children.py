@@ -204,3 +204,88 @@ def test_otlp_endpoint_reaches_the_pods_and_leaves_the_bundle_alone() -> None:
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in str(plain)  # unset: no export, the runtime builds no tracer
     with pytest.raises(ValidationError, match="otlp_endpoint|otlpEndpoint"):
         ModelDeploymentSpec.model_validate(md(observability={"otlpEndpoint": "otel-collector:4318"})["spec"])
+
+
+def _serve(dep: dict) -> dict:
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def _shm(dep: dict) -> tuple[dict, dict]:
+    pod = dep["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "shm")
+    mount = next(m for m in _serve(dep)["volumeMounts"] if m["name"] == "shm")
+    return volume, mount
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(2, 2), (4, 4), (8, 4)])
+def test_tensor_parallel_reaches_the_serve_args(gpus: int, tp: int) -> None:
+    _, dep = build(topology={"gpusPerReplica": gpus, "tensorParallel": tp})
+    args = _serve(dep)["args"]
+    i = args.index("--tensor-parallel-size")
+    assert args[i + 1] == str(tp) and args.count("--tensor-parallel-size") == 1
+
+
+def test_tensor_parallel_one_adds_no_flag_so_existing_pods_keep_their_template() -> None:
+    _, dep = build(topology={"gpusPerReplica": 2, "tensorParallel": 1})
+    assert "--tensor-parallel-size" not in _serve(dep)["args"]
+    volume, _ = _shm(dep)
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}  # the value before TP existed
+
+
+def test_tensor_parallel_on_cpu_ranks() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["config"]["device"] = "cpu"
+    _, dep = build(bundle=bundle, topology={"gpusPerReplica": 0, "tensorParallel": 2})
+    c = _serve(dep)
+    args = dict(zip(c["args"][::2], c["args"][1::2], strict=False))
+    assert args["--tensor-parallel-size"] == "2" and args["--device"] == "cpu"
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert _shm(dep)[0]["emptyDir"]["sizeLimit"] == "2Gi"
+
+
+@pytest.mark.parametrize(
+    ("topology", "size"),
+    [
+        ({"gpusPerReplica": 2, "tensorParallel": 2}, "2Gi"),
+        ({"gpusPerReplica": 8, "tensorParallel": 8}, "8Gi"),
+        ({"gpusPerReplica": 8, "tensorParallel": 4}, "4Gi"),  # per rank, not per GPU
+        ({"gpusPerReplica": 4, "tensorParallel": 4, "shmSize": "16Gi"}, "16Gi"),  # set wins
+        ({"gpusPerReplica": 4, "tensorParallel": 4, "shmSize": "512Mi"}, "512Mi"),  # even when smaller
+        ({"gpusPerReplica": 1, "shmSize": 2147483648}, "2147483648"),
+    ],
+)
+def test_dev_shm_is_memory_backed_and_sized_per_rank(topology: dict, size: str) -> None:
+    _, dep = build(topology=topology)
+    volume, mount = _shm(dep)
+    assert volume == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    assert mount == {"name": "shm", "mountPath": "/dev/shm"}  # writable, unlike the root filesystem
+
+
+def test_bad_shm_size_is_rejected_by_the_api_types() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="not a Kubernetes quantity"):
+        build(topology={"gpusPerReplica": 1, "shmSize": "lots"})
+
+
+def test_tensor_parallel_pod_stays_pod_security_restricted_with_a_read_only_root() -> None:
+    _, dep = build(topology={"gpusPerReplica": 4, "tensorParallel": 4, "shmSize": "8Gi"})
+    pod = dep["spec"]["template"]["spec"]
+    assert _restricted_violations(pod) == []
+    for c in pod["containers"] + pod.get("initContainers", []):
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_tensor_parallel_flag_is_one_the_runtime_parses() -> None:
+    import argparse
+
+    pytest.importorskip("torch")
+    from modeldeploy.runtime.server import cli
+
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    if "--tensor-parallel-size" not in p._option_string_actions:
+        pytest.skip("the runtime's serve parser has no --tensor-parallel-size yet (issue 12, runtime side)")
+    s = ModelDeploymentSpec.model_validate(md(topology={"gpusPerReplica": 2, "tensorParallel": 2})["spec"])
+    cfg = cli.build_config(p.parse_args(children.serve_args(s, "bid0")))
+    assert cfg.engine.tensor_parallel_size == 2
