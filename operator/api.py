@@ -334,6 +334,18 @@ class Topology(_Model):
         description="Size limit of the memory-backed /dev/shm (tensor-parallel ranks exchange data "
         f"through it); default {SHM_PER_RANK_GI}Gi per tensor-parallel rank.",
     )
+    weights_memory: ByteQuantity | None = Field(
+        default=None,
+        description="Device memory the model's weights take at the serving dtype, all ranks together "
+        "(e.g. 140Gi for a 70B model in bfloat16). When set, the fit check needs a node whose GPUs "
+        "each hold weightsMemory / tensorParallel + kvCachePerGpu (node label nvidia.com/gpu.memory, "
+        "MiB; a node without it is not ruled out), else the replica is Unschedulable.",
+    )
+    kv_cache_per_gpu: ByteQuantity | None = Field(
+        default=None,
+        description="KV cache (plus any headroom) each GPU must hold beside its weight shard, for the fit "
+        "check with weightsMemory (default 0).",
+    )
 
     @model_validator(mode="after")
     def _tp_divides(self) -> Topology:
@@ -344,6 +356,18 @@ class Topology(_Model):
     def shm_size_limit(self) -> Quantity:
         """The /dev/shm sizeLimit: shmSize when set, else SHM_PER_RANK_GI Gi per tensor-parallel rank."""
         return self.shm_size if self.shm_size is not None else f"{SHM_PER_RANK_GI * self.tensor_parallel}Gi"
+
+    def gpu_bytes_needed(self) -> int | None:
+        """Bytes one GPU of a replica needs: weightsMemory / tensorParallel + kvCachePerGpu (None: unknown).
+
+        Each rank holds 1/N of the weights (column/row-parallel shards) and its own KV blocks, so a
+        model too large for one GPU fits N of them; the runtime's activations and CUDA context come
+        on top, so this is a lower bound: a replica it rejects can never load."""
+        if self.weights_memory is None:
+            return None
+        weights = quantity_bytes(self.weights_memory)
+        kv = quantity_bytes(self.kv_cache_per_gpu) if self.kv_cache_per_gpu is not None else 0
+        return -(-weights // self.tensor_parallel) + kv
 
 
 class Resources(_Model):

@@ -109,7 +109,9 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     x = Inputs.of(md, spec, prior, observed, now)
     state, out = plan_rollout(x)
     sizes = cohort_replicas(state, x.policy, x.now_s)
-    unfit = fit(spec.topology, observed.nodes) if observed.nodes is not None else None
+    unfit = (
+        fit(spec.topology, observed.nodes, spec.bundle.config.device) if observed.nodes is not None else None
+    )
     live, deployments = plan_deployments(x, sizes, unfit)
     canary_id = state.canary if state.phase in IN_FLIGHT else None
     weight = canary_weight(state, x.policy)

@@ -2,9 +2,16 @@
 
 Pods that can never schedule sit Pending without telling anyone why at the level a
 platform team looks at (the ModelDeployment). This check names the first constraint that
-no node satisfies (GPU type, node labels, GPU count, untolerated taints) so status can
-say `Degraded/Unschedulable` instead. It uses allocatable capacity, not current usage:
+no node satisfies (GPU type, node labels, GPU count, GPU memory, untolerated taints) so status
+can say `Degraded/Unschedulable` instead. It uses allocatable capacity, not current usage:
 a busy cluster is a Pending pod, not an impossible one.
+
+GPU memory: with `topology.weightsMemory` set, one GPU of a replica needs
+`ceil(weightsMemory / tensorParallel) + kvCachePerGpu` (each tensor-parallel rank holds 1/N of
+the weights and its own KV blocks; `Topology.gpu_bytes_needed`), compared with the node label
+`nvidia.com/gpu.memory` (MiB per GPU, set by NVIDIA GPU feature discovery beside
+`nvidia.com/gpu.product`). A node without the label is not ruled out, and CPU ranks
+(`bundle.config.device: cpu`) need no GPU memory.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from typing import Any
 from modeldeploy.operator.api import Toleration, Topology
 from modeldeploy.operator.children import GPU_PRODUCT_LABEL, GPU_RESOURCE
 
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU (GPU feature discovery)
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -22,6 +31,15 @@ class NodeInfo:
     labels: dict[str, str] = field(default_factory=dict)
     gpus: int = 0
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+
+    @property
+    def gpu_memory(self) -> int | None:
+        """Bytes of memory per GPU from the GPU_MEMORY_LABEL (MiB), None when absent or malformed."""
+        try:
+            mib = int(self.labels.get(GPU_MEMORY_LABEL, ""))
+        except ValueError:
+            return None
+        return mib << 20 if mib > 0 else None
 
     @classmethod
     def from_node(cls, node: dict[str, Any]) -> NodeInfo:
@@ -56,8 +74,14 @@ def tolerates(tolerations: list[Toleration], taint: tuple[str, str, str]) -> boo
     return False
 
 
-def fit(topology: Topology, nodes: list[NodeInfo]) -> str | None:
-    """None when some node can host a replica, else a message naming the constraint."""
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}Gi"
+
+
+def fit(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> str | None:
+    """None when some node can host a replica, else a message naming the constraint.
+
+    `device` is bundle.config.device: CPU ranks need no GPU memory."""
     if not nodes:
         return "the cluster has no nodes"
     selector = dict(topology.node_selector)
@@ -79,6 +103,18 @@ def fit(topology: Topology, nodes: list[NodeInfo]) -> str | None:
                 f"gpusPerReplica: {need} {GPU_RESOURCE} per replica but the largest matching node has {most}"
             )
         candidates = [n for n in candidates if n.gpus >= need]
+        per_gpu = topology.gpu_bytes_needed() if device != "cpu" else None
+        if per_gpu:
+            roomy = [n for n in candidates if n.gpu_memory is None or n.gpu_memory >= per_gpu]
+            if not roomy:
+                most = max(n.gpu_memory or 0 for n in candidates)
+                kv = f" + kvCachePerGpu {topology.kv_cache_per_gpu}" if topology.kv_cache_per_gpu else ""
+                return (
+                    f"weightsMemory: {topology.weights_memory} / tensorParallel {topology.tensor_parallel}{kv}"
+                    f" needs {_gib(per_gpu)} per GPU but the largest matching node's GPUs have {_gib(most)}"
+                    f" ({GPU_MEMORY_LABEL})"
+                )
+            candidates = roomy
     hard = [n for n in candidates if all(tolerates(topology.tolerations, t) for t in n.taints)]
     if not hard:
         taints = sorted(
