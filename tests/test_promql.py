@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -166,6 +167,7 @@ class FakeProm:
 
     def __init__(self) -> None:
         self.routes: dict[str, tuple[int, bytes]] = {}
+        self.answer: Callable[[str], tuple[int, bytes]] | None = None  # instead of routes, when set
         self.seen: list[dict[str, list[str]]] = []
         owner = self
 
@@ -174,7 +176,11 @@ class FakeProm:
                 params = parse_qs(urlparse(self.path).query)
                 owner.seen.append(params)
                 q = params.get("query", [""])[0]
-                status, body = next((v for k, v in owner.routes.items() if k in q), (404, b"no route"))
+                status, body = (
+                    owner.answer(q)
+                    if owner.answer
+                    else next((v for k, v in owner.routes.items() if k in q), (404, b"no route"))
+                )
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -189,11 +195,7 @@ class FakeProm:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def vector(self, key: str, series: list[tuple[dict[str, str], str]]) -> None:
-        result = [{"metric": m, "value": [1700000000.0, v]} for m, v in series]
-        self.routes[key] = (
-            200,
-            json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode(),
-        )
+        self.routes[key] = (200, self.body([{"metric": m, "value": [1700000000.0, v]} for m, v in series]))
 
     def healthy(self, bundle: str, fast: int, slow: int, completed: int, error: int = 0) -> None:
         """One cohort's answers: `fast` observations under 0.1 s, `slow` up to 5 s (both histograms)."""
@@ -211,6 +213,10 @@ class FakeProm:
                 ({"outcome": "cancelled"}, "0"),
             ],
         )
+
+    @staticmethod
+    def body(result: list[dict]) -> bytes:
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -377,3 +383,109 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     assert result.verdict == "Inconclusive" and len(prom.seen) == seen
     assert isinstance(source_for(Analysis(), Baselines()), PodScrape)
     assert isinstance(source_for(cfg, Baselines()), promql.Prometheus)
+
+
+# --- analysis scoped to one adapter's traffic (issue 14) ----------------------------------------
+
+ADAPTER_SELECTOR = 'namespace="{namespace}",adapter="tenant-b"'  # as the README documents it
+_SERIES = re.compile(r"(modeldeploy_\w+)\{([^{}]*)\}")
+
+
+def _selectors(promql_text: str) -> list[tuple[str, frozenset[tuple[str, str]]]]:
+    """(metric, equality matchers) of every series selector in a query; any other matcher fails."""
+    out = []
+    for name, body in _SERIES.findall(promql_text):
+        pairs = re.findall(r'(\w+)="([^"]*)"', body)
+        assert ",".join(f'{k}="{v}"' for k, v in pairs) == body.rstrip(","), body  # equality only
+        out.append((name, frozenset(pairs)))
+    return out
+
+
+def test_adapter_selector_scopes_every_series_of_every_query() -> None:
+    """Each default query names its series three times ((S - S offset w) >= 0 or S): all three carry
+    the adapter matcher, so no part of the figure can come from the base or another adapter."""
+    src = PrometheusSource(address="http://p", selector=ADAPTER_SELECTOR)
+    for bundle in ("bundle-stable", "bundle-canary"):
+        qs = promql.queries(src, bundle, "team-a", "60s")
+        assert set(qs) == {"ttft_buckets", "itl_buckets", "outcomes"}
+        for key, text in qs.items():
+            found = _selectors(text)
+            assert len(found) == 3 == text.count("{"), (key, text)
+            want = {("bundle", bundle), ("namespace", "team-a"), ("adapter", "tenant-b")}
+            assert all(m == want for _, m in found), (key, text)
+    unscoped = promql.queries(PrometheusSource(address="http://p"), "b", "team-a", "60s")
+    assert all("adapter" not in dict(m) for t in unscoped.values() for _, m in _selectors(t))
+
+
+# Per (bundle, adapter): (TTFT/ITL observations under 0.1 s, over 0.1 s, completed) over the window.
+# The canary's tenant-b is slow; the base model's traffic, fast on both, outnumbers it 50:1.
+TRAFFIC = {
+    ("stable", ""): (1000, 0, 1000),
+    ("stable", "tenant-a"): (40, 0, 40),
+    ("stable", "tenant-b"): (20, 0, 20),
+    ("canary", ""): (1000, 0, 1000),
+    ("canary", "tenant-a"): (40, 0, 40),
+    ("canary", "tenant-b"): (2, 18, 20),
+}
+
+
+def _series() -> dict[str, list[tuple[dict[str, str], float]]]:
+    """What Prometheus holds as window increases: every runtime series, with its adapter label."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for (bundle, adapter), (fast, slow, done) in TRAFFIC.items():
+        base = {"bundle": bundle, "namespace": "team-a", "adapter": adapter}
+        for metric in (
+            "modeldeploy_time_to_first_token_seconds_bucket",
+            "modeldeploy_inter_token_latency_seconds_bucket",
+        ):
+            for le, v in (("0.1", fast), ("5.0", fast + slow), ("+Inf", fast + slow)):
+                out.setdefault(metric, []).append(({**base, "le": le}, float(v)))
+        for outcome, v in (("completed", done), ("error", 0)):
+            out.setdefault("modeldeploy_requests_total", []).append(({**base, "outcome": outcome}, float(v)))
+    return out
+
+
+def _evaluate(series: dict[str, list[tuple[dict[str, str], float]]], q: str) -> tuple[int, bytes]:
+    """The default queries' shape, `sum by (G) (...)` over one selector used throughout: sum the
+    series whose labels include every matcher, by G (the increases are given, so the window is too)."""
+    group = re.match(r"sum by \((\w+)\) ", q)
+    selectors = set(_selectors(q))
+    assert group and len(selectors) == 1, q  # one series set, as the unit test above shows
+    ((metric, matchers),) = selectors
+    sums: dict[str, float] = {}
+    for labels, v in series[metric]:
+        if matchers <= labels.items():
+            sums[labels[group[1]]] = sums.get(labels[group[1]], 0.0) + v
+    result = [{"metric": {group[1]: g}, "value": [1700000000.0, str(v)]} for g, v in sums.items()]
+    return 200, FakeProm.body(result)
+
+
+def test_with_the_adapter_selector_the_figures_are_that_adapters_alone(prom: FakeProm) -> None:
+    series = _series()
+    prom.answer = lambda q: _evaluate(series, q)
+    scoped = PrometheusSource(address=prom.address, selector=ADAPTER_SELECTOR)
+    stable, canary = promql.cohort_samples(scoped, "team-a", ("stable", "canary"), "60s", 1700000000.0)
+    assert stable.outcomes == {"completed": 20.0, "error": 0.0} and stable.ttft.count == 20
+    assert canary.outcomes == {"completed": 20.0, "error": 0.0}
+    assert canary.ttft.buckets == ((0.1, 2.0), (5.0, 20.0), (math.inf, 20.0)) and canary.itl.count == 20
+    # All adapters together (the default selector, and what the pod scrape sums): 1060 per cohort.
+    everything = PrometheusSource(address=prom.address)
+    s_all, c_all = promql.cohort_samples(everything, "team-a", ("stable", "canary"), "60s", 1700000000.0)
+    assert s_all.ttft.count == c_all.ttft.count == 1060 and c_all.outcomes["completed"] == 1060
+    # So the verdict is about tenant-b: its slow canary fails TTFT, hidden in the whole traffic.
+    whole, problem = prometheus_analysis(
+        _cfg(prom.address), "team-a", "stable", "canary", since=None, now=1700000000.0
+    )
+    assert problem == "" and whole.verdict == "Pass", whole
+    only_b, problem = prometheus_analysis(
+        _cfg(prom.address, selector=ADAPTER_SELECTOR),
+        "team-a",
+        "stable",
+        "canary",
+        since=None,
+        now=1700000000.0,
+    )
+    by = {m.metric: m for m in only_b.metrics}
+    assert problem == "" and only_b.verdict == "Fail" and by["ttft_p95_seconds"].verdict == "Fail"
+    assert by["ttft_p95_seconds"].samples == 20
+    assert all('adapter="tenant-b"' in p["query"][0] for p in prom.seen[-6:])
