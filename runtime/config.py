@@ -41,6 +41,10 @@ class EngineConfig:
     # selects one by name. At most max_loras are on the device at once, the rest in host memory.
     adapters: list[dict[str, str]] = field(default_factory=list)
     max_loras: int = 4
+    # Tensor parallelism: ranks in this pod (rank 0 = the engine process, ranks 1.. = worker
+    # processes that only run the model); gloo on cpu, NCCL on cuda (one GPU per rank).
+    tensor_parallel_size: int = 1
+    tp_timeout_s: float = 30.0  # a collective waiting longer than this fails the engine (a hung rank)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -66,6 +70,7 @@ class EngineConfig:
             if v is not None and not (v.startswith("sha256:") and len(v) == 71):
                 raise ValueError(f"{name}: must be 'sha256:' + 64 hex digits, got {v!r}")
         self._validate_adapters()
+        self._validate_parallel()
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -74,6 +79,18 @@ class EngineConfig:
             raise ValueError(
                 "max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
                 f"({self.max_num_batched_tokens} < {self.max_model_len})"
+            )
+
+    def _validate_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size: must be an integer >= 1, got {tp!r}")
+        if not self.tp_timeout_s > 0:
+            raise ValueError(f"tp_timeout_s: must be > 0, got {self.tp_timeout_s}")
+        if tp > 1 and self.adapters:
+            raise ValueError(
+                f"tensor_parallel_size: LoRA adapters are not supported with tensor parallelism yet "
+                f"(tensor_parallel_size {tp}, {len(self.adapters)} adapter(s))"
             )
 
     def _validate_adapters(self) -> None:

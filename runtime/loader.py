@@ -15,6 +15,7 @@ import torch
 from modeldeploy.digest import dir_digest, verify
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.models.llama import ModelArgs, expected_weight_shapes
+from modeldeploy.runtime.models.shard import Shard
 
 Progress = Callable[[str, float], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,13 +32,27 @@ class Loaded:
     model_digest: str
     tokenizer_digest: str
     eos_token_ids: list[int]
+    shard: Shard = Shard()
+
+    @property
+    def rank_args(self) -> ModelArgs:
+        """The shapes this rank's layers and KV cache have (the whole model when not parallel)."""
+        return self.shard.rank_args(self.args) if self.shard.parallel else self.args
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, shard: Shard = Shard()) -> torch.device:
+    """The device this rank runs on: under tensor parallelism on cuda, GPU `rank` (one GPU per rank)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' requested but CUDA is not available")
+    if name == "cuda" and shard.parallel:
+        if torch.cuda.device_count() < shard.size:
+            raise ValueError(
+                f"tensor_parallel_size: {shard.size} ranks need {shard.size} GPUs, "
+                f"{torch.cuda.device_count()} visible"
+            )
+        return torch.device("cuda", shard.rank)
     return torch.device(name)
 
 
@@ -52,7 +67,14 @@ def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
     return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
-def load(config: EngineConfig, progress: Progress = lambda phase, frac: None) -> Loaded:
+def load(
+    config: EngineConfig,
+    progress: Progress = lambda phase, frac: None,
+    before_weights: Callable[[ModelArgs, torch.device], None] = lambda args, device: None,
+) -> Loaded:
+    """Rank 0's load: digests, config, tokenizer, then its weights (its shard under tensor
+    parallelism). `before_weights` runs once the config is validated, before any weight is read:
+    the engine starts the other ranks there, so they read their shards while rank 0 reads its own."""
     from transformers import AutoConfig, AutoTokenizer
 
     model_dir = Path(config.model)
@@ -70,10 +92,41 @@ def load(config: EngineConfig, progress: Progress = lambda phase, frac: None) ->
     )
 
     hf = AutoConfig.from_pretrained(model_dir)
-    args = ModelArgs.from_hf(hf)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, hf, device)
+    shard = Shard(0, config.tensor_parallel_size)
+    args, device, dtype, max_len = _model_setup(config, hf, shard)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    before_weights(args, device)
+    progress("loading weights", 0.05)
+    weights = load_weights(config, args, dtype, device, shard, progress)
+    eos = getattr(hf, "eos_token_id", None)
+    gen_cfg = model_dir / "generation_config.json"
+    if gen_cfg.is_file():
+        import json
+
+        eos = json.loads(gen_cfg.read_text()).get("eos_token_id", eos)
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return Loaded(
+        args, weights, tokenizer, dtype, device, max_len, model_digest, tokenizer_digest, eos_ids, shard
+    )
+
+
+def load_shard(config: EngineConfig, shard: Shard, progress: Progress = lambda p, f: None) -> Loaded:
+    """A worker rank's load: config and its own weight slices only (rank 0 verified the digests and
+    holds the tokenizer)."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(Path(config.model))
+    args, device, dtype, max_len = _model_setup(config, hf, shard)
+    weights = load_weights(config, args, dtype, device, shard, progress)
+    return Loaded(args, weights, None, dtype, device, max_len, "", "", [], shard)
+
+
+def _model_setup(config: EngineConfig, hf, shard: Shard) -> tuple[ModelArgs, torch.device, torch.dtype, int]:
+    args = ModelArgs.from_hf(hf)
+    if shard.parallel:
+        shard.check(args)
+    device = resolve_device(config.device, shard)
+    dtype = resolve_dtype(config.dtype, hf, device)
     max_len = config.max_model_len or args.max_position_embeddings
     if args.sliding_window:
         max_len = min(max_len, args.sliding_window)
@@ -82,37 +135,47 @@ def load(config: EngineConfig, progress: Progress = lambda phase, frac: None) ->
             f"max_model_len: {max_len} exceeds the model's max_position_embeddings "
             f"{args.max_position_embeddings}"
         )
+    return args, device, dtype, max_len
 
-    progress("loading weights", 0.05)
+
+def load_weights(
+    config: EngineConfig,
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard,
+    progress: Progress = lambda p, f: None,
+) -> dict[str, torch.Tensor]:
     if config.load_format == "dummy":
-        weights = _dummy_weights(args, dtype, device, config.seed)
-    else:
-        weights = _read_safetensors(model_dir, args, dtype, device, progress)
-    eos = getattr(hf, "eos_token_id", None)
-    gen_cfg = model_dir / "generation_config.json"
-    if gen_cfg.is_file():
-        import json
-
-        eos = json.loads(gen_cfg.read_text()).get("eos_token_id", eos)
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    return Loaded(args, weights, tokenizer, dtype, device, max_len, model_digest, tokenizer_digest, eos_ids)
+        return _dummy_weights(args, dtype, device, config.seed, shard)
+    return _read_safetensors(Path(config.model), args, dtype, device, progress, shard)
 
 
 def _read_safetensors(
-    model_dir: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device, progress: Progress
+    model_dir: Path,
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    progress: Progress,
+    shard: Shard = Shard(),
 ) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model: no *.safetensors files in {model_dir}")
-    want = expected_weight_shapes(args)
+    want = {n: s for n, s in expected_weight_shapes(args).items() if shard.wants(n)}
     weights: dict[str, torch.Tensor] = {}
     for i, path in enumerate(files):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name in want:
-                    weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                if name not in want:
+                    continue
+                part = f.get_slice(name)  # reads only the rows or columns this rank holds
+                shape = tuple(part.get_shape())
+                if shape != want[name]:
+                    raise ValueError(f"model: weight {name} has shape {shape}, config implies {want[name]}")
+                weights[name] = _take(part, shard.slice_of(name, args)).to(device=device, dtype=dtype)
         progress("loading weights", 0.05 + 0.85 * (i + 1) / len(files))
     missing = [n for n in want if n not in weights]
     if missing:
@@ -120,28 +183,30 @@ def _read_safetensors(
             f"model: weights missing from {model_dir}: {', '.join(missing[:5])}"
             + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         )
-    for name, shape in want.items():
-        if tuple(weights[name].shape) != shape:
-            raise ValueError(
-                f"model: weight {name} has shape {tuple(weights[name].shape)}, config implies {shape}"
-            )
     return weights
 
 
+def _take(part, spec: tuple[int, int, int] | None) -> torch.Tensor:
+    """A safetensors slice (or a tensor) cut to `spec` = (dim, start, stop); whole when None."""
+    if spec is None:
+        return part[:]
+    dim, start, stop = spec
+    cut = part[start:stop] if dim == 0 else part[:, start:stop]
+    return cut.clone() if isinstance(part, torch.Tensor) else cut.contiguous()  # never a view of the whole
+
+
 def _dummy_weights(
-    args: ModelArgs, dtype: torch.dtype, device: torch.device, seed: int
+    args: ModelArgs, dtype: torch.dtype, device: torch.device, seed: int, shard: Shard = Shard()
 ) -> dict[str, torch.Tensor]:
-    gen = torch.Generator(device=device).manual_seed(seed)
+    """Random weights from one seeded stream, the same on every rank: each draws every tensor whole
+    (one at a time, on the CPU) and keeps its slice, so TP=N equals TP=1 for benchmarks too."""
+    gen = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in expected_weight_shapes(args).items():
         if len(shape) == 1:
-            out[name] = (
-                torch.ones(shape, dtype=dtype, device=device)
-                if "norm" in name
-                else torch.zeros(shape, dtype=dtype, device=device)
-            )
+            full = torch.ones(shape) if "norm" in name else torch.zeros(shape)
         else:
-            out[name] = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(
-                dtype
-            )
+            full = torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02
+        if shard.wants(name):
+            out[name] = _take(full, shard.slice_of(name, args)).to(device=device, dtype=dtype)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -19,6 +20,7 @@ from modeldeploy.runtime.engine.grammar import LIBRARY, GrammarCompiler, Grammar
 from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
+from modeldeploy.runtime.engine.parallel import TensorParallel
 from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampler import Sampler
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
@@ -31,7 +33,28 @@ class Engine:
     def __init__(self, config: EngineConfig, progress: Callable[[str, float], None] = lambda p, f: None):
         config = dataclasses.replace(config)
         config.validate()
-        loaded = load(config, progress)
+        self.tp: TensorParallel | None = None
+        try:
+            self._build(config, progress)
+        except BaseException:
+            self.close()
+            raise
+        if self.tp is not None:
+            weakref.finalize(self, self.tp.stop)  # an engine dropped without close() stops its ranks
+
+    def _start_ranks(self, config: EngineConfig, device: torch.device) -> None:
+        """Before rank 0 reads its weights: start the other ranks, which read their shards meanwhile."""
+        if config.tensor_parallel_size > 1:
+            self.tp = TensorParallel(config, device)
+
+    def _build(self, config: EngineConfig, progress: Callable[[str, float], None]) -> None:
+        loaded = load(config, progress, before_weights=lambda args, device: self._start_ranks(config, device))
+        worker_free = None
+        if self.tp is not None:
+            progress("waiting for ranks", 0.9)
+            reports = self.tp.wait_ready(config.tp_timeout_s + 600)
+            frees = [r["free_bytes"] for r in reports if r["free_bytes"] is not None]
+            worker_free = min(frees) if frees else None
         self.adapters = (
             AdapterPool(config.adapters, loaded.args, loaded.dtype, loaded.device, config.max_loras, progress)
             if config.adapters
@@ -39,7 +62,7 @@ class Engine:
         )
         progress("allocating kv cache", 0.92)
         lora_bytes = self.adapters.device_bytes if self.adapters else 0
-        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded, lora_bytes)
+        num_blocks = config.num_kv_blocks or self._auto_blocks(config, loaded, lora_bytes, worker_free)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if num_blocks < per_seq:
             raise ValueError(
@@ -59,7 +82,12 @@ class Engine:
         self.loaded_info = loaded
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.eos_token_ids)
-        self.runner = ModelRunner(loaded, num_blocks, config.block_size, loaded.max_model_len, self.adapters)
+        if self.tp is not None:
+            self.tp.send(("alloc", num_blocks, config.block_size, loaded.max_model_len))
+        reduce = self.tp.collective.all_reduce if self.tp is not None else None
+        self.runner = ModelRunner(
+            loaded, num_blocks, config.block_size, loaded.max_model_len, self.adapters, self.tp, reduce
+        )
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching
         )
@@ -87,16 +115,21 @@ class Engine:
         progress("ready", 1.0)
 
     @staticmethod
-    def _auto_blocks(config: EngineConfig, loaded: Loaded, reserved_bytes: int = 0) -> int:
+    def _auto_blocks(
+        config: EngineConfig, loaded: Loaded, reserved_bytes: int = 0, worker_free: int | None = None
+    ) -> int:
         """KV blocks that fit: on cuda, free memory less activations and `reserved_bytes`
-        (the LoRA slots, allocated after this), times kv_cache_fraction."""
+        (the LoRA slots, allocated after this), times kv_cache_fraction. Per rank under tensor
+        parallelism: a block holds this rank's kv heads, and the rank with least free memory decides."""
         per_block = ModelRunner.block_bytes(loaded, config.block_size)
         per_seq = (loaded.max_model_len + config.block_size - 1) // config.block_size
         if loaded.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(loaded.device)
+            if worker_free is not None:
+                free = min(free, worker_free)
             a = loaded.args
             activations = config.max_num_batched_tokens * (
-                4 * a.intermediate_size + 8 * a.hidden_size
+                4 * loaded.rank_args.intermediate_size + 8 * a.hidden_size
             ) * 4 + (512 << 20)
             return max(1, int((free - activations - reserved_bytes) * config.kv_cache_fraction) // per_block)
         return max(1, min(config.kv_cache_cpu_bytes // per_block, config.max_num_seqs * per_seq))
@@ -280,6 +313,25 @@ class Engine:
             new_logprobs=new_lps,
         )
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do without them)."""
+        if self.tp is not None:
+            self.tp.stop()
+
+    def parallel_info(self) -> dict:
+        """The parallel layout, for /v1/bundle: ranks, backend, heads and kv heads per rank."""
+        li = self.loaded_info
+        ra = li.rank_args
+        return {
+            "tensor_parallel_size": li.shard.size,
+            "backend": self.tp.collective.backend if self.tp else None,
+            "heads_per_rank": ra.num_heads,
+            "kv_heads_per_rank": ra.num_kv_heads,
+            "kv_head_replicas": li.shard.kv_head_replicas(li.args),
+            "intermediate_per_rank": ra.intermediate_size,
+            "worker_pids": self.tp.pids if self.tp else [],
+        }
+
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(
@@ -310,6 +362,7 @@ class Engine:
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,
             "grammar_library": dict(LIBRARY),
+            "parallel": self.parallel_info(),
             "adapters": self.adapters.info() if self.adapters else [],
             "lora": (
                 {

@@ -2,10 +2,15 @@
 
 Owns the model weights and the per-layer KV cache tensors; turns the scheduler's
 (sequence, token count) pairs into flat input ids, positions, slot mapping and block
-tables, and returns last-token logits for the sequences that will sample this step.
+tables, and returns last-token logits for the sequences that will sample this step. Under
+tensor parallelism the flat batch (a `StepPlan`) goes to the other ranks before rank 0 runs it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,8 +21,29 @@ from modeldeploy.runtime.loader import Loaded
 from modeldeploy.runtime.models.llama import AttnMeta, LlamaModel
 from modeldeploy.runtime.models.lora import LoraBatch
 
+if TYPE_CHECKING:
+    from modeldeploy.runtime.engine.parallel import TensorParallel
+
+
+@dataclass
+class StepPlan:
+    """One forward's inputs as plain lists: built once on rank 0, sent as is to the other ranks."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    decode_tables: list[list[int]]
+    decode_lens: list[int]
+    prefill_tables: list[list[int]]
+    prefill_cu: list[int]
+    prefill_lens: list[int]
+    sample_rows: list[int]
+
 
 class ModelRunner:
+    """Rank 0's runner plans each step and runs its shard; a tensor-parallel worker's runner
+    (`tp` None, `lm_head` absent) only executes plans it receives (`parallel.py`)."""
+
     def __init__(
         self,
         loaded: Loaded,
@@ -25,14 +51,16 @@ class ModelRunner:
         block_size: int,
         max_model_len: int,
         adapters: AdapterPool | None = None,
+        tp: TensorParallel | None = None,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
-        a = loaded.args
-        self.adapters = adapters
+        a = loaded.rank_args
+        self.adapters, self.tp = adapters, tp
         self.device, self.dtype = loaded.device, loaded.dtype
         self.block_size = block_size
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
-        self.model = LlamaModel(a, loaded.weights, max_pos=max(max_model_len, 1))
-        shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
+        self.model = LlamaModel(a, loaded.weights, max_pos=max(max_model_len, 1), reduce=reduce)
+        shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)  # this rank's kv heads
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -43,17 +71,16 @@ class ModelRunner:
 
     @staticmethod
     def block_bytes(loaded: Loaded, block_size: int) -> int:
-        a = loaded.args
+        """Bytes of one KV block on this rank (its kv heads only under tensor parallelism)."""
+        a = loaded.rank_args
         return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * loaded.dtype.itemsize
 
     def _tensor(self, data: list, dtype=torch.int32) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
 
-    def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max((len(s.block_table) for s in seqs), default=0)
-        return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs]).reshape(
-            len(seqs), width
-        )
+    def _tables(self, rows: list[list[int]]) -> torch.Tensor:
+        width = max((len(t) for t in rows), default=0)
+        return self._tensor([t + [0] * (width - len(t)) for t in rows]).reshape(len(rows), width)
 
     def _lora(self, rows: list[tuple[Sequence, int]]) -> LoraBatch | None:
         """Each token's adapter slot (-1 = base), or None when no row of the step uses an adapter."""
@@ -66,9 +93,8 @@ class ModelRunner:
             token_slots += [slot.get(seq.adapter_id, -1)] * n
         return LoraBatch(self.adapters.slots, self._tensor(token_slots))
 
-    @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Forward the batch; return logits [B, V] float32 for the sequences that sample, and those sequences."""
+    def plan(self, batch: ScheduledBatch) -> tuple[StepPlan, list[tuple[Sequence, int]], list[Sequence]]:
+        """Flatten the batch: decodes first, then prefill chunks; (plan, ordered rows, sampling seqs)."""
         ids, pos, slots, sample_rows, sample_seqs = [], [], [], [], []
         decode, prefill, cu, prefill_lens = [], [], [0], []
         bs = self.block_size
@@ -89,25 +115,50 @@ class ModelRunner:
             if end == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
-        lora = self._lora(rows)
-        meta = AttnMeta(
-            slot_mapping=self._tensor(slots, torch.int64),
-            num_decode=len(decode),
-            decode_tables=self._tables(decode),
-            decode_lens=self._tensor([s.num_computed_tokens + 1 for s in decode]),
-            prefill_tables=self._tables(prefill),
-            prefill_cu_q=self._tensor(cu),
-            prefill_lens=self._tensor(prefill_lens),
+        plan = StepPlan(
+            ids=ids,
+            positions=pos,
+            slots=slots,
+            decode_tables=[list(s.block_table) for s in decode],
+            decode_lens=[s.num_computed_tokens + 1 for s in decode],
+            prefill_tables=[list(s.block_table) for s in prefill],
+            prefill_cu=cu,
+            prefill_lens=prefill_lens,
+            sample_rows=sample_rows,
         )
-        hidden = self.model.forward(
-            self._tensor(ids, torch.int64), self._tensor(pos, torch.int64), meta, self.kv_caches, lora
-        )
-        logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
+        return plan, rows, sample_seqs
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        """Forward the batch; return logits [B, V] float32 for the sequences that sample, and those sequences."""
+        plan, rows, sample_seqs = self.plan(batch)
+        lora = self._lora(rows) if self.adapters is not None else None
+        if self.tp is not None:
+            self.tp.send(("run", plan))  # the other ranks run the same plan on their shards
+        hidden = self.execute(plan, lora)
+        logits = self.model.logits(hidden[self._tensor(plan.sample_rows, torch.int64)])
         return logits, sample_seqs
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, lora: LoraBatch | None = None) -> torch.Tensor:
+        """The forward over this rank's shard: final hidden states [T, E]."""
+        meta = AttnMeta(
+            slot_mapping=self._tensor(plan.slots, torch.int64),
+            num_decode=len(plan.decode_lens),
+            decode_tables=self._tables(plan.decode_tables),
+            decode_lens=self._tensor(plan.decode_lens),
+            prefill_tables=self._tables(plan.prefill_tables),
+            prefill_cu_q=self._tensor(plan.prefill_cu),
+            prefill_lens=self._tensor(plan.prefill_lens),
+        )
+        ids, pos = self._tensor(plan.ids, torch.int64), self._tensor(plan.positions, torch.int64)
+        return self.model.forward(ids, pos, meta, self.kv_caches, lora)
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks src -> dst in every layer (copy-on-fork of a partial block, n > 1)."""
+        if self.tp is not None:
+            self.tp.send(("copy", pairs))
         src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
         dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
         for k, v in self.kv_caches:

@@ -5,6 +5,10 @@ Qwen2 has q/k/v biases, Qwen3 RMS-normalises q and k per head, Mistral may use a
 sliding window (the loader caps max_model_len at it instead). Matrix products are
 torch; every other hot op goes through `modeldeploy.kernels.dispatch`.
 
+Under tensor parallelism each rank builds this model from its own slices (`shard.py`) with
+its own head and intermediate counts in `args`; `reduce` sums the row-parallel partial outputs
+of o_proj and down_proj across ranks (the only two collectives of a layer).
+
 Shapes: T tokens in the step, H query heads, Hkv kv heads, D head dim, E hidden.
 """
 
@@ -20,6 +24,8 @@ import torch.nn.functional as F
 from modeldeploy.kernels import dispatch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from modeldeploy.runtime.models.lora import LoraBatch
 
 SUPPORTED = {
@@ -127,8 +133,14 @@ class AttnMeta:
 class Layer:
     """One decoder block; weights held as plain tensors (q/k/v and gate/up fused)."""
 
-    def __init__(self, args: ModelArgs, w: dict[str, torch.Tensor], index: int = 0):
-        self.args, self.index = args, index
+    def __init__(
+        self,
+        args: ModelArgs,
+        w: dict[str, torch.Tensor],
+        index: int = 0,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
+        self.args, self.index, self.reduce = args, index, reduce
         self.w = w
         self.scale = args.head_dim**-0.5
         self.q_size = args.num_heads * args.head_dim
@@ -185,6 +197,8 @@ class Layer:
         x = F.linear(o, w["o"])  # [T, E]
         if lora is not None:
             lora.apply(self.index, "o", o, x)
+        if self.reduce is not None:
+            x = self.reduce(x)
         h, residual = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, residual)
         gate_up = F.linear(h, w["gate_up"])
         if lora is not None:
@@ -193,16 +207,27 @@ class Layer:
         x = F.linear(act, w["down"])
         if lora is not None:
             lora.apply(self.index, "down", act, x)
+        if self.reduce is not None:
+            x = self.reduce(x)
         return x, residual
 
 
 class LlamaModel:
-    def __init__(self, args: ModelArgs, weights: dict[str, torch.Tensor], max_pos: int):
+    def __init__(
+        self,
+        args: ModelArgs,
+        weights: dict[str, torch.Tensor],
+        max_pos: int,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.args = args
         self.embed = weights["model.embed_tokens.weight"]  # [V, E]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = self.embed if args.tie_word_embeddings else weights["lm_head.weight"]
-        self.layers = [Layer(args, _layer_weights(weights, i, args), i) for i in range(args.num_layers)]
+        # None on tensor-parallel ranks > 0: only rank 0 samples (shard.py)
+        self.lm_head = self.embed if args.tie_word_embeddings else weights.get("lm_head.weight")
+        self.layers = [
+            Layer(args, _layer_weights(weights, i, args), i, reduce) for i in range(args.num_layers)
+        ]
         self.cos_sin = cos_sin_cache(args, max_pos, self.embed.device)
 
     def forward(
