@@ -1,4 +1,5 @@
-"""The engine against transformers: same weights, same greedy tokens, whatever the batching."""
+"""The engine against transformers: same weights, same greedy tokens, whatever the batching,
+with the model whole (TP=1) or split over two tensor-parallel ranks (TP=2, gloo on CPU)."""
 
 from __future__ import annotations
 
@@ -57,17 +58,22 @@ def reference(request, tiny_model):
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
 
 
-def test_greedy_matches_transformers(reference):
+@pytest.fixture(params=[1, 2], ids=["tp1", "tp2"])
+def tp(request) -> int:
+    return request.param
+
+
+def test_greedy_matches_transformers(reference, tp):
     model_dir, prompts, expected, _ = reference
-    outs = LLM(model_dir, dtype="float32").generate(prompts, GREEDY)
+    outs = LLM(model_dir, dtype="float32", tensor_parallel_size=tp).generate(prompts, GREEDY)
     assert len(prompts) >= 8
     for i, (out, exp) in enumerate(zip(outs, expected, strict=True)):
         assert out.token_ids == exp, f"prompt {i}: engine {out.token_ids} != transformers {exp}"
 
 
-def test_first_step_logits_close(reference):
+def test_first_step_logits_close(reference, tp):
     model_dir, prompts, _, hf_logits = reference
-    llm = LLM(model_dir, dtype="float32")
+    llm = LLM(model_dir, dtype="float32", tensor_parallel_size=tp)
     eng = llm.engine
     for i, ids in enumerate(prompts):
         eng.add_request(f"r{i}", ids, SamplingParams(temperature=0.0, max_tokens=1))
@@ -80,18 +86,21 @@ def test_first_step_logits_close(reference):
     assert len(seqs) == len(prompts)
 
 
-def test_chunked_prefill_same_tokens(reference):
+def test_chunked_prefill_same_tokens(reference, tp):
     model_dir, prompts, expected, _ = reference
-    llm = LLM(model_dir, dtype="float32", max_num_batched_tokens=16, max_model_len=256)
+    llm = LLM(
+        model_dir, dtype="float32", max_num_batched_tokens=16, max_model_len=256, tensor_parallel_size=tp
+    )
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
 
 
-def test_no_chunked_prefill_same_tokens(reference):
+def test_no_chunked_prefill_same_tokens(reference, tp):
     model_dir, prompts, expected, _ = reference
     llm = LLM(
         model_dir,
         dtype="float32",
+        tensor_parallel_size=tp,
         enable_chunked_prefill=False,
         max_num_batched_tokens=256,
         max_model_len=256,
@@ -100,9 +109,9 @@ def test_no_chunked_prefill_same_tokens(reference):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
-def test_prefix_cache_hits_same_tokens(reference):
+def test_prefix_cache_hits_same_tokens(reference, tp):
     model_dir, prompts, expected, _ = reference
-    llm = LLM(model_dir, dtype="float32")
+    llm = LLM(model_dir, dtype="float32", tensor_parallel_size=tp)
     first = llm.generate(prompts, GREEDY)
     second = llm.generate(prompts, GREEDY)
     assert llm.engine.stats().prefix_cache_hit_tokens > 0
@@ -110,10 +119,17 @@ def test_prefix_cache_hits_same_tokens(reference):
     assert [o.token_ids for o in second] == expected
 
 
-def test_preemption_same_tokens(reference):
+def test_preemption_same_tokens(reference, tp):
     model_dir, prompts, expected, _ = reference
     # 128-token sequences need 8 blocks each; 10 blocks cannot hold 8 running sequences.
-    llm = LLM(model_dir, dtype="float32", max_model_len=128, num_kv_blocks=10, enable_prefix_caching=False)
+    llm = LLM(
+        model_dir,
+        dtype="float32",
+        max_model_len=128,
+        num_kv_blocks=10,
+        enable_prefix_caching=False,
+        tensor_parallel_size=tp,
+    )
     outs = llm.generate(prompts, GREEDY)
     stats = llm.engine.stats()
     assert stats.preemptions_total > 0

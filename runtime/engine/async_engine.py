@@ -22,6 +22,10 @@ from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 
 
+class EngineDead(RuntimeError):
+    """The engine can no longer serve (its step loop raised, or a tensor-parallel rank died)."""
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -40,6 +44,10 @@ class AsyncEngine:
         # Called on the engine thread with the seconds from an abort being requested (client gone,
         # drain timeout) to the sequence's KV blocks being freed; the server turns it into a metric.
         self.on_abort_release: Callable[[float], None] | None = None
+        # Called once, from any thread, when the engine can no longer serve (its step loop raised, or a
+        # tensor-parallel rank died): the server then fails fast (503, non-zero exit) instead of hanging.
+        self.on_fatal: Callable[[str], None] | None = None
+        self._fatal_once = threading.Lock()
         self.step_delay_s = 0.0  # test hook (server env MODELDEPLOY_STEP_DELAY_S): sleep after each step
 
     async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
@@ -47,6 +55,8 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self.engine = await asyncio.to_thread(Engine, self.config, progress)
         self.config = self.engine.config
+        if self.engine.tp is not None:
+            self.engine.tp.set_on_failure(lambda msg: self._fail(RuntimeError(msg)))
         self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
         self._thread.start()
 
@@ -68,7 +78,7 @@ class AsyncEngine:
         if self.engine is None:
             raise RuntimeError("engine not started")
         if self.error is not None:
-            raise RuntimeError(f"engine failed: {self.error}")
+            raise EngineDead(f"engine failed: {self.error}")
         params.validate()
         ids = self.engine.encode(prompt)  # validated again in the engine thread
         # the engine's own length check, on the caller's side so errors come before queueing
@@ -111,10 +121,16 @@ class AsyncEngine:
         self._post("abort", (request_id, time.monotonic()))
 
     async def shutdown(self) -> None:
+        """Stop stepping, then stop the tensor-parallel ranks. After a failure the ranks go first: a
+        step blocked in a collective with a dead or hung rank is released by their exit."""
         self._stop = True
         self._wake.set()
+        if self.error is not None and self.engine is not None:
+            await asyncio.to_thread(self.engine.close)
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30)
+            await asyncio.to_thread(self._thread.join, 5 if self.error is not None else 30)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.close)
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
 
     # --- engine thread -------------------------------------------------------------
@@ -160,11 +176,20 @@ class AsyncEngine:
                 if self.step_delay_s:
                     time.sleep(self.step_delay_s)
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting request and to health
-            self.error = e
-            with self._lock:
-                rids = list(self._queues)
-            for rid in rids:
-                self._deliver(RuntimeError(f"engine failed: {e}"), rid)
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        """The engine is dead: every waiting request gets the error, health turns 503, the server is told."""
+        if not self._fatal_once.acquire(blocking=False):
+            return
+        self.error = e
+        self._stop = True
+        with self._lock:
+            rids = list(self._queues)
+        for rid in rids:
+            self._deliver(EngineDead(f"engine failed: {e}"), rid)
+        if self.on_fatal is not None:
+            self.on_fatal(f"{type(e).__name__}: {e}")
 
 
 def _background_priority() -> None:

@@ -50,11 +50,13 @@ class Engine:
     def _build(self, config: EngineConfig, progress: Callable[[str, float], None]) -> None:
         loaded = load(config, progress, before_weights=lambda args, device: self._start_ranks(config, device))
         worker_free = None
+        self.weight_bytes = [sum(t.numel() * t.element_size() for t in loaded.weights.values())]
         if self.tp is not None:
             progress("waiting for ranks", 0.9)
             reports = self.tp.wait_ready(config.tp_timeout_s + 600)
             frees = [r["free_bytes"] for r in reports if r["free_bytes"] is not None]
             worker_free = min(frees) if frees else None
+            self.weight_bytes += [r["weight_bytes"] for r in reports]
         self.adapters = (
             AdapterPool(config.adapters, loaded.args, loaded.dtype, loaded.device, config.max_loras, progress)
             if config.adapters
@@ -330,6 +332,7 @@ class Engine:
             "kv_head_replicas": li.shard.kv_head_replicas(li.args),
             "intermediate_per_rank": ra.intermediate_size,
             "worker_pids": self.tp.pids if self.tp else [],
+            "weight_bytes_per_rank": list(self.weight_bytes),
         }
 
     def stats(self) -> EngineStats:
@@ -347,6 +350,8 @@ class Engine:
             prefix_cache_hit_tokens=bm.hits,
             lora_resident=tuple(self.adapters.resident_names()) if self.adapters else (),
             lora_loads_total=self.adapters.loads_total if self.adapters else 0,
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            tp_allreduce_bytes_total=self.tp.collective.bytes_total if self.tp else 0,
         )
 
     def info(self) -> dict:

@@ -51,3 +51,5 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0
     lora_resident: tuple[str, ...] = ()  # adapters on the device now
     lora_loads_total: int = 0  # adapter copies host -> device slot
+    tensor_parallel_size: int = 1
+    tp_allreduce_bytes_total: int = 0  # bytes summed across ranks by rank 0's all-reduces

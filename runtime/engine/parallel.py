@@ -173,7 +173,9 @@ class TensorParallel:
                 p.join(1.0)
         for conn in self.pipes:
             conn.close()
-        return [p.exitcode for p in self.workers]
+        codes = [p.exitcode for p in self.workers]
+        log.info("tensor-parallel ranks stopped: exit codes %s", codes)
+        return codes
 
 
 # --- worker side ---------------------------------------------------------------------------
@@ -210,7 +212,8 @@ def _worker_setup(config: EngineConfig, rank: int, store_port: int, conn: mpc.Co
     collective = Collective(store, rank, shard.size, device, config.tp_timeout_s)
     loaded = load_shard(config, shard)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    _send(conn, ("ready", {"rank": rank, "pid": os.getpid(), "free_bytes": free}))
+    held = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    _send(conn, ("ready", {"rank": rank, "pid": os.getpid(), "free_bytes": free, "weight_bytes": held}))
     kind, num_blocks, block_size, max_model_len = pickle.loads(conn.recv_bytes())
     assert kind == "alloc", kind
     runner = ModelRunner(loaded, num_blocks, block_size, max_model_len, reduce=collective.all_reduce)

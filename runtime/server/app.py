@@ -48,6 +48,8 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
         ctx.engine = e
         if hasattr(e, "on_abort_release"):
             e.on_abort_release = ctx.metrics.cancel_released
+        if hasattr(e, "on_fatal"):
+            e.on_fatal = ctx.fatal
         if cfg.step_delay_s:
             e.step_delay_s = cfg.step_delay_s  # test hook: a deliberately slowed server
 

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -68,6 +69,18 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--adapter-revision", action="append", default=[], metavar="NAME=REV", help="a label in /v1/bundle"
     )
     p.add_argument("--max-loras", type=int, default=4, help="adapters held on the device at once")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks the model is split over: one process and one GPU each (gloo on cpu)",
+    )
+    p.add_argument(
+        "--tp-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a collective may wait for a rank before the engine fails (a hung rank)",
+    )
     p.add_argument("--bundle-id", default="", help="bundle id label on every metric series")
     p.add_argument(
         "--model-digest", default=None, help="refuse to serve unless the model dir has this digest"
@@ -107,7 +120,7 @@ def build_config(args: argparse.Namespace):
     from modeldeploy.runtime import EngineConfig
     from modeldeploy.runtime.server.config import ServerConfig
 
-    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if not 1 <= args.port <= 65535 and args.port != 0:
@@ -132,7 +145,13 @@ def build_config(args: argparse.Namespace):
         adapters=adapters,
         max_loras=args.max_loras,
         grammar_cache_size=args.grammar_cache_size,
+        tensor_parallel_size=args.tensor_parallel_size,
+        tp_timeout_s=args.tp_timeout,
     )
+    if args.tp_timeout <= 0:
+        raise ValueError(f"--tp-timeout must be > 0, got {args.tp_timeout}")
+    if args.tensor_parallel_size > 1 and adapters:
+        raise ValueError("--tensor-parallel-size: LoRA adapters (--adapter) are not supported with it yet")
     name = args.served_model_name or Path(args.model).resolve().name
     if name in {a["name"] for a in adapters}:
         raise ValueError(f"--adapter: {name!r} is also the served model name")
@@ -210,10 +229,14 @@ def main(args: argparse.Namespace) -> int:
     )
     server = DrainingServer(config, app.state.ctx)
     server.run()
-    return 0
+    return server.exit_code
 
 
 KEEP_ALIVE_S = 75
+# After the engine dies: health answers 503 for FATAL_GRACE_S (probes and load balancers see it, open
+# streams get their error event), then uvicorn stops; the process is gone by FATAL_BACKSTOP_S regardless.
+FATAL_GRACE_S = 1.0
+FATAL_BACKSTOP_S = 8.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -224,10 +247,29 @@ class DrainingServer(uvicorn.Server):
         self.ctx = ctx
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        self.exit_code = 0
+        ctx.exit_on_fatal = self._fatal
+
+    def _fatal(self) -> None:
+        """The engine died: stop serving and exit 1 (any thread). uvicorn closes within its graceful
+        timeout; a backstop timer ends the process regardless, so a dead rank never leaves a hang."""
+        if self.exit_code:
+            return
+        self.exit_code = 1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.call_later, FATAL_GRACE_S, self._stop_now)
+        else:
+            self._stop_now()
+        backstop = threading.Timer(FATAL_BACKSTOP_S, os._exit, args=(1,))
+        backstop.daemon = True
+        backstop.start()
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    def _stop_now(self) -> None:
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame) -> None:
         if not self._draining and self._loop is not None and not self.should_exit:

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from modeldeploy.runtime.engine.request_check import RequestError, check_request
@@ -39,6 +40,16 @@ class ServerContext:
         }
         adapters = [a["name"] for a in cfg.engine.adapters]
         self.metrics = ServerMetrics(labels, self.live_values, adapters)
+        self.exit_on_fatal: Callable[[], None] | None = None  # set by `modeldeploy serve` (cli.py)
+
+    def fatal(self, message: str) -> None:
+        """The engine died (step loop, or a tensor-parallel rank): 503 from now on, and exit non-zero
+        when running as `modeldeploy serve`, so the pod restarts instead of hanging. Any thread."""
+        if self.state.status != "failed":
+            self.state.status, self.state.error = "failed", f"engine failed: {message}"
+        log.error("engine failed: %s", message)
+        if self.exit_on_fatal is not None:
+            self.exit_on_fatal()
 
     # ---- readiness -------------------------------------------------------------------
     @property
@@ -215,6 +226,8 @@ class ServerContext:
             "engine_config": ecfg,
             "engine_info": info,
             "grammar_library": info.get("grammar_library") or _grammar_library(),
+            "parallel": info.get("parallel")
+            or {"tensor_parallel_size": ecfg.get("tensor_parallel_size", 1), "worker_pids": []},
             "server": {
                 "max_num_seqs": self.admission.max_running,
                 "max_queue": self.cfg.max_queue,
@@ -243,6 +256,8 @@ class ServerContext:
             "preemptions": getattr(stats, "preemptions_total", 0),
             "lora_resident": {n: n in getattr(stats, "lora_resident", ()) for n in self.adapter_names},
             "lora_loads": getattr(stats, "lora_loads_total", 0),
+            "tensor_parallel_size": getattr(stats, "tensor_parallel_size", ecfg.tensor_parallel_size),
+            "tp_allreduce_bytes": getattr(stats, "tp_allreduce_bytes_total", 0),
             "build_info": {
                 "bundle": ecfg.bundle_id,
                 "engine_build": self.cfg.engine_build,

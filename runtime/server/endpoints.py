@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from modeldeploy.runtime.engine.async_engine import EngineDead
 from modeldeploy.runtime.server import evidence
 from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server import structured as S
@@ -101,6 +102,10 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
     except ClientGone:
         await job.close(client_gone=True)
         return Response(status_code=499)  # nobody reads it; the client is gone
+    except EngineDead as e:
+        job.server_aborted = True
+        await job.close(client_gone=False)
+        raise APIError(503, str(e), code="engine_failed") from None
     except BaseException:
         await job.close(client_gone=False)
         raise
@@ -130,7 +135,18 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         body = _chat_stream(*head, tok, plan)
     else:
         body = _responses_stream(*head, tok, plan)
-    return SSEResponse(body, on_close=lambda: job.close(client_gone=True))
+    return SSEResponse(_until_engine_fails(job, body), on_close=lambda: job.close(client_gone=True))
+
+
+async def _until_engine_fails(job: Job, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A stream whose engine dies mid-way (a dead tensor-parallel rank, a crashed step loop) ends with
+    an error event and no [DONE], so the client knows at once; the outcome is the server's error."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except EngineDead as e:
+        job.server_aborted = True
+        yield event({"error": {"message": str(e), "type": "engine_error", "code": "engine_failed"}})
 
 
 async def _all(job: Job, first: Any) -> AsyncIterator[Any]:
