@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from modeldeploy.conformance.bench.runner import Bench, BenchConfig
 from modeldeploy.conformance.bench.server import probe
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.progression import RFC3339
+from modeldeploy_dev.wait import wait_until
 
 
 def _port() -> int:
@@ -61,18 +61,18 @@ def serve(model: str, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     ]
     proc = subprocess.Popen([*cmd, *flags], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server not ready in 300 s")
+        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
+
+    try:
+        wait_until(ready, 300, 0.3, f"{url} ready", ignore=(httpx.TransportError,))
+    except TimeoutError as e:
+        proc.kill()
+        raise RuntimeError("server not ready in 300 s") from e
+    return proc, url
 
 
 def server_side(url: str, before: Metrics, after: Metrics) -> dict[str, float | None]:

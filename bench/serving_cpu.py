@@ -24,10 +24,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from modeldeploy_dev.wait import wait_until
 
 HF_SERVE = "import sys; from transformers.cli.transformers import main; sys.argv=['transformers']+sys.argv[1:]; sys.exit(main())"
 SMALL_MIX = (
@@ -48,17 +49,15 @@ def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 
 
 def wait(url: str, path: str, proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + path, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready in {timeout_s} s")
+        return httpx.get(url + path, timeout=5).status_code == 200
+
+    try:
+        wait_until(ready, timeout_s, 0.5, f"{url}{path}", ignore=(httpx.TransportError,))
+    except TimeoutError as e:
+        raise RuntimeError(f"{url} not ready in {timeout_s} s") from e
 
 
 def bench(*args: str) -> None:

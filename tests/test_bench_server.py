@@ -17,12 +17,14 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 
 import httpx
 import pytest
 
 from modeldeploy.cli import main as cli_main
 from modeldeploy.conformance import measures as M
+from modeldeploy_dev.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,17 +58,15 @@ def servers(tmp_path_factory, llama_dir):
         procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
         urls[name] = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        for name, url in urls.items():
-            while True:
-                assert procs[name].poll() is None, (logs / f"{name}.log").read_text()[-2000:]
-                try:
-                    if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, f"{name} not ready in 240 s"
-                time.sleep(0.2)
+        deadline = time.monotonic() + 240  # all three together
+
+        def ready(name: str) -> bool:
+            assert procs[name].poll() is None, (logs / f"{name}.log").read_text()[-2000:]
+            return httpx.get(urls[name] + "/health/ready", timeout=2).status_code == 200
+
+        for name in urls:
+            left = max(0.0, deadline - time.monotonic())
+            wait_until(partial(ready, name), left, 0.2, f"{name} ready", ignore=(httpx.TransportError,))
         yield urls
     finally:
         for p in procs.values():

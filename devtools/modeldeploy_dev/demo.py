@@ -307,20 +307,24 @@ class _Story:
         )
 
     def watch(self, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
-        end = min(time.monotonic() + timeout, self.deadline)
-        while True:
-            md = self.get()
+        last: dict[str, Any] = {}
+
+        def reached() -> dict[str, Any] | None:
+            md = last["md"] = self.get()
             self.tick(md)
             if done(md.get("status") or {}):
                 return md
             if self.op.proc is not None and (rc := self.op.proc.poll()) is not None:
                 raise DemoFailed(f"the operator exited with {rc} (see its log): {self.stage}")
-            if time.monotonic() > end:
-                raise DemoFailed(
-                    f"timed out ({timeout:.0f}s or the overall deadline): {self.stage}; "
-                    f"phase {md.get('status', {}).get('phase')}"
-                )
-            time.sleep(0.5)
+            return None
+
+        try:
+            return wait_until(reached, min(timeout, self.deadline - time.monotonic()), 0.5, self.stage)
+        except TimeoutError as e:
+            raise DemoFailed(
+                f"timed out ({timeout:.0f}s or the overall deadline): {self.stage}; "
+                f"phase {last['md'].get('status', {}).get('phase')}"
+            ) from e
 
     def change(self, label: str, edit: Callable[[dict[str, Any]], None]) -> None:
         """Patch spec as GitOps would and record the new bundle id the operator will compute."""

@@ -16,6 +16,8 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
+from modeldeploy_dev.wait import wait_until
+
 
 def _value(v: Any) -> Any:
     kind = v.WhichOneof("value")
@@ -73,11 +75,10 @@ class Receiver:
                     )
 
     def wait_for(self, pred: Callable[[], bool], timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not pred():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"spans received: {[(s['name'], s['attrs']) for s in self.spans]}")
-            time.sleep(0.05)
+        try:
+            wait_until(pred, timeout_s, 0.05, "the spans")
+        except TimeoutError as e:
+            raise TimeoutError(f"spans received: {[(s['name'], s['attrs']) for s in self.spans]}") from e
 
     def stop(self) -> None:
         self.http.shutdown()

@@ -34,6 +34,7 @@ from modeldeploy_dev.cluster.realnode.config import (
     registry_hosts_toml,
 )
 from modeldeploy_dev.cluster.realnode.pki import sign_client_cert
+from modeldeploy_dev.wait import wait_until
 
 NODE_KIND_LABEL = "modeldeploy.dev/node-kind=real"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -215,11 +216,19 @@ class RealNode:
         # the shim is found on PATH: ours first, never Debian's 1.6 one
         env = {**os.environ, "PATH": f"{self.bins.containerd_dir}:{os.environ.get('PATH', '')}"}
         self._spawn("containerd", [str(self.bins.containerd), "--config", str(lay.containerd_config)], env)
-        deadline = time.monotonic() + 60
-        while self.ctr("version", check=False).returncode != 0:
-            if time.monotonic() > deadline or not self.pid("containerd"):
-                raise RuntimeError(f"containerd did not start; see {lay.log('containerd')}")
-            time.sleep(0.3)
+        failed = f"containerd did not start; see {lay.log('containerd')}"
+
+        def started() -> bool:
+            if self.ctr("version", check=False).returncode == 0:
+                return True
+            if not self.pid("containerd"):
+                raise RuntimeError(failed)
+            return False
+
+        try:
+            wait_until(started, 60, 0.3, "containerd to answer `ctr version`")
+        except TimeoutError as e:
+            raise RuntimeError(failed) from e
         r = self.ctr("images", "import", "--local", str(self.bins.pause_tar), check=False)
         if r.returncode != 0 or self.bins.pause_ref not in self.ctr("images", "ls", "-q").stdout:
             raise RuntimeError(f"importing {self.bins.pause_tar} failed: {r.stdout}{r.stderr}")
@@ -260,30 +269,41 @@ class RealNode:
         self._spawn(
             "kube-proxy", [str(self.bins.kube_proxy), "--config", str(lay.kube_proxy_config), "--v", "2"]
         )
-        deadline = time.monotonic() + 60
-        # synced once the `kubernetes` Service has its chain in the nat table
-        while (
-            "KUBE-SVC-"
-            not in subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True).stdout
-        ):
-            if time.monotonic() > deadline or not self.pid("kube-proxy"):
-                raise RuntimeError(f"kube-proxy did not program Services; see {lay.log('kube-proxy')}")
-            time.sleep(0.3)
+        failed = f"kube-proxy did not program Services; see {lay.log('kube-proxy')}"
+
+        def synced() -> bool:  # once the `kubernetes` Service has its chain in the nat table
+            nat = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True).stdout
+            if "KUBE-SVC-" in nat:
+                return True
+            if not self.pid("kube-proxy"):
+                raise RuntimeError(failed)
+            return False
+
+        try:
+            wait_until(synced, 60, 0.3, "kube-proxy to program Services")
+        except TimeoutError as e:
+            raise RuntimeError(failed) from e
 
     def wait_ready(self, kubeconfig: Path, timeout: float) -> None:
         from kubernetes import client, config
 
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             with contextlib.suppress(Exception):
                 n = core.read_node(self.name)
                 if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []):
-                    return
+                    return True
             if not self.pid("kubelet"):
                 raise RuntimeError(f"kubelet exited; see {self.lay.log('kubelet')}")
-            time.sleep(0.5)
-        raise TimeoutError(f"node {self.name} not Ready after {timeout}s; see {self.lay.log('kubelet')}")
+            return False
+
+        try:
+            wait_until(ready, timeout, 0.5, f"node {self.name} Ready")
+        except TimeoutError as e:
+            raise TimeoutError(
+                f"node {self.name} not Ready after {timeout}s; see {self.lay.log('kubelet')}"
+            ) from e
 
     # --- processes ----------------------------------------------------------------------------
     def _spawn(self, component: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
@@ -345,9 +365,11 @@ class RealNode:
         for p in pods:
             with contextlib.suppress(Exception):
                 core.delete_namespaced_pod(p.metadata.name, p.metadata.namespace, grace_period_seconds=5)
-        deadline = time.monotonic() + 90
-        while core.list_pod_for_all_namespaces(field_selector=sel).items and time.monotonic() < deadline:
-            time.sleep(0.5)
+        with contextlib.suppress(TimeoutError):  # best effort: the node is deleted either way
+            wait_until(
+                lambda: not core.list_pod_for_all_namespaces(field_selector=sel).items,
+                90, 0.5, f"the pods on {self.name} to go",
+            )  # fmt: skip
         with contextlib.suppress(Exception):
             core.delete_node(self.name)
 
@@ -357,9 +379,8 @@ class RealNode:
             return
         log(f"[real-node] stopping {component} (pid {pid})")
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while self.pid(component) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(TimeoutError):  # then SIGKILL
+            wait_until(lambda: not self.pid(component), 30, 0.2, f"{component} to exit")
         if self.pid(component):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -12,10 +12,11 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from modeldeploy_dev.wait import wait_until
 
 
 class Registry:
@@ -60,13 +61,19 @@ class Registry:
                 stdin=subprocess.DEVNULL, start_new_session=True, env=env,
             )  # fmt: skip
         self.pidfile.write_text(str(p.pid))
-        deadline = time.monotonic() + 30
-        while not (self.healthy() and self.pid()):
-            if time.monotonic() > deadline or not self.pid():
-                raise RuntimeError(
-                    f"registry did not start on {self.host}; see {self.run_dir / 'registry.log'}"
-                )
-            time.sleep(0.2)
+        failed = f"registry did not start on {self.host}; see {self.run_dir / 'registry.log'}"
+
+        def up() -> bool:
+            if self.healthy() and self.pid():
+                return True
+            if not self.pid():
+                raise RuntimeError(failed)
+            return False
+
+        try:
+            wait_until(up, 30, 0.2, f"the registry on {self.host}")
+        except TimeoutError as e:
+            raise RuntimeError(failed) from e
 
     def healthy(self) -> bool:
         try:
@@ -106,9 +113,8 @@ class Registry:
         pid = self.pid()
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 20
-            while self.pid() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            with contextlib.suppress(TimeoutError):  # then SIGKILL
+                wait_until(lambda: not self.pid(), 20, 0.1, "the registry to exit")
             if self.pid():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
