@@ -1,0 +1,143 @@
+"""`modeldeploy serve --tensor-parallel-size 2` as a real process (CPU, gloo): it passes the
+conformance suite, a killed rank (a worker, or rank 0 itself) fails it fast and leaves no rank
+behind, and SIGTERM under load drains with every rank alive, then stops them all with exit 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from test_server_process import _get, _spawn, _stop
+
+from modeldeploy.conformance import ConformanceConfig, run_conformance
+from modeldeploy.conformance.http import iter_sse
+from modeldeploy_dev.wait import wait_until
+
+pytestmark = pytest.mark.slow
+STREAMS = 4
+
+
+def _serve_tp2(tmp_path: Path, model: Path, *flags: str):
+    # a step delay keeps streams in flight long enough to kill something under them
+    proc, url = _spawn(tmp_path, model, "--tensor-parallel-size", "2", "--max-num-seqs", "8", *flags)
+    wait_until(lambda: (r := _get(url + "/health/ready")) is not None and r.status_code == 200, 120, 0.2)
+    parallel = httpx.get(url + "/v1/bundle").json()["parallel"]
+    assert parallel["tensor_parallel_size"] == 2 and parallel["backend"] == "gloo"
+    assert len(parallel["worker_pids"]) == 1
+    return proc, url, parallel["worker_pids"]
+
+
+class Streams:
+    """STREAMS long streamed completions; each records when and how it ended."""
+
+    def __init__(self, url: str):
+        self.url, self.ends, self.started = url, {}, threading.Event()
+        self.threads = [threading.Thread(target=self._one, args=(i,)) for i in range(STREAMS)]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, i: int) -> None:
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 300, "ignore_eos": True, "stream": True}
+        chunks, done, error = 0, False, None
+        try:
+            with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
+                for ev in iter_sse(r.iter_lines()):
+                    data = ev.data
+                    if data == "[DONE]":
+                        done = True
+                    elif '"error"' in data:
+                        error = data
+                    else:
+                        chunks += 1
+                        self.started.set()
+        except httpx.TransportError as e:
+            error = repr(e)
+        self.ends[i] = {"at": time.monotonic(), "chunks": chunks, "done": done, "error": error}
+
+    def join(self, timeout_s: float) -> None:
+        for t in self.threads:
+            t.join(timeout_s)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _readiness_until_gone(url: str, limit_s: float) -> list:
+    seen = []
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        r = _get(url + "/health/ready")
+        seen.append(r.status_code if r is not None else "gone")
+        if r is None:
+            break
+        time.sleep(0.05)
+    return seen
+
+
+def test_conformance_suite_passes_on_a_tp2_server(tmp_path, llama_dir):
+    proc, url, _ = _serve_tp2(tmp_path, llama_dir)
+    try:
+        report = run_conformance(ConformanceConfig(url=url, requests=8, concurrency=4))
+        assert report.passed, [c for c in report.checks if not c.passed]
+        assert {c.name for c in report.checks} >= {"normal_response", "streaming", "usage_accounting"}
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize("victim", ["worker", "rank0"])
+def test_a_killed_rank_fails_the_server_fast_and_leaves_no_rank(tmp_path, llama_dir, victim):
+    proc, url, pids = _serve_tp2(tmp_path, llama_dir, "--step-delay", "0.02")
+    try:
+        streams = Streams(url)
+        assert streams.started.wait(30)
+        time.sleep(0.3)
+        killed = time.monotonic()
+        os.kill(pids[0] if victim == "worker" else proc.pid, signal.SIGKILL)
+        seen = _readiness_until_gone(url, 12)
+        streams.join(15)
+        code = proc.wait(15)
+        exited = time.monotonic()
+        assert len(streams.ends) == STREAMS
+        for i, end in streams.ends.items():
+            assert not end["done"] and end["error"], f"stream {i} did not end with an error: {end}"
+            assert end["at"] - killed < 10, f"stream {i} ended {end['at'] - killed:.1f}s after the kill"
+        if victim == "worker":
+            assert all("engine failed" in e["error"] for e in streams.ends.values())
+            assert 503 in seen, seen  # health said so before the process went
+            assert code == 1
+        else:
+            assert code == -signal.SIGKILL
+        assert exited - killed < 10
+        wait_until(lambda: not _alive(pids[0]), 10, 0.1)  # no rank outlives the server
+    finally:
+        _stop(proc)
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_sigterm_under_load_drains_with_every_rank_then_stops_them(tmp_path, llama_dir):
+    proc, url, pids = _serve_tp2(tmp_path, llama_dir, "--step-delay", "0.01", "--drain-timeout", "60")
+    try:
+        streams = Streams(url)
+        assert streams.started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        streams.join(90)
+        assert proc.wait(30) == 0
+        for i, end in streams.ends.items():
+            assert end["done"] and end["error"] is None and end["chunks"] > 0, f"stream {i}: {end}"
+        assert not _alive(pids[0])
+        log = next(tmp_path.glob("serve-*.log")).read_text()
+        assert "tensor-parallel ranks stopped: exit codes [0]" in log
+    finally:
+        _stop(proc)
