@@ -2,8 +2,9 @@
 
   .venv/bin/python bench/operator_scale.py --nodes 1000 --mds 200 --latency-samples 40
 
-Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG). Creates kwok nodes
-`bench-gpu-*` and namespace `bench-operator`, runs `modeldeploy operator` as a subprocess,
+Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG). Applies the ModelDeployment
+CRD (generated from the API types, so a cluster without it or with a stale copy works), creates
+kwok nodes `bench-gpu-*` and namespace `bench-operator`, runs `modeldeploy operator` as a subprocess,
 measures from its /proc entry (CPU seconds utime+stime, peak RSS VmHWM), and removes all it
 created. Prints a markdown block for bench/results/operator.md.
 """
@@ -24,6 +25,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from modeldeploy.operator import api
+from modeldeploy.operator.crd import crd
 from modeldeploy_dev.cluster.nodes import kwok_node
 from modeldeploy_dev.wait import wait_until
 
@@ -46,6 +48,28 @@ def md(i: int) -> dict:
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
         },
     }  # fmt: skip
+
+
+def apply_crd(ext: client.ApiextensionsV1Api, timeout: float = 60) -> None:
+    """Create or replace the ModelDeployment CRD from the API types, then wait until it is Established."""
+    body = crd()
+    name = body["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
+            name
+        ).metadata.resource_version
+        ext.replace_custom_resource_definition(name, body)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_until(established, timeout, 0.2, f"CRD {name} Established")
+    print(f"CRD {name} applied", file=sys.stderr)
 
 
 def proc_stats(pid: int) -> tuple[float, int]:
@@ -74,6 +98,7 @@ def main() -> int:
         a.kubeconfig = str(LocalCluster().kubeconfig)
     config.load_kube_config(a.kubeconfig)
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
+    apply_crd(client.ApiextensionsV1Api())
     names = [f"bench-gpu-{i}" for i in range(a.nodes)]
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as ex:
