@@ -17,6 +17,9 @@ stages (bench/gpu_check.sh runs them all, each under its own timeout):
                  to CUDA float32 logits by the runtime's apply_bitmask (xgrammar's Triton kernel)
                  vs the CPU path and vs the sampler's pure-torch twin: bit-identical, and timed
                  (skips without CUDA or without xgrammar)
+  tp             tensor parallelism over NCCL: TP=2 greedy tokens vs TP=1 and transformers on tiny
+                 models, and an 8B-shaped bf16 decode step at batch 32, TP=1 vs TP=2 (dummy weights);
+                 skips with the reason when fewer than 2 GPUs are visible
   report OUTDIR  merge the stage JSONs into OUTDIR/gpu_check.json and print the table
 
 Each stage writes WORKDIR/<stage>[-NAME].json, with "error" set if it failed, so a CUDA fault
@@ -426,6 +429,7 @@ def stage_report(out: Path, _arg) -> dict:
     greedy, decode, kb = _load(out, "greedy"), _load(out, "decode"), _load(out, "kernel_bench")
     lora = _load(out, "lora")
     grammar = _load(out, "grammar_mask")
+    tp = _load(out, "tp")
     merged = {
         "git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
@@ -436,6 +440,7 @@ def stage_report(out: Path, _arg) -> dict:
         "kernel_bench": kb,
         "lora": lora,
         "grammar_mask": grammar,
+        "tp": tp,
     }
     lines = [
         f"gpu_check {merged['date']} rev {merged['git_rev']}",
@@ -483,8 +488,26 @@ def stage_report(out: Path, _arg) -> dict:
             )
     lines += ["", "LoRA: " + _lora_line(lora)]
     lines += ["grammar mask: " + _grammar_line(grammar)]
+    lines += ["tensor parallel: " + _tp_line(tp)]
     merged["table"] = lines
     return merged
+
+
+def _tp_line(r: dict) -> str:
+    if r.get("skipped"):
+        return f"SKIP ({r['skipped']})"
+    if "greedy" not in r:
+        return f"ERROR {r.get('error', '?')[:100]}"
+    text = f"TP=2 greedy == TP=1 ({r['greedy']['backend']}): {'PASS' if r['greedy']['ok'] else 'FAIL'}"
+    t = r.get("decode_8b_batch32", {})
+    if "tp2_decode_step_s" in t:
+        text += (
+            f"; 8B bf16 decode step batch 32: TP=1 {t['tp1_decode_step_s'] * 1e3:.2f} ms, "
+            f"TP=2 {t['tp2_decode_step_s'] * 1e3:.2f} ms"
+        )
+    elif "error" in t:
+        text += f"; timing ERROR {t['error'][:80]}"
+    return text
 
 
 def _lora_line(r: dict) -> str:
@@ -809,7 +832,67 @@ def _grammar_line(r: dict) -> str:
     return text
 
 
+def stage_tp(out: Path, _arg) -> dict:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        return {"skipped": f"{n} GPU(s) visible: tensor parallelism needs at least 2", "ok": None}
+    from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    result: dict = {"gpus": n}
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [[5, 6, 7], list(range(20, 90)), list(range(100, 300))]
+    with tempfile.TemporaryDirectory() as tmp:
+        d = make_tiny_model(Path(tmp) / "tiny", "llama", seed=0, hidden_size=256, num_heads=4, num_kv_heads=2)
+        one = [o.token_ids for o in LLM(d, dtype="float32", device="cuda").generate(prompts, params)]
+        llm = LLM(d, dtype="float32", device="cuda", tensor_parallel_size=2)
+        two = [o.token_ids for o in llm.generate(prompts, params)]
+        result["greedy"] = {"backend": llm.engine.parallel_info()["backend"], "ok": one == two}
+        llm.engine.close()
+        try:
+            cfg_dir = make_tiny_model(Path(tmp) / "8b", "llama", seed=0)  # tokenizer files (ids < 512)
+            for f in cfg_dir.glob("*.safetensors*"):
+                f.unlink()
+            (cfg_dir / "config.json").write_text(json.dumps(LLAMA3_8B, indent=1))
+            timing = {}
+            for tp in (1, 2):
+                eng = LLM(
+                    cfg_dir,
+                    dtype="bfloat16",
+                    device="cuda",
+                    load_format="dummy",
+                    tensor_parallel_size=tp,
+                    max_num_seqs=32,
+                    max_model_len=2048,
+                    num_kv_blocks=4096,
+                ).engine
+                sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+                for i in range(32):
+                    eng.add_request(f"r{i}", list(range(1, 513)), sp)
+                eng.step()  # prefill
+                for _ in range(3):
+                    eng.step()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(16):
+                    eng.step()
+                torch.cuda.synchronize()
+                timing[f"tp{tp}_decode_step_s"] = (time.perf_counter() - t) / 16
+                eng.close()
+                del eng
+                gc.collect()
+                torch.cuda.empty_cache()
+            result["decode_8b_batch32"] = timing
+        except Exception as e:  # noqa: BLE001 - recorded, the greedy result stands
+            result["decode_8b_batch32"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    result["ok"] = result["greedy"]["ok"]
+    return result
+
+
 STAGES = {
+    "tp": stage_tp,
     "grammar_mask": stage_grammar_mask,
     "lora": stage_lora,
     "env": stage_env,

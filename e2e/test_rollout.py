@@ -66,10 +66,11 @@ def serve_tiny(
     tmp: Path,
     name: str,
     adapters: list[dict[str, str]] | None = None,
+    topology: dict[str, Any] | None = None,
     **rollout: Any,
 ) -> tuple[dict[str, Any], str]:
-    """A ModelDeployment on the tiny model (and `adapters`, if any), Ready and Stable; returns
-    (object, stable bundle id)."""
+    """A ModelDeployment on the tiny model (and `adapters`, if any; `topology` fields over the
+    defaults), Ready and Stable; returns (object, stable bundle id)."""
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
     digest = _pv_with_tiny_model(cluster, ns, tmp)
@@ -85,6 +86,7 @@ def serve_tiny(
     if adapters:
         spec["bundle"]["adapters"] = adapters
     spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
+    spec["topology"].update(topology or {})
     spec["readiness"] = {"loadTimeoutSeconds": 180}
     spec["rollout"] = {
         "steps": [{"weight": 50, "pauseSeconds": 5}],
