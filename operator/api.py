@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from decimal import ROUND_CEILING, Decimal
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
@@ -99,8 +100,10 @@ Quantity = int | str
 _QUANTITY_RE = re.compile(
     r"^([+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E))?$"
 )
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_SUFFIX |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX = MappingProxyType(
+    {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+    | {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+)
 
 
 def quantity_bytes(q: Quantity) -> int:
@@ -540,6 +543,12 @@ class Analysis(_Model):
         default=0.95, ge=0, description="Fail when canary goodput < ratio * stable."
     )
     slo: SLO = Field(default_factory=SLO, description="Latency SLOs that define goodput.")
+    on_inconclusive: Literal["Hold", "Rollback"] = Field(
+        default="Hold",
+        description="An Inconclusive verdict (too few samples, metrics unreadable) after the step's pause: "
+        "Hold keeps the step until a verdict or progressDeadlineSeconds; Rollback rolls back at once "
+        "(reason AnalysisInconclusive).",
+    )
     prometheus: PrometheusSource | None = Field(
         default=None,
         description="Read the cohorts' metrics from a Prometheus HTTP API; default: scrape cohort pods' /metrics.",

@@ -310,7 +310,10 @@ def plan_status(
 ) -> ModelDeploymentStatus:
     """The whole status: figures, the machine's state, history and the analysis that decided the step."""
     sel = ",".join(f"{k}={v}" for k, v in selector_labels(x.md["metadata"]["name"]).items())
-    analysis_counts = state.phase in ACTIVE_PHASES or state.reason == "AnalysisFailed"
+    analysis_counts = state.phase in ACTIVE_PHASES or state.reason in (
+        "AnalysisFailed",
+        "AnalysisInconclusive",
+    )
     return x.prior.model_copy(
         update={
             "observed_generation": x.generation, "phase": phase, "conditions": conditions,

@@ -11,6 +11,7 @@ from modeldeploy.operator.rollout import IN_FLIGHT, Policy, RolloutState, Step
 # Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
 FAILURE_REASONS = (
     "AnalysisFailed",
+    "AnalysisInconclusive",
     "LoadTimeout",
     "ConformanceFailed",
     "ConformanceTimeout",
@@ -54,6 +55,7 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
         keep_previous_replicas=r.keep_previous.replicas,
         keep_previous_seconds=r.keep_previous.seconds,
         gateway=r.traffic_routing.gateway_api is not None,
+        on_inconclusive=r.analysis.on_inconclusive,
     )
 
 

@@ -31,6 +31,7 @@ PROMOTABLE: tuple[Phase, ...] = (
     "Canary",
 )  # a manual promote applies
 AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual promote
+INCONCLUSIVE = "AnalysisInconclusive"  # rollback reason under analysis.onInconclusive: Rollback
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Policy:
     keep_previous_replicas: int = 1
     keep_previous_seconds: int = 3600
     gateway: bool = False  # Gateway API weights instead of replica ratio
+    on_inconclusive: Literal["Hold", "Rollback"] = "Hold"  # an Inconclusive verdict after the pause
 
 
 @dataclass(frozen=True)
@@ -280,8 +282,15 @@ def _canary(s, p, sig, now, elapsed) -> Transition:
             if m.verdict == "Fail"
         )
         return _rollback(s, now, "AnalysisFailed", f"step {i + 1}: {figures}")
-    if elapsed < p.steps[i].pause_seconds or not fresh or a.verdict != "Pass":
-        return Transition(s)  # pausing, or Inconclusive: hold
+    if elapsed < p.steps[i].pause_seconds or not fresh:
+        return Transition(s)  # pausing, or no verdict for this step yet
+    if a.verdict == "Inconclusive":
+        if p.on_inconclusive == "Rollback":
+            why = a.message or f"{a.metrics[0].samples if a.metrics else 0} samples"
+            return _rollback(
+                s, now, INCONCLUSIVE, f"step {i + 1}: analysis Inconclusive ({why}), onInconclusive: Rollback"
+            )
+        return Transition(s)  # Hold: until a verdict or the progress deadline
     if p.steps[i].await_promotion:
         if s.reason == AWAITING:
             return Transition(s)

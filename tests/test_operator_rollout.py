@@ -137,6 +137,21 @@ def test_inconclusive_holds_until_the_deadline():
     assert t.event[1] == "ProgressDeadlineExceeded"
 
 
+def test_on_inconclusive_rollback_rolls_back_after_the_pause_and_holds_the_bundle():
+    p = replace(P, on_inconclusive="Rollback")
+    s = canary_at_step0()
+    sig = Signals(desired="bad", canary_ready=1, analysis=result("Inconclusive", 0), analysis_at=130.0)
+    assert advance(s, p, sig, 130.0).event is None  # inside the 60 s pause: samples may still come
+    assert advance(s, P, replace(sig, analysis_at=170.0), 170.0).event is None  # Hold (the default)
+    story = Story()
+    out = story.settle(s, p, replace(sig, analysis_at=170.0), 170.0)
+    assert [e[1] for e in story.events] == ["AnalysisInconclusive", "RolledBack", "BundleFailed"]
+    assert "onInconclusive: Rollback" in story.events[0][2] and "80 samples" in story.events[0][2]
+    assert (out.phase, out.stable, out.failed) == ("Stable", "old", ("bad",))
+    stale = replace(sig, analysis=result("Inconclusive", 0), analysis_at=90.0)  # before the step began
+    assert advance(s, p, stale, 170.0).event is None
+
+
 def test_manual_controls():
     s = canary_at_step0()
     t = advance(s, P, Signals(desired="bad", command="promote"), 110.0)
