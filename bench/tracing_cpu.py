@@ -3,11 +3,20 @@
 Two real servers in this process (real uvicorn, tiny model, max_num_seqs=32): one built with
 OTEL_EXPORTER_OTLP_ENDPOINT unset (no tracer), one exporting every request's spans to an OTLP/HTTP
 receiver running in its own process. A load client in another process (bench/server_cpu.py's raw
-SSE client) keeps 32 streams in flight; the step time is the wall time of the measured run
-divided by the engine steps it took (`stats().steps_total`), so it includes whatever the server's
-event loop (spans, logs) takes from the engine thread under the GIL. Rounds alternate off/on.
+SSE client) keeps 32 streams in flight. Rounds alternate off/on. A thread samples, every 20 ms,
+the engine's step count and running sequences and these CPU clocks (CPU time: what a thread ran,
+not how long it waited, so robust to the machine's other load):
 
-    .venv/bin/python bench/tracing_cpu.py --rounds 5 --out bench/results/server_cpu.md
+- the server process (CLOCK_PROCESS_CPUTIME_ID): everything, tracing included;
+- the engine step thread (its pthread CPU clock): the step loop's own work;
+- tracing, in place under the load: thread CPU inside `Tracing.record` (spans built on the event
+  loop when a request ends) plus the span exporter thread's CPU clock (OTLP encoding and sending).
+
+Only intervals that begin and end with all 32 sequences running count: wall and CPU per step at
+batch 32. Tracing's CPU per step over the off step's wall time bounds what tracing can take from
+the step when all of it is serialised with the step loop under the GIL.
+
+    .venv/bin/python bench/tracing_cpu.py --rounds 9 --out bench/results/server_cpu.md
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -57,22 +67,79 @@ def tracer(s: object) -> object:
     return mw.kwargs["tracing"]
 
 
-def one_round(s: object, n: int, c: int, tokens: int) -> dict:
-    """Load from another process while a thread here samples the engine every 20 ms; the step
-    time counts only intervals that begin and end with all `c` sequences running (batch 32)."""
+def _thread_clock(t: threading.Thread) -> Callable[[], float]:
+    cid = time.pthread_getcpuclockid(t.ident)  # type: ignore[arg-type]
+    return lambda: time.clock_gettime(cid)
+
+
+class TracingClock:
+    """CPU seconds spent tracing in this process: inside `Tracing.record` (wrapped, on whichever
+    thread calls it) plus the span exporter's thread, whose clock is found once it exists."""
+
+    def __init__(self, tr: object) -> None:
+        self.record_s = 0.0
+        self.records = 0
+        record = tr.record  # type: ignore[attr-defined]
+
+        def timed(*a: object, **k: object) -> object:
+            t = time.thread_time()
+            try:
+                return record(*a, **k)
+            finally:
+                self.record_s += time.thread_time() - t
+                self.records += 1
+
+        tr.record = timed  # type: ignore[attr-defined]
+        self.provider = tr.provider  # type: ignore[attr-defined]
+        self.flush_s = 0.0
+        self._export: Callable[[], float] | None = None
+
+    def flush(self) -> None:
+        """Export what is queued now, on this thread (timed): a round's spans are all paid in it."""
+        t = time.thread_time()
+        self.provider.force_flush()
+        self.flush_s += time.thread_time() - t
+
+    def total_s(self) -> float:
+        return self.record_s + self.exporter_s() + self.flush_s
+
+    def exporter_s(self) -> float:
+        if self._export is None:
+            threads = [t for t in threading.enumerate() if t.name.startswith("OtelBatchSpan")]
+            if not threads:
+                return 0.0
+            self._export = _thread_clock(threads[0])
+        return self._export()
+
+
+def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -> dict:
+    """Load from another process while a thread here samples the engine and the CPU clocks every
+    20 ms; only intervals that begin and end with all `c` sequences running count (batch 32)."""
     eng = s.ctx.engine  # type: ignore[attr-defined]
+    engine_cpu = _thread_clock(eng._thread)
     code = CLIENT.format(here=str(HERE), url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
-    samples: list[tuple[float, int, int]] = []
+    samples: list[tuple[float, ...]] = []
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             st = eng.stats()
-            samples.append((time.perf_counter(), st.steps_total, st.num_running))
+            samples.append(
+                (
+                    time.perf_counter(),
+                    st.steps_total,
+                    st.num_running,
+                    time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID),
+                    engine_cpu(),
+                    tc.record_s if tc else 0.0,
+                    tc.exporter_s() if tc else 0.0,
+                    tc.records if tc else 0,
+                )
+            )
             time.sleep(0.02)
 
     t = threading.Thread(target=sample, daemon=True)
-    before, cpu0 = eng.stats().steps_total, resource.getrusage(resource.RUSAGE_SELF)
+    trace0, records0, steps0 = (tc.total_s(), tc.records, eng.stats().steps_total) if tc else (0.0, 0, 0)
     t.start()
     try:
         out = subprocess.run(
@@ -81,17 +148,33 @@ def one_round(s: object, n: int, c: int, tokens: int) -> dict:
     finally:
         done.set()
         t.join()
-    cpu1, all_steps = resource.getrusage(resource.RUSAGE_SELF), eng.stats().steps_total - before
-    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
-    wall = steps = 0.0
-    for (t0, s0, r0), (t1, s1, r1) in zip(samples, samples[1:], strict=False):
-        if r0 == c and r1 == c and s1 > s0:
-            wall, steps = wall + t1 - t0, steps + s1 - s0
+    if tc:
+        tc.flush()
+    # Tracing per request over the whole round (spans built at each request's end, exported in
+    # batches whenever the processor wakes, the rest flushed above), so no export falls outside.
+    per_request = (tc.total_s() - trace0) / max(tc.records - records0, 1) if tc else 0.0
+    # At a full batch every sequence finishes once per `tokens` steps: c / tokens requests per step
+    # (an upper bound on the round's own rate, which ramps and drains; reported beside it). Not
+    # counted within the full-batch intervals: with equal lengths requests finish in waves, exactly
+    # at the steps where the batch is not full.
+    rps = c / tokens
+    round_rps = (tc.records - records0) / max(eng.stats().steps_total - steps0, 1) if tc else 0.0
+    sums = [0.0] * 8
+    for a, b in zip(samples, samples[1:], strict=False):
+        if a[2] == c and b[2] == c and b[1] > a[1]:
+            sums = [x + (v1 - v0) for x, v0, v1 in zip(sums, a, b, strict=True)]
+    wall, steps, _, proc, engine, record, export, _records = sums
     client = json.loads(out.stdout.strip().splitlines()[-1])
+    per = 1000 / steps if steps else float("nan")
     return {
-        "cpu_step_ms": 1000 * cpu / all_steps,
-        "step_ms": 1000 * wall / steps if steps else float("nan"),
-        "full_s": wall,
+        "step_ms": wall * per,
+        "proc_cpu_ms": proc * per,
+        "engine_cpu_ms": engine * per,
+        "trace_cpu_ms": 1000 * per_request * rps,
+        "trace_request_us": 1e6 * per_request,
+        "record_cpu_ms": record * per,
+        "export_cpu_ms": export * per,
+        "round_requests_per_step": round_rps,
         "steps": int(steps),
         "tok_s": client["tokens"] / client["wall_s"],
     }
@@ -138,79 +221,123 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None, help="markdown file whose tracing section is replaced")
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="A/A: both servers untraced (the 'on' one too), to see the noise of the paired differences",
+    )
     args = ap.parse_args()
+    if args.control and args.out:
+        ap.error("--control prints the A/A figures only: no --out")
     tmp = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
     model = str(tmp / "tiny")
     subprocess.run([sys.executable, "-m", "modeldeploy", "tiny-model", model, "--arch", "llama", "--seed", "0"],
                    check=True, capture_output=True)  # fmt: skip
     rx = subprocess.Popen([sys.executable, "-m", "modeldeploy_dev.otlp"], stdout=subprocess.PIPE, text=True)
     endpoint = rx.stdout.readline().strip()  # type: ignore[union-attr]
-    off, on = server(model, False, endpoint), server(model, True, endpoint)
-    assert tracer(on) is not None and tracer(off) is None
+    off, on = server(model, False, endpoint), server(model, not args.control, endpoint)
+    assert (tracer(on) is None) == args.control and tracer(off) is None
+    tc = None if args.control else TracingClock(tracer(on))
     res: dict[str, list[dict]] = {"off": [], "on": []}
+    t_start = time.monotonic()
     try:
-        for s in (off, on):  # warm-up, not recorded
-            one_round(s, args.concurrency, args.concurrency, 16)
+        for name, s in (("off", off), ("on", on)):  # warm-up, not recorded
+            one_round(s, args.concurrency, args.concurrency, 16, tc if name == "on" else None)
         for i in range(args.rounds):
             for name, s in (("off", off), ("on", on)) if i % 2 == 0 else (("on", on), ("off", off)):
-                r = one_round(s, args.requests, args.concurrency, args.max_tokens)
+                r = one_round(
+                    s, args.requests, args.concurrency, args.max_tokens, tc if name == "on" else None
+                )
                 res[name].append(r)
                 print(
-                    f"round {i} {name}: step {r['step_ms']:.3f} ms over {r['steps']} full-batch steps, "
-                    f"server CPU {r['cpu_step_ms']:.3f} ms/step, {r['tok_s']:.0f} tok/s"
+                    f"round {i} {name}: step {r['step_ms']:.3f} ms wall, process CPU {r['proc_cpu_ms']:.3f}"
+                    f" ms, engine thread CPU {r['engine_cpu_ms']:.3f} ms, tracing CPU {r['trace_cpu_ms']:.4f}"
+                    f" ms per step over {r['steps']} full-batch steps; {r['tok_s']:.0f} tok/s",
+                    flush=True,
                 )
         per_request = record_cost(endpoint)
     finally:
         for s in (off, on):
             s.stop()  # type: ignore[attr-defined]
         rx.kill()
-    med = {k: statistics.median(r["step_ms"] for r in v) for k, v in res.items()}
-    best = {k: min(r["step_ms"] for r in v) for k, v in res.items()}
-    diff_med = 100 * (med["on"] / med["off"] - 1)
-    diff_best = 100 * (best["on"] / best["off"] - 1)
-    cpu = {k: statistics.median(r["cpu_step_ms"] for r in v) for k, v in res.items()}
-    diff_cpu = 100 * (cpu["on"] / cpu["off"] - 1)
-    spread = {
-        k: 100 * (max(r["step_ms"] for r in v) - min(r["step_ms"] for r in v)) / med[k]
-        for k, v in res.items()
-    }
+    elapsed = time.monotonic() - t_start
+
+    def med(key: str, side: str) -> float:
+        return statistics.median(r[key] for r in res[side])
+
+    def pct(a: float, b: float) -> float:
+        return 100 * (a / b - 1)
+
+    # Paired: round i's on against round i's off (adjacent in time, so they share the machine's load).
+    pairs = {k: [pct(a[k], b[k]) for a, b in zip(res["on"], res["off"], strict=True)]
+             for k in ("step_ms", "proc_cpu_ms", "engine_cpu_ms")}  # fmt: skip
+    trace = med("trace_cpu_ms", "on")
+    trace_max = max(r["trace_cpu_ms"] for r in res["on"])
+    bound = 100 * trace / med("step_ms", "off")
+    bound_worst = 100 * trace_max / min(r["step_ms"] for r in res["off"])
+    spread = {k: 100 * (max(r["step_ms"] for r in v) - min(r["step_ms"] for r in v)) / med("step_ms", k)
+              for k, v in res.items()}  # fmt: skip
+    rps = args.concurrency / args.max_tokens
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     load = os.getloadavg()[0]
-    cmd = f"python bench/tracing_cpu.py --rounds {args.rounds} --out {args.out}"
-    text = f"""{SECTION}
+    cmd = f"python bench/tracing_cpu.py --rounds {args.rounds}" + (
+        " --control" if args.control else f" --out {args.out}"
+    )
+    c = args.concurrency
+
+    def row(side: str) -> str:
+        return (
+            f"| tracing {side} | {med('step_ms', side):.3f} | {med('proc_cpu_ms', side):.3f} | "
+            f"{med('engine_cpu_ms', side):.3f} | "
+            + (f"{trace:.4f} |" if side == "on" else "0 (no tracer) |")
+            + f" {sum(r['steps'] for r in res[side])} | {med('tok_s', side):.0f} |"
+        )
+
+    def listed(key: str, side: str, nd: int = 3) -> list[float]:
+        return [round(r[key], nd) for r in res[side]]
+
+    heading = SECTION + (" -- A/A CONTROL: both servers untraced" if args.control else "")
+    text = f"""{heading}
 
 - date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
-- command: `{cmd}`
+- command: `{cmd}` ({elapsed:.0f} s)
 - machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs: noisy), Python {platform.python_version()}
-- workload: tiny llama, float32, cpu, max_num_seqs=32; {args.requests} streamed requests x {args.max_tokens} tokens,
-  {args.concurrency} in flight (load client in its own process); "on" exports every request's spans over
+- workload: tiny llama, float32, cpu, max_num_seqs={c}; {args.requests} streamed requests x {args.max_tokens} tokens,
+  {c} in flight (load client in its own process); "on" exports every request's spans over
   OTLP/HTTP to a receiver in its own process, "off" has OTEL_EXPORTER_OTLP_ENDPOINT unset (no tracer built)
-- step time at batch {args.concurrency}: a thread in the server process samples the engine every 20 ms
-  (steps_total, num_running); only intervals with all {args.concurrency} sequences running at both ends
-  count (wall / steps), so it includes what the server's event loop (spans, logs) takes from the engine
-  thread under the GIL; rounds alternate off/on, {args.rounds} each
+- method: a thread in the server process samples every 20 ms the engine (steps_total, num_running) and
+  CPU clocks: the process, the engine step thread, and tracing in place (thread CPU inside
+  `Tracing.record` + the span exporter thread); only intervals with all {c} sequences running at both
+  ends count; rounds alternate off/on, {args.rounds} each; medians over rounds
 
-| | step ms at batch {args.concurrency} (median) | (best) | full-batch steps measured | client tok/s (median) |
-|---|---|---|---|---|
-| tracing off | {med["off"]:.3f} | {best["off"]:.3f} | {sum(r["steps"] for r in res["off"])} | {statistics.median(r["tok_s"] for r in res["off"]):.0f} |
-| tracing on | {med["on"]:.3f} | {best["on"]:.3f} | {sum(r["steps"] for r in res["on"])} | {statistics.median(r["tok_s"] for r in res["on"]):.0f} |
+| | step ms wall | process CPU ms / step | engine-thread CPU ms / step | tracing CPU ms / step | full-batch steps | client tok/s |
+|---|---|---|---|---|---|---|
+{row("off")}
+{row("on")}
 
-on vs off, step time at batch {args.concurrency}: {diff_med:+.2f} % (median), {diff_best:+.2f} % (best); target: under 2 %.
-Server-process CPU per engine step (all steps of a round; the busy engine thread, event loop and
-span exporter together): off {cpu["off"]:.3f} ms, on {cpu["on"]:.3f} ms, {diff_cpu:+.2f} %.
-Tracing's own cost, measured without the noise of the load: {1e6 * per_request:.0f} us of CPU per traced
-request (4 spans built and exported, batch flushed). At batch {args.concurrency} with {args.max_tokens}-token
-requests a step finishes {args.concurrency / args.max_tokens:.2f} requests on average, so tracing adds
-{1e3 * per_request * args.concurrency / args.max_tokens:.3f} ms of CPU per step: {100 * 1e3 * per_request * args.concurrency / args.max_tokens / med["off"]:.2f} % of the median off step
-({med["off"]:.3f} ms), {100 * 1e3 * per_request * args.concurrency / args.max_tokens / best["off"]:.2f} % of the best ({best["off"]:.3f} ms).
-Noise: the off rounds alone spread over {spread["off"]:.0f} % of their median (on: {spread["on"]:.0f} %).
+Tracing's CPU in place at batch {c}: {trace:.4f} ms per step (median of rounds; worst round {trace_max:.4f}),
+from {med("trace_request_us", "on"):.0f} us of CPU per traced request in place (each round's spans built, exported and
+flushed; isolated, without the load: {1e6 * per_request:.0f} us) x {rps:.3f} requests finished per step at a
+full batch ({c} sequences of {args.max_tokens} tokens; over whole rounds, ramp and drain included:
+{med("round_requests_per_step", "on"):.3f}).
+Within the full-batch intervals alone: {1e3 * med("record_cpu_ms", "on"):.1f} us building spans +
+{1e3 * med("export_cpu_ms", "on"):.1f} us on the exporter thread per step.
+As a share of the off step's wall time: **{bound:.2f} %** of its median ({med("step_ms", "off"):.3f} ms);
+the worst round's tracing CPU over the fastest off step ({min(r["step_ms"] for r in res["off"]):.3f} ms):
+**{bound_worst:.2f} %**. Target: under 2 %.
 
-- off rounds step ms: {[round(r["step_ms"], 3) for r in res["off"]]}
-- on rounds step ms: {[round(r["step_ms"], 3) for r in res["on"]]}
-- off rounds server CPU ms/step: {[round(r["cpu_step_ms"], 3) for r in res["off"]]}
-- on rounds server CPU ms/step: {[round(r["cpu_step_ms"], 3) for r in res["on"]]}
+Paired on-vs-off differences per round (median; all rounds listed below):
+step wall {statistics.median(pairs["step_ms"]):+.2f} %, process CPU per step {statistics.median(pairs["proc_cpu_ms"]):+.2f} %,
+engine-thread CPU per step {statistics.median(pairs["engine_cpu_ms"]):+.2f} %.
+Noise: the off rounds' wall step time spreads over {spread["off"]:.0f} % of its median (on: {spread["on"]:.0f} %).
+
+- step ms wall: off {listed("step_ms", "off")}, on {listed("step_ms", "on")}
+- process CPU ms/step: off {listed("proc_cpu_ms", "off")}, on {listed("proc_cpu_ms", "on")}
+- engine-thread CPU ms/step: off {listed("engine_cpu_ms", "off")}, on {listed("engine_cpu_ms", "on")}
+- tracing CPU ms/step (on): {listed("trace_cpu_ms", "on", 4)}; us per request: {listed("trace_request_us", "on", 0)}
+- paired on/off %: step wall {[round(x, 1) for x in pairs["step_ms"]]}, process CPU {[round(x, 1) for x in pairs["proc_cpu_ms"]]}, engine-thread CPU {[round(x, 1) for x in pairs["engine_cpu_ms"]]}
 - load average at the end: {load:.1f} (1 min)
 """
     print(text)
