@@ -93,7 +93,7 @@ node_main() {
   log "go: $("$GO" version); cache: $CACHE"
   local missing=()
   for tool in runc iptables-restore; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-  [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || missing+=(containernetworking-plugins)
+  [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
   if [[ ${#missing[@]} -gt 0 ]]; then
     log "missing: ${missing[*]} (apt-get install runc containernetworking-plugins iptables; .ci/run does)"
   fi

@@ -180,7 +180,12 @@ def registry_hosts_toml(host_port: str) -> str:
 def cni_conflist(name: str, net: NodeNet, data_dir: Path) -> dict:
     """bridge + host-local (+ portmap for hostPort). No ipMasq and no default route: pods reach
     their bridge subnet, the host (gateway) and the Service CIDR (kube-proxy DNATs it), nothing
-    else. hairpinMode lets a pod reach itself through its own Service."""
+    else. hairpinMode lets a pod reach itself through its own Service.
+
+    No `loopback` in this chain on purpose: every plugin of a chain gets the same interface
+    (eth0), and loopback would act on that one. containerd's CRI runs loopback itself, as a
+    network of its own on `lo` (go-cni `WithLoNetwork`, unless `use_internal_loopback`), from
+    the same bin_dirs: so /usr/lib/cni/loopback is a prerequisite, and the e2e checks `lo` is UP."""
     return {
         "cniVersion": "1.0.0",
         "name": name,

@@ -106,8 +106,10 @@ class NodeBinaries:
         for tool, pkg in (("runc", "runc"), ("iptables-restore", "iptables")):
             if shutil.which(tool) is None:
                 out.append(f"{tool} (apt-get install {pkg})")
-        if not (Path(CNI_BIN_DIR) / "bridge").exists():
-            out.append(f"{CNI_BIN_DIR}/bridge (apt-get install containernetworking-plugins)")
+        # loopback: containerd's CRI runs it on every pod's lo (not in the conflist's chain)
+        for plugin in ("bridge", "host-local", "portmap", "loopback"):
+            if not (Path(CNI_BIN_DIR) / plugin).exists():
+                out.append(f"{CNI_BIN_DIR}/{plugin} (apt-get install containernetworking-plugins)")
         return out
 
 
