@@ -98,7 +98,11 @@ class ModelDeploymentStatus(_Model):
     canary: CohortStatus | None = Field(default=None, description="The bundle being rolled out, if any.")
     canary_weight: int = Field(default=0, ge=0, le=100, description="Percent of traffic on the canary.")
     current_step: int | None = Field(default=None, description="Index into spec.rollout.steps.")
-    replicas: int = Field(default=0, description="Serving pods desired (scale subresource).")
+    replicas: int = Field(
+        default=0,
+        description="Scale subresource: the serving slots stable and canary fill together, comparable with "
+        "spec.replicas (a surge canary beside a full stable and a warm prior bundle are not counted).",
+    )
     ready_replicas: int = Field(default=0, description="Serving pods ready, all cohorts.")
     selector: str | None = Field(
         default=None, description="Label selector of the serving pods (scale subresource)."

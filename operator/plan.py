@@ -318,7 +318,8 @@ def plan_status(
         update={
             "observed_generation": x.generation, "phase": phase, "conditions": conditions,
             "stable": cohorts.stable, "canary": cohorts.canary, "canary_weight": weight,
-            "replicas": sum(sizes.values()), "ready_replicas": cohorts.ready_total, "selector": sel,
+            "replicas": scale_replicas(x.spec.replicas, state, sizes), "ready_replicas": cohorts.ready_total,
+            "selector": sel,
             "history": progression.history_entries(state, x.prior.history, revisions_of(x), x.now),
             "current_step": state.step if state.phase == "Canary" else None,
             "failed_bundles": list(state.failed),
@@ -326,6 +327,14 @@ def plan_status(
             "rollout": progression.rollout_status(state),
         }
     )  # fmt: skip
+
+
+def scale_replicas(replicas: int, state: RolloutState, sizes: dict[str, int]) -> int:
+    """status.replicas of the scale subresource, comparable with spec.replicas (what an HPA reads as the
+    current scale): the slots stable and canary fill together, never the surge canary on top of a full
+    stable, nor a warm prior bundle. So an HPA at its target during a canary does not scale up."""
+    serving = sum(sizes.get(b, 0) for b in {state.stable, state.canary} if b)
+    return min(replicas, serving)
 
 
 def status_patch(prior: ModelDeploymentStatus, status: ModelDeploymentStatus) -> list[Action]:

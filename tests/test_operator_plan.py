@@ -216,6 +216,31 @@ def test_bundle_change_canary_gate_steps_promotion_and_warm_prior() -> None:
     assert [d["metadata"]["labels"]["modeldeploy.dev/bundle"] for d in obs.deployments] == [new]
 
 
+def sizes(obs: Observed) -> dict[str, int]:
+    return {d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments}
+
+
+def test_scale_during_a_canary_keeps_the_cohorts_ratio_and_status_replicas_follows_spec() -> None:
+    """`kubectl scale md` / an HPA writes spec.replicas through the scale subresource: both cohorts
+    scale, the canary's share of replicas holds, and status.replicas stays comparable with spec.replicas
+    (the surge canary is not counted: an HPA at its target sees current == desired)."""
+    obj, obs, old, _ = stable_then_change()
+    obj["spec"]["replicas"] = 3
+    obj, obs, _ = advance_to(obj, obs, at(0))
+    obj, obs, _ = advance_to(obj, obs, at(0, 10))
+    new = obj["status"]["canary"]["bundle"]
+    obj, obs, _ = advance_to(obj, obs, at(0, 20), conformance=(True, "8/8 checks passed"))
+    st = obj["status"]
+    assert (st["phase"], st["canaryWeight"]) == ("Canary", 25) and sizes(obs) == {old: 3, new: 1}
+    assert st["replicas"] == 3 and st["readyReplicas"] == 4
+    obj = {**obj, "spec": {**obj["spec"], "replicas": 6}, "metadata": {**obj["metadata"], "generation": 3}}
+    obj, obs, acts = advance_to(obj, obs, at(0, 25))
+    assert sizes(obs) == {old: 6, new: 2}  # 1:3 before, 2:6 after: the ratio holds (25 % of the replicas)
+    st = obj["status"]
+    assert (st["phase"], st["currentStep"], st["replicas"]) == ("Canary", 0, 6)
+    assert st["canary"]["replicas"] == 2 and st["stable"]["replicas"] == 6
+
+
 def test_failed_analysis_rolls_back_and_holds_the_bundle() -> None:
     obj, obs, old, _ = stable_then_change()
     obj, obs, _ = advance_to(obj, obs, at(0))
