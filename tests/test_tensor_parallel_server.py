@@ -94,15 +94,20 @@ def test_conformance_suite_passes_on_a_tp2_server(tmp_path, llama_dir):
         _stop(proc)
 
 
-@pytest.mark.parametrize("victim", ["worker", "rank0"])
+@pytest.mark.parametrize("victim", ["worker", "rank0", "hung-worker"])
 def test_a_killed_rank_fails_the_server_fast_and_leaves_no_rank(tmp_path, llama_dir, victim):
-    proc, url, pids = _serve_tp2(tmp_path, llama_dir, "--step-delay", "0.02")
+    """SIGKILL a worker or rank 0 (the server itself), or SIGSTOP a worker (a hung rank: the next
+    collective times out after --tp-timeout)."""
+    proc, url, pids = _serve_tp2(tmp_path, llama_dir, "--step-delay", "0.02", "--tp-timeout", "3")
     try:
         streams = Streams(url)
         assert streams.started.wait(30)
         time.sleep(0.3)
         killed = time.monotonic()
-        os.kill(pids[0] if victim == "worker" else proc.pid, signal.SIGKILL)
+        if victim == "hung-worker":
+            os.kill(pids[0], signal.SIGSTOP)
+        else:
+            os.kill(pids[0] if victim == "worker" else proc.pid, signal.SIGKILL)
         seen = _readiness_until_gone(url, 12)
         streams.join(15)
         code = proc.wait(15)
@@ -111,7 +116,7 @@ def test_a_killed_rank_fails_the_server_fast_and_leaves_no_rank(tmp_path, llama_
         for i, end in streams.ends.items():
             assert not end["done"] and end["error"], f"stream {i} did not end with an error: {end}"
             assert end["at"] - killed < 10, f"stream {i} ended {end['at'] - killed:.1f}s after the kill"
-        if victim == "worker":
+        if victim != "rank0":
             assert all("engine failed" in e["error"] for e in streams.ends.values())
             assert 503 in seen, seen  # health said so before the process went
             assert code == 1

@@ -121,12 +121,10 @@ class AsyncEngine:
         self._post("abort", (request_id, time.monotonic()))
 
     async def shutdown(self) -> None:
-        """Stop stepping, then stop the tensor-parallel ranks. After a failure the ranks go first: a
-        step blocked in a collective with a dead or hung rank is released by their exit."""
+        """Stop stepping, then stop the tensor-parallel ranks (after a failure `_fail` has killed them
+        already, which also releases a step blocked in a collective)."""
         self._stop = True
         self._wake.set()
-        if self.error is not None and self.engine is not None:
-            await asyncio.to_thread(self.engine.close)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5 if self.error is not None else 30)
         if self.engine is not None:
@@ -188,6 +186,8 @@ class AsyncEngine:
             rids = list(self._queues)
         for rid in rids:
             self._deliver(EngineDead(f"engine failed: {e}"), rid)
+        if self.engine is not None and self.engine.tp is not None:
+            self.engine.tp.kill()  # no rank outlives a dead engine, a hung one included
         if self.on_fatal is not None:
             self.on_fatal(f"{type(e).__name__}: {e}")
 

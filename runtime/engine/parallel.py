@@ -155,9 +155,18 @@ class TensorParallel:
             bodies.append(body)
         return bodies
 
+    def kill(self) -> None:
+        """The engine is dead: end every worker now (SIGKILL also ends a stopped or hung one)."""
+        self._stopping.set()
+        for p in self.workers:
+            if p.is_alive():
+                p.kill()
+        for p in self.workers:
+            p.join(2.0)
+
     def stop(self) -> list[int | None]:
         """Stop every worker (gracefully, then by force); their exit codes."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() and not any(p.is_alive() for p in self.workers):
             return [p.exitcode for p in self.workers]
         self._stopping.set()
         for conn in self.pipes:
