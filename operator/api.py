@@ -8,6 +8,7 @@ checks run in pydantic so a unit test or `plan()` sees the error the API server 
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import ROUND_CEILING, Decimal
 from types import MappingProxyType
@@ -49,6 +50,8 @@ MSG_TP_ADAPTERS = (
     "the runtime does not serve LoRA adapters under tensor parallelism yet"
 )
 MSG_STEPS = "rollout.steps weights must be strictly increasing"
+PERCENT_RE = r"^(100|[1-9][0-9]?)%$"
+MSG_COUNT_OR_PERCENT = "must be a count (an integer >= 0) or a percentage of spec.replicas such as '25%'"
 MSG_TOKENIZER = "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
 ADAPTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_ADAPTERS = 16
@@ -129,6 +132,35 @@ def _check_bytes(v: Quantity | None) -> Quantity | None:
 
 
 ByteQuantity = Annotated[Quantity, AfterValidator(_check_bytes)]
+
+
+def _check_count_or_percent(v: int | str) -> int | str:
+    if (
+        isinstance(v, bool)
+        or (isinstance(v, int) and v < 0)
+        or (isinstance(v, str) and not re.match(PERCENT_RE, v))
+    ):
+        raise ValueError(f"{MSG_COUNT_OR_PERCENT} (got {v!r})")
+    return v
+
+
+# A replica count or a percentage of spec.replicas (rounded up): int-or-string in the CRD.
+CountOrPercent = Annotated[
+    int | str,
+    AfterValidator(_check_count_or_percent),
+    Field(
+        json_schema_extra=_cel(
+            f"type(self) == string ? self.matches('{PERCENT_RE}') : int(self) >= 0", MSG_COUNT_OR_PERCENT
+        )
+    ),
+]
+
+
+def resolve_count(v: int | str, total: int) -> int:
+    """A CountOrPercent against spec.replicas: a percentage rounds up, like a PodDisruptionBudget's."""
+    if isinstance(v, str):
+        return math.ceil(total * int(v[:-1]) / 100)
+    return v
 
 
 class EngineRef(_Model):
@@ -406,6 +438,13 @@ class RolloutStep(_Model):
 
     weight: int = Field(ge=1, le=100, description="Canary traffic percent at this step.")
     pause_seconds: int = Field(default=60, ge=0, le=86400, description="Hold before analysis may advance.")
+    replicas: CountOrPercent | None = Field(
+        default=None,
+        description="Canary replicas at this step, apart from its traffic weight: a count or a percentage "
+        "of spec.replicas ('25%', rounded up; at least 1, at most spec.replicas). Default: proportional to "
+        "weight (replica ratio: weight% of the pods beside a full stable; Gateway API: weight% of "
+        "spec.replicas).",
+    )
     await_promotion: bool = Field(
         default=False,
         description="After the pause and a passing analysis, hold until `modeldeploy rollout promote` "

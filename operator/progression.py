@@ -48,7 +48,7 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
     r = spec.rollout
     return Policy(
         replicas=spec.replicas,
-        steps=tuple(Step(s.weight, s.pause_seconds, s.await_promotion) for s in r.steps),
+        steps=tuple(Step(s.weight, s.pause_seconds, s.await_promotion, s.replicas) for s in r.steps),
         conformance_gate=r.conformance_gate,
         load_timeout_seconds=spec.readiness.load_timeout_seconds,
         progress_deadline_seconds=r.progress_deadline_seconds,

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from modeldeploy.operator.analysis import fmt
-from modeldeploy.operator.api import AnalysisResult
+from modeldeploy.operator.api import AnalysisResult, resolve_count
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
@@ -39,6 +39,7 @@ class Step:
     weight: int
     pause_seconds: int
     await_promotion: bool = False  # hold after a passing analysis until a manual promote
+    replicas: int | str | None = None  # canary replicas (count or "N%" of spec.replicas); None: by weight
 
 
 @dataclass(frozen=True)
@@ -377,13 +378,18 @@ def cohort_replicas(s: RolloutState, p: Policy, now: float) -> dict[str, int]:
     if s.previous and s.previous_until is not None and now < s.previous_until and p.keep_previous_replicas:
         out[s.previous] = p.keep_previous_replicas
     if s.canary and s.phase in ACTIVE_PHASES:
-        w = p.steps[s.step or 0].weight if s.phase != "Promoting" else 100
-        out[s.canary] = p.replicas if w >= 100 else _canary_size(p, w)
+        out[s.canary] = p.replicas if s.phase == "Promoting" else canary_size(p, p.steps[s.step or 0])
     return out
 
 
-def _canary_size(p: Policy, weight: int) -> int:
-    """Replicas giving the canary ~weight% next to a full stable (replica ratio), or weight% of replicas."""
+def canary_size(p: Policy, step: Step) -> int:
+    """The step's canary replicas: its `replicas` (count or percentage of spec.replicas) when given, else
+    ~weight% of the pods next to a full stable (replica ratio), or weight% of replicas (Gateway API)."""
+    if step.replicas is not None:
+        return max(1, min(p.replicas, resolve_count(step.replicas, p.replicas)))
+    weight = step.weight
+    if weight >= 100:
+        return p.replicas
     if p.gateway:
         return max(1, math.ceil(p.replicas * weight / 100))
     return max(1, min(p.replicas, math.ceil(p.replicas * weight / (100 - weight))))

@@ -129,6 +129,9 @@ def test_valid_spec_parses_with_defaults() -> None:
         (("rollout", "steps"), [{"weight": 10}, {"weight": 10}], "strictly increasing"),
         (("rollout", "steps"), [{"weight": 101}], "less than or equal to 100"),
         (("bundle", "config", "maxNumSeq"), 4, "Extra inputs are not permitted"),
+        (("rollout", "steps"), [{"weight": 10, "replicas": "150%"}], "percentage of spec.replicas"),
+        (("rollout", "steps"), [{"weight": 10, "replicas": "two"}], "percentage of spec.replicas"),
+        (("rollout", "steps"), [{"weight": 10, "replicas": -1}], "percentage of spec.replicas"),
     ],
 )
 def test_invalid_specs_rejected_with_message(path: tuple[str, ...], value: Any, needle: str) -> None:

@@ -186,6 +186,21 @@ def test_replica_ratio_and_gateway_sizes():
     assert canary_weight(replace(s, phase="Promoting"), gw) == 100
 
 
+def test_step_replicas_apart_from_weight():
+    """A step's `replicas` (count or percentage of spec.replicas) sizes the canary; weight stays traffic."""
+    s = canary_at_step0()
+    p = Policy(replicas=16, steps=(Step(5, 0, replicas="25%"), Step(50, 0, replicas=2), Step(60, 0)))
+    assert cohort_replicas(s, p, 0.0) == {"old": 16, "bad": 4} and canary_weight(s, p) == 5
+    assert cohort_replicas(replace(s, step=1), p, 0.0) == {"old": 16, "bad": 2}
+    assert cohort_replicas(replace(s, step=2), p, 0.0) == {"old": 16, "bad": 16}  # by weight: 60/40 ratio
+    assert cohort_replicas(replace(s, phase="Promoting"), p, 0.0)["bad"] == 16
+    big = Policy(replicas=3, steps=(Step(10, 0, replicas=9), Step(20, 0, replicas="1%")))
+    assert cohort_replicas(s, big, 0.0)["bad"] == 3  # at most spec.replicas
+    assert cohort_replicas(replace(s, step=1), big, 0.0)["bad"] == 1  # rounded up, at least 1
+    scaled = replace(p, replicas=32)
+    assert cohort_replicas(s, scaled, 0.0) == {"old": 32, "bad": 8}  # a percentage follows a scale
+
+
 def test_await_promotion_step_holds_past_the_deadline_until_a_manual_promote():
     p = replace(P, steps=(Step(10, 60, await_promotion=True), Step(50, 60)), progress_deadline_seconds=300)
     s = replace(
