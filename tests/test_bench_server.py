@@ -5,8 +5,11 @@ MODELDEPLOY_STEP_DELAY_S (the engine sleeps 250 ms after every step, 50-100x its
 here). Compare mode must flag the slowed one and not the twin, at a 1,000 % margin: the bootstrap
 intervals cover request sampling, not the other work sharing this machine, which has moved a
 twin's TPOT 3-6x and a server's TTFT 8x between runs seconds apart (load average 20-90 on 2
-cores); the slowed server stays far beyond that. The record must carry every field, the plot must be written,
-and the server's own phase histograms must satisfy TTFT = queue + prefill.
+cores); the slowed server stays far beyond that. A 100 % margin failed here (the twin moved 3x,
+then 5x), so no tighter one is used. The record must carry every field, on /v1/completions and
+on /v1/chat/completions, the plot must be written, the server's own phase histograms must
+satisfy TTFT = queue + prefill, and the server's mean TTFT (receipt to first token) must not
+exceed the client's (send to first text chunk), which contains it request by request.
 """
 
 from __future__ import annotations
@@ -124,31 +127,69 @@ def test_record_has_every_field_and_the_plot_is_written(servers, tmp_path, llama
     assert t["modeldeploy"] and t["has_metrics"] and t["ignore_eos"]
     assert rec["slo"] == {"ttft": 2.0, "tpot": 0.5, "ttft_p95": 5.0}
     assert [r["rate"] for r in rec["runs"]] == [2.0, 4.0]
-    for run in rec["runs"]:
-        s = run["summary"]
-        for key in ("goodput_rps", "goodput_tok_s", "output_tok_s", "good_share", "error_rate", "window_s"):
-            assert s[key] is not None, key
-        for dist in ("ttft", "itl", "tpot", "e2e"):
-            assert set(s[dist]) == {"mean", "p50", "p90", "p95", "p99"} and s[dist]["p50"] is not None, dist
-        assert s["tokens_from_usage"] and s["slo_flags"]["ttft_p95"]["ok"] in (True, False)
-        reqs = run["requests"]
-        assert len(reqs) == 12 and all(r["status"] == 200 for r in reqs)
-        done = [r for r in reqs if r["outcome"] == "completed"]
-        cancelled = [r for r in reqs if r["outcome"] == "cancelled"]
-        assert cancelled, "the seeded 25 % cancel share cancelled nothing"
-        assert all(r["output_tokens"] == r["max_tokens"] for r in done)  # ignore_eos: fixed lengths
-        assert all(len(r["itl"]) == r["chunks"] - 1 and r["tpot"] is not None for r in done)
-        srv = run["server"]
-        assert srv is not None and srv["samples"] >= 1
-        assert set(srv["phases"]) >= {"ttft", "queue", "prefill", "decode", "itl", "e2e", "cancel_release"}
-        # The server counted what the client saw, and released every cancelled sequence's blocks.
-        assert srv["outcomes"]["completed"] == len(done) and srv["outcomes"]["cancelled"] == len(cancelled)
-        assert srv["phases"]["cancel_release"]["count"] == len(cancelled)
-        assert srv["phases"]["ttft"]["count"] == len(reqs) and srv["phases"]["decode"]["count"] == len(done)
-        assert srv["running_peak"] >= 1 and srv["kv_usage_peak"] > 0 and srv["preemptions"] == 0
-        split = srv["ttft_split"]
-        assert split["consistent"] and split["p50_within_bucket_error"], split
+    assert all(run["summary"]["slo_flags"]["ttft_p95"]["ok"] in (True, False) for run in rec["runs"])
+    released = sum(_check_run(run, 12) for run in rec["runs"])
+    assert released >= 1, "no cancelled stream's release was measured at either rate"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_chat_endpoint_record_is_complete(servers, tmp_path, llama_dir):
+    out = tmp_path / "chat.json"
+    rc = cli_main(
+        ["bench", servers["twin"], "--endpoint", "chat", "--rates", "3", "--requests", "10"]
+        + ["--cancel-fraction", "0.3", "--scrape-interval", "0.1", "--seed", "5"]
+        + ["--mix", "short:0.8:40:20,medium:0.2:80:28", "--tokenizer", str(llama_dir)]
+        + ["--json", str(out)]
+    )
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["settings"]["endpoint"] == "chat" and rec["targets"][0]["bundle"]["bundle_id"] == "bench-twin"
+    assert [r["rate"] for r in rec["runs"]] == [3.0]
+    _check_run(rec["runs"][0], 10)
+
+
+def _check_run(run: dict, n: int) -> int:
+    """Every figure of one rate's record is present and agrees with the server's own counters;
+    returns how many cancelled streams' release the server measured."""
+    s = run["summary"]
+    for key in ("goodput_rps", "goodput_tok_s", "output_tok_s", "good_share", "error_rate", "window_s"):
+        assert s[key] is not None, key
+    for dist in ("ttft", "itl", "tpot", "e2e"):
+        assert set(s[dist]) == {"mean", "p50", "p90", "p95", "p99"} and s[dist]["p50"] is not None, dist
+    assert s["tokens_from_usage"]
+    reqs = run["requests"]
+    assert len(reqs) == n and all(r["status"] == 200 for r in reqs)
+    done = [r for r in reqs if r["outcome"] == "completed"]
+    cancelled = [r for r in reqs if r["outcome"] == "cancelled"]
+    assert cancelled, "the seeded cancel share cancelled nothing"
+    assert len(done) + len(cancelled) == n
+    assert all(r["tokens_from"] == "usage" and r["prompt_tokens"] for r in done)  # a cancel gets no usage
+    assert all(r["output_tokens"] == r["max_tokens"] for r in done)  # ignore_eos: fixed lengths
+    assert all(len(r["itl"]) == r["chunks"] - 1 and r["tpot"] is not None for r in done)
+    srv = run["server"]
+    assert srv is not None and srv["samples"] >= 1
+    assert set(srv["phases"]) >= {"ttft", "queue", "prefill", "decode", "itl", "e2e", "cancel_release"}
+    # The server counted every request once. Under load a client's cancel (right after the first
+    # token) can lose the race to the sequence's last token: when the server saw the final output
+    # before the disconnect it counts the request completed; when the engine had finished it but the
+    # server had not yet read it, it counts it cancelled with no blocks left to release (no release
+    # observed). So: releases <= server cancels <= client cancels, and completions the other way.
+    srv_done, srv_cancelled = srv["outcomes"]["completed"], srv["outcomes"]["cancelled"]
+    assert srv_done + srv_cancelled == n and len(done) <= srv_done, srv["outcomes"]
+    released = srv["phases"]["cancel_release"]["count"]
+    assert released <= srv_cancelled <= len(cancelled), (released, srv["outcomes"], len(cancelled))
+    assert srv["phases"]["ttft"]["count"] == n and srv["phases"]["decode"]["count"] == srv_done
+    assert srv["running_peak"] >= 1 and srv["kv_usage_peak"] > 0 and srv["preemptions"] == 0
+    split = srv["ttft_split"]
+    assert split["consistent"] and split["p50_within_bucket_error"], split
+    # The server's TTFT (receipt to first token) lies inside the client's (send to first text chunk)
+    # for every request, so over the same requests its sum (exact, not bucketed) cannot exceed the
+    # client's: a server clock started too early, or a client clock stopped too soon, fails here.
+    client_ttft = [r["ttft"] for r in reqs]
+    assert None not in client_ttft
+    assert srv["phases"]["ttft"]["sum"] <= sum(client_ttft), (srv["phases"]["ttft"], client_ttft)
+    assert srv["phases"]["ttft"]["mean"] <= s["ttft"]["mean"] * (1 + 1e-9), (srv["phases"]["ttft"], s["ttft"])
+    return int(released)
 
 
 def test_compare_flags_the_slowed_server_and_not_its_twin(servers, tmp_path):
