@@ -38,11 +38,25 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
+    identity = priority = None
+    if args.peering and not args.standalone:  # several replicas: one active (operator/peering.py)
+        from modeldeploy.operator import peering
+
+        identity, priority = peering.own_identity(), peering.start_priority()
+        peering.CONFIG = peering.PeeringConfig(args.peering, identity, priority, not args.namespace)
+        logging.getLogger("modeldeploy.operator").info(
+            "peering %s as %s, priority %d (the oldest live replica is active)",
+            args.peering,
+            identity,
+            priority,
+        )
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.standalone or None,
         peering_name=args.peering,
+        identity=identity,
+        priority=priority,
         liveness_endpoint=f"http://{args.bind}:{args.health_port}/healthz" if args.health_port else None,
     )
     return 0

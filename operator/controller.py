@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from modeldeploy.operator import metrics
@@ -39,8 +39,11 @@ Key = tuple[str, str]  # (namespace, name)
 class Controller:
     """Reconciles ModelDeployments; all of the operator's in-memory state lives here."""
 
-    def __init__(self, kube: Kube, tick_s: float = ROLLOUT_TICK_S) -> None:
+    def __init__(
+        self, kube: Kube, tick_s: float = ROLLOUT_TICK_S, leader: Callable[[str], bool] | None = None
+    ) -> None:
         self.kube = kube
+        self.leader = leader  # peering: whether this replica is the active one for a namespace
         self.nodes = NodeCache(kube)
         self.probe = LoadProbe(PORT)
         self.gate = ConformanceRunner()
@@ -65,6 +68,11 @@ class Controller:
     def reconcile(self, namespace: str, name: str) -> list[Action]:
         """Observe, plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
         key = (namespace, name)
+        if self.leader is not None and not self.leader(namespace):
+            # a standby replica: kopf paused its watches, and our own ticks and resync stop here
+            # (no tick is scheduled); kopf re-lists everything when this replica becomes active
+            metrics.STANDBY_SKIPS.inc()
+            return []
         with self._lock(key), metrics.RECONCILE_SECONDS.time():
             md = self.kube.get_md(namespace, name)
             if md is not None:

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 import kopf
 
-from modeldeploy.operator import metrics
+from modeldeploy.operator import metrics, peering
 from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 from modeldeploy.operator.bundle import MANAGED_BY
 from modeldeploy.operator.controller import Controller
@@ -32,7 +32,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.posting.level = logging.WARNING  # our own Events carry the decisions
     settings.watching.server_timeout = 300
     settings.execution.max_workers = int(os.environ.get("MODELDEPLOY_WORKERS", "16"))
-    memo.controller = Controller(Kube.connect())
+    kube = Kube.connect()
+    leader = peering.Peering(kube.custom, peering.CONFIG).active if peering.CONFIG else None
+    memo.controller = Controller(kube, leader=leader)
     memo.resync = asyncio.create_task(_resync_forever(memo.controller))
 
 

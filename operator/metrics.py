@@ -9,6 +9,10 @@ ERRORS = Counter("modeldeploy_operator_reconcile_errors_total", "Reconciles that
 DECISIONS = Counter(
     "modeldeploy_operator_decisions_total", "Child objects created, patched or deleted", ["action", "kind"]
 )
+STANDBY_SKIPS = Counter(
+    "modeldeploy_operator_standby_skips_total",
+    "Reconciles not run: another replica is the active one (peering)",
+)
 EVENTS = Counter("modeldeploy_operator_events_total", "Kubernetes Events posted, by reason", ["reason"])
 RECONCILE_SECONDS = Histogram(
     "modeldeploy_operator_reconcile_seconds",
