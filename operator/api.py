@@ -654,6 +654,21 @@ class Rollout(_Model):
     progress_deadline_seconds: int = Field(
         default=1800, ge=30, description="A rollout not done by then rolls back."
     )
+    capacity: Literal["Surge", "Replace", "Auto"] = Field(
+        default="Auto",
+        description="Where the canary's GPUs come from. Surge: the canary runs beside a full stable (spare "
+        "GPUs needed, up to spec.replicas more at promotion). Replace: stable is scaled down by k, then k "
+        "canary replicas come up on the freed GPUs, never below minAvailable Ready; a rollback brings "
+        "stable back before removing the canary where spare GPUs allow. Auto: Surge when the fit check "
+        "finds spec.replicas more replicas fit on the nodes' spare GPUs (allocatable minus requested), "
+        "else Replace; the choice is in the NewBundle Event and status.rollout.capacity.",
+    )
+    min_available: CountOrPercent = Field(
+        default="75%",
+        description="Ready replicas (stable and canary together) a Replace rollout never goes below: a count "
+        "or a percentage of spec.replicas (rounded up). When moving one more replica would cross it, the "
+        "rollout waits (Progressing reason InsufficientCapacity).",
+    )
 
     @model_validator(mode="after")
     def _increasing(self) -> Rollout:

@@ -81,6 +81,20 @@ class RolloutStatus(_Model):
     previous_until: str | None = Field(
         default=None, description="RFC 3339 time the prior bundle stops being warm."
     )
+    capacity: str | None = Field(
+        default=None,
+        max_length=16,
+        description="Capacity mode of the current or last rollout: Surge or Replace.",
+    )
+    capacity_reason: str | None = Field(
+        default=None, max_length=1024, description="Why that mode: the spec, or the Auto fit check's figures."
+    )
+    restore: str | None = Field(
+        default=None,
+        max_length=16,
+        description="Replace rollback order: StableFirst (spare GPUs: stable back before the canary goes) "
+        "or CanaryFirst (no spare GPUs: canary removed first, the capacity gap reported).",
+    )
 
 
 class ModelDeploymentStatus(_Model):

@@ -82,6 +82,11 @@ class Kube:
     def list_nodes(self) -> list[dict[str, Any]]:
         return _json(self.core.list_node(**RAW))["items"]
 
+    def list_bound_pods(self) -> list[dict[str, Any]]:
+        """Every namespace's pods bound to a node and not finished: what holds the nodes' GPUs."""
+        sel = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        return _json(self.core.list_pod_for_all_namespaces(field_selector=sel, **RAW))["items"]
+
     def create(self, ns: str, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
         if kind == ROUTE_KIND:

@@ -29,7 +29,7 @@ from modeldeploy.operator.pull import pull_failure
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
-from modeldeploy.operator.topology import NodeInfo
+from modeldeploy.operator.topology import NodeInfo, gpu_requests
 
 NODE_TTL_S = 15.0
 MAX_PROBES = 8
@@ -56,7 +56,10 @@ class NodeCache:
             return self._nodes
         try:
             if self._nodes is None or self.clock() - self._at > self.ttl_s:
-                self._nodes = [NodeInfo.from_node(n) for n in self.kube.list_nodes()]
+                used = gpu_requests(self.kube.list_bound_pods())  # spare GPUs for capacity: Auto
+                self._nodes = [
+                    NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
+                ]
                 self._at = self.clock()
             return self._nodes
         finally:

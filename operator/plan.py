@@ -37,6 +37,7 @@ from modeldeploy.operator.actions import (  # noqa: F401  (re-exported: plan's v
 from modeldeploy.operator.analysis import describe
 from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
+from modeldeploy.operator.capacity import INSUFFICIENT, Have
 from modeldeploy.operator.drift import DESIRED_HASH, reconcile_child  # noqa: F401  (DESIRED_HASH re-exported)
 from modeldeploy.operator.rollout import (
     ACTIVE_PHASES,
@@ -46,11 +47,12 @@ from modeldeploy.operator.rollout import (
     Signals,
     advance,
     canary_weight,
+    capacity_wait,
     cohort_replicas,
     serving_bundles,
 )
 from modeldeploy.operator.status import cohort, condition, replica_failure
-from modeldeploy.operator.topology import fit
+from modeldeploy.operator.topology import fit, spare_fit
 
 Degraded = tuple[str, str] | None  # (reason, message) of a Degraded=True condition
 
@@ -68,6 +70,7 @@ class Inputs:
     by_bundle: dict[str | None, dict[str, Any]]  # observed Deployments by bundle label
     policy: Policy
     now_s: float
+    have: dict[str, Have]  # observed size and Ready replicas per bundle (Replace capacity reads them)
 
     @classmethod
     def of(
@@ -79,8 +82,13 @@ class Inputs:
         now: str,
     ) -> Inputs:
         by_bundle = {d["metadata"].get("labels", {}).get(BUNDLE_LABEL): d for d in obs.deployments}
+        have = {
+            b: Have(int((d.get("spec") or {}).get("replicas") or 0), _ready(d))
+            for b, d in by_bundle.items()
+            if b
+        }
         return cls(md, spec, prior, obs, now, bundle_id(spec.bundle), by_bundle, progression.policy(spec),
-                   progression.epoch(now) or 0.0)  # fmt: skip
+                   progression.epoch(now) or 0.0, have)  # fmt: skip
 
     @property
     def generation(self) -> int | None:
@@ -108,7 +116,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         return plan_invalid(md, prior, e, now)
     x = Inputs.of(md, spec, prior, observed, now)
     state, out = plan_rollout(x)
-    sizes = cohort_replicas(state, x.policy, x.now_s)
+    sizes = cohort_replicas(state, x.policy, x.now_s, x.have)
     unfit = (
         fit(spec.topology, observed.nodes, spec.bundle.config.device) if observed.nodes is not None else None
     )
@@ -119,8 +127,9 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     out += deployments + plan_services(x, state, live, canary_id) + routes
     cohorts = plan_cohorts(x, state, sizes, canary_id)
     degraded = plan_degraded(x, state, unfit, route_problem)
-    conditions = plan_conditions(x, state, degraded, cohorts)
-    out += degraded_event(x.prior, degraded)
+    waiting = capacity_wait(state, x.policy, x.have)
+    conditions = plan_conditions(x, state, degraded, cohorts, waiting)
+    out += degraded_event(x.prior, degraded) + capacity_event(x.prior, waiting)
     phase = plan_phase(state, degraded, cohorts, x.bid)
     status = plan_status(x, state, phase, conditions, cohorts, sizes, weight)
     return out + status_patch(prior, status)
@@ -149,6 +158,7 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
         desired=x.bid, canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
         canary_failure=obs.load_errors.get(state.canary) if state.canary else None,
         conformance=obs.conformance, analysis=obs.analysis, analysis_at=obs.analysis_at, command=obs.command,
+        stable_ready=_ready(x.by_bundle.get(state.stable)), **capacity_signals(x, state),
     )  # fmt: skip
     if obs.analysis_fresh and obs.analysis is not None:  # every analysis is an Event, with its figures
         kind = "Warning" if obs.analysis.verdict == "Fail" else "Normal"
@@ -159,6 +169,20 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
     if obs.command_annotations:
         out.append(Annotate({a: None for a in obs.command_annotations}))  # a command acts once
     return step.state, out
+
+
+def capacity_signals(x: Inputs, state: RolloutState) -> dict[str, Any]:
+    """The fit check's answers the machine needs now: does a full canary fit beside stable (a rollout
+    about to start, capacity Auto), do the stable's freed replicas fit again (a Replace rollout)."""
+    nodes, topo, device = x.observed.nodes, x.spec.topology, x.spec.bundle.config.device
+    if nodes is None:
+        return {}
+    if state.phase == "Stable" and x.bid not in (state.stable, *state.failed) and x.policy.capacity == "Auto":
+        return {"surge_fits": spare_fit(topo, nodes, x.spec.replicas, device)}
+    if state.phase in ACTIVE_PHASES and state.capacity == "Replace" and state.stable in x.have:
+        missing = x.spec.replicas - x.have[state.stable].replicas
+        return {"restore_fits": spare_fit(topo, nodes, missing, device)[0]}
+    return {}
 
 
 def plan_deployments(
@@ -268,10 +292,14 @@ def plan_phase(state: RolloutState, degraded: Degraded, cohorts: Cohorts, bid: s
     return state.phase
 
 
-def plan_conditions(x: Inputs, state: RolloutState, degraded: Degraded, cohorts: Cohorts) -> list[Condition]:
+def plan_conditions(
+    x: Inputs, state: RolloutState, degraded: Degraded, cohorts: Cohorts, waiting: str | None = None
+) -> list[Condition]:
     """Ready, Progressing and Degraded; lastTransitionTime kept while a condition's status holds."""
     ready_n, want = cohorts.stable.ready_replicas, x.spec.replicas
-    if state.phase in IN_FLIGHT:
+    if waiting is not None:
+        progressing = (INSUFFICIENT, waiting)
+    elif state.phase in IN_FLIGHT:
         progressing = (state.reason or state.phase, state.message)
     elif cohorts.all_ready:
         progressing = ("Complete", "desired state reached")
@@ -297,6 +325,14 @@ def degraded_event(prior: ModelDeploymentStatus, degraded: Degraded) -> list[Act
     if old is not None and old.reason == degraded[0] and old.status == "True":
         return []
     return [Event("Warning", degraded[0], degraded[1])]
+
+
+def capacity_event(prior: ModelDeploymentStatus, waiting: str | None) -> list[Action]:
+    """A Warning when a Replace rollout starts waiting for capacity (once, while the condition says so)."""
+    if waiting is None:
+        return []
+    old = next((c for c in prior.conditions if c.type == "Progressing"), None)
+    return [] if old is not None and old.reason == INSUFFICIENT else [Event("Warning", INSUFFICIENT, waiting)]
 
 
 def plan_status(

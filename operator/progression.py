@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from modeldeploy.operator.api import HistoryEntry, ModelDeploymentSpec, ModelDeploymentStatus, RolloutStatus
+from modeldeploy.operator.api import (
+    HistoryEntry,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    RolloutStatus,
+    resolve_count,
+)
 from modeldeploy.operator.rollout import IN_FLIGHT, Policy, RolloutState, Step
 
 # Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
@@ -56,6 +62,8 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
         keep_previous_seconds=r.keep_previous.seconds,
         gateway=r.traffic_routing.gateway_api is not None,
         on_inconclusive=r.analysis.on_inconclusive,
+        capacity=r.capacity,
+        min_available=min(spec.replicas, resolve_count(r.min_available, spec.replicas)),
     )
 
 
@@ -71,6 +79,7 @@ def load_state(st: ModelDeploymentStatus) -> RolloutState:
         step=st.current_step, started_at=epoch(ro.started_at), phase_since=epoch(ro.phase_since),
         reason=ro.reason, message=ro.message, failed=tuple(st.failed_bundles), previous=ro.previous,
         previous_until=epoch(ro.previous_until), history=tuple(h.bundle for h in st.history),
+        capacity=ro.capacity or "", capacity_reason=ro.capacity_reason or "", restore=ro.restore or "",
     )  # fmt: skip
 
 
@@ -93,4 +102,7 @@ def rollout_status(state: RolloutState) -> RolloutStatus:
         message=state.message[:4096],
         previous=state.previous,
         previous_until=iso(state.previous_until),
+        capacity=state.capacity or None,
+        capacity_reason=state.capacity_reason[:1024] or None,
+        restore=state.restore or None,
     )

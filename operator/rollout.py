@@ -13,12 +13,14 @@ epoch seconds; the operator converts status timestamps at its edge.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
 from modeldeploy.operator.analysis import fmt
 from modeldeploy.operator.api import AnalysisResult, resolve_count
+from modeldeploy.operator.capacity import Have, replace_step
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
@@ -55,6 +57,8 @@ class Policy:
     keep_previous_seconds: int = 3600
     gateway: bool = False  # Gateway API weights instead of replica ratio
     on_inconclusive: Literal["Hold", "Rollback"] = "Hold"  # an Inconclusive verdict after the pause
+    capacity: Literal["Surge", "Replace", "Auto"] = "Auto"  # where the canary's GPUs come from
+    min_available: int = 0  # Ready replicas (stable + canary) Replace never goes below
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class RolloutState:
     previous: str | None = None  # prior bundle kept warm after a promotion
     previous_until: float | None = None
     history: tuple[str, ...] = ()  # prior stable bundles, oldest first
+    capacity: str = ""  # Surge | Replace, decided when the rollout starts ("" before any)
+    capacity_reason: str = ""  # why (spec, or the Auto fit check's figures)
+    restore: str = ""  # Replace rollback order: StableFirst | CanaryFirst ("" until rolling back)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,9 @@ class Signals:
     analysis: AnalysisResult | None = None
     analysis_at: float | None = None  # when `analysis` was computed
     command: str | None = None  # "promote" | "abort" | "rollback-to:<bundle>"
+    surge_fits: tuple[bool, str] | None = None  # the canary at full size fits beside stable (None: unknown)
+    stable_ready: int = 0
+    restore_fits: bool | None = None  # Replace: the stable's freed replicas fit on spare GPUs again
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,15 @@ def _rollback(s: RolloutState, now: float, reason: str, message: str) -> Transit
 
 def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
     """One decision per call; call again until the returned event is None."""
+    t = _advance(s, p, sig, now)
+    if t.state.phase == "RollingBack" and s.phase != "RollingBack" and t.state.capacity == "Replace":
+        # decided as the rollback begins, before the stable's new pods take the spare GPUs
+        order = "StableFirst" if sig.restore_fits else "CanaryFirst"
+        t = replace(t, state=replace(t.state, restore=order))
+    return t
+
+
+def _advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
     if s.previous and s.previous_until is not None and now >= s.previous_until:
         s = replace(s, previous=None, previous_until=None)
     if s.stable is None:  # first deployment: no canary to compare
@@ -219,19 +238,34 @@ def _stable(s, p, sig, now, elapsed) -> Transition:
     # The warm prior bundle retires: once stable and canary share `<name>` (no bundle key in its
     # selector), its pods would match too and take live traffic. The stable is the rollback now.
     retired = f"; prior bundle {s.previous} no longer kept warm" if s.previous else ""
+    mode, why = capacity_mode(p, sig)
+    how = "next to" if mode == "Surge" else "in place of replicas of"
     return _go(
         s,
         now,
         "Deploying",
         "NewBundle",
-        f"deploying canary {sig.desired} next to stable {s.stable}{retired}",
+        f"deploying canary {sig.desired} {how} stable {s.stable}{retired}; capacity {mode} ({why})",
         canary=sig.desired,
         step=None,
         started_at=now,
         failed=failed,
         previous=None,
         previous_until=None,
+        capacity=mode,
+        capacity_reason=why,
+        restore="",
     )
+
+
+def capacity_mode(p: Policy, sig: Signals) -> tuple[str, str]:
+    """Surge or Replace for a new rollout, and why: the spec's choice, or Auto asking the fit check."""
+    if p.capacity != "Auto":
+        return p.capacity, f"spec.rollout.capacity: {p.capacity}"
+    if sig.surge_fits is None:
+        return "Surge", "Auto: node GPUs not known yet"
+    fits, figures = sig.surge_fits
+    return ("Surge" if fits else "Replace"), f"Auto: {figures}"
 
 
 def _deploying(s, p, sig, now, elapsed) -> Transition:
@@ -344,10 +378,20 @@ def _promoting(s, p, sig, now, elapsed) -> Transition:
 
 
 def _rolling_back(s, p, sig, now, elapsed) -> Transition:
+    restoring = s.restore == "StableFirst" and sig.stable_ready < p.replicas
+    if restoring and elapsed <= p.load_timeout_seconds:
+        return Transition(s)  # Replace: stable back to full size first, the canary still serving
     failed = (s.failed + (s.canary,))[-50:] if s.canary and s.canary not in s.failed else s.failed
+    gap = ""
+    if s.capacity == "Replace" and sig.stable_ready < p.replicas:
+        gap = (
+            f"; capacity gap: stable {sig.stable_ready}/{p.replicas} Ready, the rest come back as the "
+            "canary's GPUs are freed"
+            + (" (no spare GPUs to restore stable first)" if s.restore == "CanaryFirst" else "")
+        )
     return Transition(
         replace(s, phase="Stable", phase_since=now, canary=None, step=None, started_at=None, failed=failed),
-        ("Warning", "RolledBack", f"{s.canary} rolled back ({s.reason}); {s.stable} serves all traffic"),
+        ("Warning", "RolledBack", f"{s.canary} rolled back ({s.reason}); {s.stable} serves all traffic{gap}"),
     )
 
 
@@ -372,14 +416,32 @@ def canary_weight(s: RolloutState, p: Policy) -> int:
     return 0
 
 
-def cohort_replicas(s: RolloutState, p: Policy, now: float) -> dict[str, int]:
-    """Desired replicas per live bundle. Stable stays at full size through the whole rollout."""
+def cohort_replicas(
+    s: RolloutState, p: Policy, now: float, have: Mapping[str, Have] | None = None
+) -> dict[str, int]:
+    """Desired replicas per live bundle. Surge: stable stays at full size through the whole rollout.
+    Replace: stable gives the canary its slots, within minAvailable (`have`: the Deployments observed)."""
     out = {s.stable: p.replicas} if s.stable else {}
     if s.previous and s.previous_until is not None and now < s.previous_until and p.keep_previous_replicas:
         out[s.previous] = p.keep_previous_replicas
+    have = have or {}
     if s.canary and s.phase in ACTIVE_PHASES:
-        out[s.canary] = p.replicas if s.phase == "Promoting" else canary_size(p, p.steps[s.step or 0])
+        target = p.replicas if s.phase == "Promoting" else canary_size(p, p.steps[s.step or 0])
+        out[s.canary] = target
+        if s.capacity == "Replace" and s.stable:
+            move = replace_step(p.replicas, target, have.get(s.stable), have.get(s.canary), p.min_available)
+            out[s.stable], out[s.canary] = move.stable, move.canary
+    elif s.canary and s.phase == "RollingBack" and s.restore == "StableFirst" and s.canary in have:
+        out[s.canary] = have[s.canary].replicas  # kept serving until stable is back at full size
     return out
+
+
+def capacity_wait(s: RolloutState, p: Policy, have: Mapping[str, Have]) -> str | None:
+    """The InsufficientCapacity message while a Replace rollout cannot move without crossing minAvailable."""
+    if not (s.canary and s.stable and s.capacity == "Replace" and s.phase in ACTIVE_PHASES):
+        return None
+    target = p.replicas if s.phase == "Promoting" else canary_size(p, p.steps[s.step or 0])
+    return replace_step(p.replicas, target, have.get(s.stable), have.get(s.canary), p.min_available).blocked
 
 
 def canary_size(p: Policy, step: Step) -> int:

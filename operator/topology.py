@@ -31,6 +31,7 @@ class NodeInfo:
     labels: dict[str, str] = field(default_factory=dict)
     gpus: int = 0
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+    requested: int = 0  # GPUs requested by the pods bound to the node (not Succeeded/Failed)
 
     @property
     def gpu_memory(self) -> int | None:
@@ -41,8 +42,12 @@ class NodeInfo:
             return None
         return mib << 20 if mib > 0 else None
 
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.gpus - self.requested)
+
     @classmethod
-    def from_node(cls, node: dict[str, Any]) -> NodeInfo:
+    def from_node(cls, node: dict[str, Any], requested: int = 0) -> NodeInfo:
         meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
         alloc = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, "0")
         try:
@@ -52,7 +57,29 @@ class NodeInfo:
         taints = tuple(
             (t.get("key", ""), t.get("value") or "", t.get("effect", "")) for t in spec.get("taints") or []
         )
-        return cls(name=meta.get("name", ""), labels=dict(meta.get("labels") or {}), gpus=gpus, taints=taints)
+        labels = dict(meta.get("labels") or {})
+        return cls(name=meta.get("name", ""), labels=labels, gpus=gpus, taints=taints, requested=requested)
+
+
+def gpu_requests(pods: list[dict[str, Any]]) -> dict[str, int]:
+    """GPUs requested per node by bound pods that still hold them (an extended resource's request is its
+    limit when only the limit is given), the way the scheduler counts them."""
+    out: dict[str, int] = {}
+    for p in pods:
+        spec, phase = p.get("spec") or {}, (p.get("status") or {}).get("phase")
+        node = spec.get("nodeName")
+        if not node or phase in ("Succeeded", "Failed"):
+            continue
+        for c in spec.get("containers") or []:
+            res = c.get("resources") or {}
+            want = (res.get("requests") or {}).get(
+                GPU_RESOURCE, (res.get("limits") or {}).get(GPU_RESOURCE, 0)
+            )
+            try:
+                out[node] = out.get(node, 0) + int(str(want))
+            except ValueError:
+                continue
+    return out
 
 
 # Taints the node lifecycle sets from conditions (not-ready, unreachable, pressure, cordon):
@@ -127,3 +154,21 @@ def fit(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> str 
         )
         return f"tolerations: every matching node has an untolerated taint ({', '.join(taints)})"
     return None
+
+
+def spare_fit(
+    topology: Topology, nodes: list[NodeInfo], replicas: int, device: str = "auto"
+) -> tuple[bool, str]:
+    """Whether `replicas` more replicas fit on the GPUs spare now (allocatable minus requested) of the nodes
+    `fit` accepts for one replica, each replica whole on one node; with the figures that decided it."""
+    need = topology.gpus_per_replica
+    if replicas <= 0 or need == 0:
+        return True, f"{replicas} more replicas need no GPU"
+    usable = [n for n in nodes if fit(topology, [n], device) is None]
+    slots = sum(n.free_gpus // need for n in usable)
+    free, alloc = sum(n.free_gpus for n in usable), sum(n.gpus for n in usable)
+    verdict = "fit" if slots >= replicas else "do not fit"
+    return slots >= replicas, (
+        f"{replicas} more replicas x {need} {GPU_RESOURCE} {verdict} beside stable: {free} of {alloc} GPUs spare "
+        f"on {len(usable)} matching nodes ({slots} replicas' worth)"
+    )

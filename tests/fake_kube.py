@@ -60,6 +60,13 @@ class FakeKube:
     def list_nodes(self) -> list[dict[str, Any]]:
         return copy.deepcopy(self.nodes)
 
+    def list_bound_pods(self) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (k, _, _), o in self.objects.items()
+            if k == "Pod" and o["spec"].get("nodeName")
+        ]
+
     def create(self, ns: str, obj: dict[str, Any]) -> None:
         if (obj["kind"], ns, obj["metadata"]["name"]) in self.objects:
             raise ApiException(status=409, reason="Conflict")
