@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lora_fixtures import make_adapters
 from operator_fixtures import prometheus_analysis
 from test_canary_io_server import Serve
 
@@ -155,3 +156,69 @@ def test_real_prometheus_errors_are_inconclusive_naming_the_query(stack) -> None
     assert result.verdict == "Inconclusive" and "no series" in problem and 'namespace="team-z"' in problem
     src = PrometheusSource(address=prom.url)
     assert promql.queries(src, stable.bundle, NS, "5s")["outcomes"].count('namespace="team-a"') == 3
+
+
+# --- one adapter's traffic (issue 14) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora_pod(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator[tuple[Serve, Prom]]:
+    """A server with adapters tenant-a and tenant-b (made with peft), scraped by Prometheus."""
+    tmp = tmp_path_factory.mktemp("promql-lora")
+    adapters = make_adapters(llama_dir, tmp / "adapters")
+    flags = [f for name, path in adapters.items() for f in ("--adapter", f"{name}={path}")]
+    pod = Serve(tmp, llama_dir, "--max-num-seqs", "4", *flags, bundle="bundle-prom-lora")
+    prom = None
+    try:
+        prom = Prom(tmp, {"pod": (pod.target, NS)})
+        pod.wait_ready()
+        prom.wait_ready()
+        prom.scraped_after(time.time(), jobs=1)
+        yield pod, prom
+    finally:
+        for p in (prom, pod):
+            if p is not None:
+                p.stop()
+
+
+def _by_adapter(pod: Serve) -> tuple[CohortSample, CohortSample]:
+    """(all adapters, tenant-b's series alone) from the pod's own /metrics."""
+    text = httpx.get(pod.url + "/metrics", timeout=10).text
+    only_b = "\n".join(
+        line for line in text.splitlines() if line.startswith("#") or 'adapter="tenant-b"' in line
+    )
+    return CohortSample.from_text(text, pod.bundle), CohortSample.from_text(only_b, pod.bundle)
+
+
+def test_adapter_selector_reads_only_that_adapters_series(lora_pod) -> None:
+    """As the README documents: `selector: 'namespace="{namespace}",adapter="tenant-b"'` scopes the
+    Prometheus source to tenant-b's traffic: equal to tenant-b's own series read from the pod, while
+    the default selector (and the pod scrape, which sums all adapters) counts every request."""
+    pod, prom = lora_pod
+    prom.scraped_after(time.time(), jobs=1)
+    time.sleep(1.5)  # the window start (up to 1 s before t0) sees no later traffic
+    t0 = time.time()
+    all0, b0 = _by_adapter(pod)
+    for model, n in (("tiny", 2), ("tenant-a", 3), ("tenant-b", 4)):
+        for i in range(n):
+            r = httpx.post(
+                pod.url + "/v1/completions",
+                json={"model": model, "prompt": f"hello {i}", "max_tokens": 4, "temperature": 0},
+                timeout=120,
+            )
+            assert r.status_code == 200, r.text
+    all1, b1 = _by_adapter(pod)
+    direct_all, direct_b = all1.since(all0), b1.since(b0)
+    assert direct_b.outcomes["completed"] == 4 and direct_all.outcomes["completed"] == 9
+    t = time.time()
+    prom.scraped_after(t, jobs=1)
+    now = time.time()
+    scoped = PrometheusSource(address=prom.url, selector='namespace="{namespace}",adapter="tenant-b"')
+    w = promql.window(scoped, t0, now, 30)
+    (only_b,) = promql.cohort_samples(scoped, NS, (pod.bundle,), w, now)
+    (everyone,) = promql.cohort_samples(PrometheusSource(address=prom.url), NS, (pod.bundle,), w, now)
+    for got, want in ((only_b, direct_b), (everyone, direct_all)):
+        assert {k: v for k, v in got.outcomes.items() if v} == {k: v for k, v in want.outcomes.items() if v}
+        assert got.ttft.buckets == want.ttft.buckets and got.ttft.count == want.ttft.count
+        assert got.itl.buckets == want.itl.buckets and got.itl.count == want.itl.count
+    assert only_b.ttft.count == 4 and everyone.ttft.count == 9
