@@ -9,34 +9,43 @@ the registry lacks never runs; `down` leaves no process, mount, netns, link, rul
 
 Skipped, with the reason, where the node cannot run: not root, no cgroup filesystem, or the
 Debian packages (runc, containernetworking-plugins, iptables) or a C compiler missing
-(.ci/run installs them). Identity: MODELDEPLOY_CLUSTER_NAME (+ "-rn"),
+(.ci/run installs them). With $KUBECONFIG set the module runs against that cluster only if it is
+a `modeldeploy cluster up --real-node` cluster of this machine (then it is neither brought up nor
+taken down, and the `down` test skips); any other cluster is skipped, because every test here
+looks into the node itself (see EXTERNAL for the list). Identity: MODELDEPLOY_CLUSTER_NAME (+ "-rn"),
 MODELDEPLOY_CLUSTER_NODE_BRIDGE, MODELDEPLOY_CLUSTER_NODE_POD_CIDR,
 MODELDEPLOY_CLUSTER_REGISTRY_PORT, as for `modeldeploy cluster up --real-node`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from modeldeploy_dev.cluster.local import LocalCluster, Settings
+from modeldeploy.operator.children import RUN_AS
+from modeldeploy_dev.cluster.local import LocalCluster, Settings, cache_root
 from modeldeploy_dev.cluster.realnode import cleanup
 from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 from modeldeploy_dev.cluster.realnode.oci import push_layout
 
 from .conftest import E2ECluster, restricted_security_context
+from .test_rollout import ANALYSIS
 
 ROOT = Path(__file__).resolve().parents[1]
 G, V, P = "serving.modeldeploy.dev", "v1alpha1", "modeldeployments"
@@ -45,16 +54,39 @@ STREAMS = 4
 pytestmark = pytest.mark.e2e
 
 
+def local_real_node_cluster(kubeconfig: str) -> LocalCluster | None:
+    """The local cluster whose kubeconfig this is, if it was brought up with `--real-node` and its
+    node's kubelet and containerd run on this machine (what the tests below look into)."""
+    kc = Path(kubeconfig).resolve()
+    for f in sorted((cache_root() / "run").glob("*/kubeconfig")):
+        if f.resolve() == kc:
+            c = LocalCluster.existing(f.parent.name)
+            node = c.real_node() if c.s.real_node else None
+            return c if node is not None and node.pid("kubelet") and node.pid("containerd") else None
+    return None
+
+
+EXTERNAL = (
+    "$KUBECONFIG names a cluster whose node is not a real node of this machine; these tests need "
+    "what only that node gives: the containers' processes (/proc, `ctr`: uid, capabilities, seccomp, "
+    "read-only root, `lo`; the operator SIGKILLed), its bridge (pod and operator /metrics addresses "
+    "from the host), a registry it pulls from at 127.0.0.1 over plain HTTP, a `local` PV on this "
+    "machine's disk for the model, and its host state for `down`. Point $KUBECONFIG at a "
+    "`modeldeploy cluster up --real-node` cluster (without the operator chart installed) or unset it; "
+    "a cluster of your own takes README 'On a cluster of your own'"
+)
+
+
 def _why_not() -> str | None:
-    if os.environ.get("KUBECONFIG"):
-        return "external $KUBECONFIG: the real node is part of the local cluster"
+    if (kc := os.environ.get("KUBECONFIG")) and local_real_node_cluster(kc) is None:
+        return EXTERNAL
     if os.geteuid() != 0:
         return "the real node needs root (containerd, runc, bridge, iptables)"
     if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
         return "no cgroup filesystem mounted"
     missing = [t for t in ("runc", "iptables-save", "ip", "openssl") if shutil.which(t) is None]
-    if not Path("/usr/lib/cni/bridge").exists():
-        missing.append("/usr/lib/cni/bridge")
+    missing += [f"/usr/lib/cni/{p}" for p in ("bridge", "host-local", "portmap", "loopback")
+                if not Path(f"/usr/lib/cni/{p}").exists()]  # fmt: skip
     if shutil.which(os.environ.get("CC", "cc")) is None:
         missing.append("a C compiler (cc)")
     if missing:
@@ -87,6 +119,10 @@ def host_state() -> dict[str, set[str]]:
 def rn() -> Iterator[tuple[LocalCluster, E2ECluster, dict[str, set[str]]]]:
     if why := _why_not():
         pytest.skip(why)
+    if kc := os.environ.get("KUBECONFIG"):  # a real-node cluster already up: used, never taken down
+        c = local_real_node_cluster(kc)
+        yield c, E2ECluster(kc, c), host_state()
+        return
     c = LocalCluster(settings())
     c.down()  # a leftover of an interrupted run
     c.build()  # build-node.sh: cached after the first run
@@ -151,12 +187,9 @@ def test_pod_pulled_by_digest_runs_restricted_and_serves_through_a_cluster_ip(rn
     cs = pod.status.container_statuses[0]
     assert cs.image_id.endswith(probe_ref.split("@")[1]), cs.image_id  # the bits pulled are the pinned ones
 
-    # the container really runs as the securityContext says: uid 1000 and no capabilities
-    pid = _container_pid(c, cs.container_id)
-    status = Path(f"/proc/{pid}/status").read_text()
-    assert re.search(r"^Uid:\s+1000\s", status, re.M), status
-    assert re.search(r"^CapEff:\s+0+$", status, re.M), status
-    assert re.search(r"^Seccomp:\s+2$", status, re.M), status  # RuntimeDefault = filter mode
+    # the container really runs as the securityContext says: uid 1000, no capabilities, seccomp
+    # filter, read-only root; and containerd's CNI loopback network brought `lo` up
+    assert_runs_restricted(c, cs.container_id, 1000)
 
     svc = k.core.create_namespaced_service(
         ns,
@@ -361,7 +394,7 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
     in flight survive the pod's deletion, and a wrong engine digest is rolled back naming the image."""
     import httpx
 
-    _, k, _ = rn
+    c, k, _ = rn
     model_digest = local_pv_with_tiny_model(k, ns, tmp_path)
     runtime = images("runtime")
     try:
@@ -374,6 +407,10 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
         serve = pod.status.container_statuses[0]
         assert serve.ready and serve.image_id.endswith(runtime.split("@")[1]), serve
         assert pod.spec.containers[0].startup_probe.http_get.path == "/health/ready"
+        # the runtime really runs under the securityContext the operator generated (uid 65532)
+        sc = pod.spec.containers[0].security_context
+        assert sc.read_only_root_filesystem and sc.run_as_user == RUN_AS, sc
+        assert_runs_restricted(c, serve.container_id, RUN_AS)
         svc = k.core.read_namespaced_service("tiny", ns)
         base = f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
 
@@ -450,13 +487,172 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
         r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": model, "messages": [{"role": "user", "content": "again"}], "max_tokens": 4})  # fmt: skip
         assert r.status_code == 200, r.text  # the prior bundle still serves
+
+        # apply -> Ready once more, the runtime image now in the node's containerd: no pull
+        k.kubectl("delete", "md", "tiny", "-n", ns, "--wait=true", timeout=180)
+        k.wait(lambda: not [p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-")],
+               180, "tiny's pods gone")  # fmt: skip
+        t0 = time.monotonic()
+        k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(tiny_md("tiny", runtime, model_digest)))
+        k.wait(lambda: md_ready(k, ns, "tiny"), 600, "ModelDeployment tiny Ready again (image cached)")
+        print(
+            f"[timing] kubectl apply -> runtime Ready, image cached on the node {time.monotonic() - t0:.1f}s"
+        )
+        pod = next(p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-"))
+        pulls = [e.message for e in k.core.list_namespaced_event(ns).items
+                 if e.involved_object.name == pod.metadata.name and e.reason in ("Pulling", "Pulled")]  # fmt: skip
+        assert pulls and all("already present on machine" in m for m in pulls), pulls
     finally:
         k.kubectl("delete", "-n", ns, "modeldeployments", "--all", "--wait=true", check=False, timeout=180)
         k.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False)
 
 
+def peers(k: E2ECluster) -> dict[str, dict]:
+    """The live entries of the chart's ClusterKopfPeering `modeldeploy`: pod name -> kopf's record."""
+    body = k.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "modeldeploy")
+    now = dt.datetime.now(dt.UTC)
+    return {
+        pid: info for pid, info in (body.get("status") or {}).items()
+        if dt.datetime.fromisoformat(info["lastseen"]) + dt.timedelta(seconds=info["lifetime"]) > now
+    }  # fmt: skip
+
+
+def operator_metric(ip: str, name: str, **labels: str) -> float:
+    """One sample of an operator pod's /metrics (0 when absent: counters appear on first use)."""
+    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=5) as r:
+        for fam in text_string_to_metric_families(r.read().decode()):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(a) == b for a, b in labels.items()):
+                    return s.value
+    return 0.0
+
+
+def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_back(
+    rn, ns, images, operator_release, tmp_path
+) -> None:
+    """Two operator replicas (helm --set replicaCount=2, kopf peering): one active. SIGKILL of the
+    active one's process in the canary step, under closed-loop load: the standby takes over, the
+    good bundle is promoted, every decision Event is posted once, no request fails. Then a slow
+    bundle (one sequence slot under 8-way load) is rolled back by analysis (TTFT), stable unharmed.
+    Prints the rollout wall times, to set beside the process node's (bench/results/real_node.md)."""
+    from modeldeploy_dev.load import Load
+
+    c, k, _ = rn
+    op_ns, chart = operator_release, str(ROOT / "charts" / "modeldeploy-operator")
+    t0 = time.monotonic()
+    k.helm("upgrade", "mdop", chart, "-n", op_ns, "--reuse-values", "--set", "replicaCount=2",
+           "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
+    print(f"[timing] helm upgrade replicaCount=2 -> both operator pods Ready {time.monotonic() - t0:.1f}s")
+
+    def two_peers():  # noqa: ANN202 - both pods Ready and both in the peering object
+        pods = {p.metadata.name: p for p in k.core.list_namespaced_pod(op_ns).items
+                if p.metadata.deletion_timestamp is None and pod_ready(k, op_ns, p.metadata.name)}  # fmt: skip
+        live = peers(k)
+        return (pods, live) if len(pods) == 2 and set(pods) <= set(live) else None
+
+    pods, live = k.wait(two_peers, 120, "2 operator pods Ready, both peering")
+    assert len({live[n]["priority"] for n in pods}) == 2, live  # equal priorities would pause both
+    leader = max(pods, key=lambda n: live[n]["priority"])
+    (standby,) = set(pods) - {leader}
+
+    digest = local_pv_with_tiny_model(k, ns, tmp_path)
+    doc = tiny_md("ha", images("runtime"), digest)
+    doc["spec"]["bundle"]["config"] = {
+        "maxNumSeqs": 8,
+        "maxQueue": 64,
+        "device": "cpu",
+        "servedModelName": "tiny-llama",
+    }
+    doc["spec"]["rollout"] = {"steps": [{"weight": 50, "pauseSeconds": 20}], "analysis": ANALYSIS,
+                              "progressDeadlineSeconds": 900, "keepPrevious": {"replicas": 0}}  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+        k.wait(lambda: md_ready(k, ns, "ha"), 600, "ModelDeployment ha Ready")
+        print(
+            f"[timing] kubectl apply -> runtime Ready (image cached, 2 operator replicas) {time.monotonic() - t0:.1f}s"
+        )
+        old = k.custom.get_namespaced_custom_object(G, V, ns, P, "ha")["status"]["stable"]["bundle"]
+
+        def phase(*want: str):  # noqa: ANN202
+            md = k.custom.get_namespaced_custom_object(G, V, ns, P, "ha")
+            return md if md.get("status", {}).get("phase") in want else None
+
+        def set_config(**kv: int) -> None:
+            spec = k.custom.get_namespaced_custom_object(G, V, ns, P, "ha")["spec"]
+            k.custom.patch_namespaced_custom_object(G, V, ns, P, "ha", {"spec": {"bundle": {"config": {
+                **spec["bundle"]["config"], **kv}}}})  # fmt: skip
+
+        with Load(k.api, ns, "ha", workers=4) as load:
+            t0 = time.monotonic()
+            set_config(maxNumSeqs=6)
+            k.wait(lambda: phase("Canary"), 600, "ha in its canary step")
+            op = k.core.read_namespaced_pod(leader, op_ns)
+            os.kill(_container_pid(c, op.status.container_statuses[0].container_id), signal.SIGKILL)
+            killed = time.monotonic()
+            done = k.wait(lambda: phase("Stable"), 600, "ha Stable after the leader's kill")
+            good_s = time.monotonic() - t0
+        st = done["status"]
+        assert st["stable"]["bundle"] != old and not st.get("failedBundles"), (st, events(k, ns, "ha"))
+        print(f"[timing] good bundle change -> promoted, leader killed {killed - t0:.1f}s in: {good_s:.1f}s")
+        reasons = Counter(r for r, _ in events(k, ns, "ha"))
+        for r in ("NewBundle", "CanaryReady", "ConformancePassed", "Promoted"):
+            assert reasons[r] == 1, (r, reasons)  # each decision exactly once across the takeover
+        seen = load.by_ip()
+        print(f"[load] promotion across the leader's kill, by pod ip: {dict(seen)}")
+        assert not {ip: n for ip, n in seen.items() if set(n) - {200}}, (seen, load.transport_errors)
+        assert sum(sum(n.values()) for n in seen.values()) > 20, seen
+
+        # the standby took over: the promotion is its decision; the killed one came back as standby
+        ips = {n: k.core.read_namespaced_pod(n, op_ns).status.pod_ip for n in (leader, standby)}
+        assert operator_metric(ips[standby], "modeldeploy_operator_events_total", reason="Promoted") == 1
+        back = k.wait(lambda: pod_ready(k, op_ns, leader), 120, "the killed operator container restarted")
+        assert back.status.container_statuses[0].restart_count >= 1
+        live = k.wait(lambda: (lambda p: p if leader in p and standby in p else None)(peers(k)), 90,
+                      "the restarted replica back in the peering")  # fmt: skip
+        assert live[standby]["priority"] > live[leader]["priority"], live  # the older process stays active
+        assert operator_metric(ips[leader], "modeldeploy_operator_events_total", reason="Promoted") == 0
+
+        # a slow bundle: one sequence slot under 8-way load; analysis (TTFT p95) rolls it back
+        analysis = ANALYSIS | {"maxTtftP95Ratio": 1.5, "minSamples": 10}
+        k.custom.patch_namespaced_custom_object(
+            G, V, ns, P, "ha", {"spec": {"rollout": {"analysis": analysis}}}
+        )
+        stable = st["stable"]["bundle"]
+        stable_ips = {p.status.pod_ip for p in k.core.list_namespaced_pod(
+            ns, label_selector=f"modeldeploy.dev/bundle={stable}").items}  # fmt: skip
+        with Load(k.api, ns, "ha", workers=8) as load:
+            t0 = time.monotonic()
+            set_config(maxNumSeqs=1)
+            md = k.wait(lambda: (lambda m: m if m and m["status"].get("failedBundles") else None)(phase("Stable")),
+                        600, "slow bundle rolled back")  # fmt: skip
+            slow_s = time.monotonic() - t0
+        print(f"[timing] slow bundle change -> rolled back by analysis: {slow_s:.1f}s")
+        deg = next(x for x in md["status"]["conditions"] if x["type"] == "Degraded")
+        assert deg["status"] == "True" and deg["reason"] == "AnalysisFailed", deg
+        assert md["status"]["stable"]["bundle"] == stable, md["status"]
+        ttft = next(m for m in md["status"]["lastAnalysis"]["metrics"] if m["metric"] == "ttft_p95_seconds")
+        assert ttft["verdict"] == "Fail" and ttft["canary"] > ttft["threshold"], ttft
+        seen = load.by_ip()
+        print(f"[load] slow canary and its rollback, by pod ip (stable {stable_ips}): {dict(seen)}")
+        assert not {ip: n for ip, n in seen.items() if ip in stable_ips and set(n) - {200}}, seen
+        reasons = Counter(r for r, _ in events(k, ns, "ha"))
+        assert reasons["AnalysisFailed"] == 1 and reasons["NewBundle"] == 2, reasons
+    finally:
+        k.kubectl("delete", "-n", ns, "modeldeployments", "--all", "--wait=true", check=False, timeout=180)
+        k.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False)
+
+
+def events(k: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
+    evs = sorted((e for e in k.core.list_namespaced_event(ns).items if e.involved_object.name == name),
+                 key=lambda e: e.metadata.creation_timestamp)  # fmt: skip
+    return [(e.reason, e.message) for e in evs]
+
+
 def test_down_leaves_nothing_behind(rn, probe_ref) -> None:
     """Last in this module: down with a pod still running, then nothing of the node remains."""
+    if os.environ.get("KUBECONFIG"):
+        pytest.skip("$KUBECONFIG's cluster is not this module's to take down")
     c, k, before = rn
     k.core.create_namespaced_pod("default", probe_pod("left", probe_ref, ["serve", ":8080"]))
     k.wait(lambda: pod_ready(k, "default", "left"), 180, "pod left Ready")
@@ -472,6 +668,26 @@ def test_down_leaves_nothing_behind(rn, probe_ref) -> None:
         assert after[key] - before[key] == set(), f"{key} left behind: {sorted(after[key] - before[key])}"
     assert not base.exists()
     assert not c.registry().pid()
+
+
+def assert_runs_restricted(c: LocalCluster, container_id: str, uid: int) -> None:
+    """What the kernel says of the container's main process (not what the API says): every uid
+    is `uid` (non-root), no effective or permitted capability, no_new_privs, seccomp in filter
+    mode (RuntimeDefault), `/` mounted read-only, and `lo` UP in its network namespace."""
+    assert uid != 0
+    pid = _container_pid(c, container_id)
+    status = Path(f"/proc/{pid}/status").read_text()
+    assert re.search(rf"^Uid:\s+{uid}\s+{uid}\s+{uid}\s+{uid}$", status, re.M), status
+    assert re.search(r"^CapEff:\s+0+$", status, re.M), status
+    assert re.search(r"^CapPrm:\s+0+$", status, re.M), status
+    assert re.search(r"^NoNewPrivs:\s+1$", status, re.M), status
+    assert re.search(r"^Seccomp:\s+2$", status, re.M), status  # 2 = SECCOMP_MODE_FILTER
+    mounts = [m.split() for m in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+    roots = [m for m in mounts if m[4] == "/"]
+    assert roots and "ro" in roots[-1][5].split(","), roots  # the topmost mount on / of its mount namespace
+    lo = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link", "show", "lo"],
+                        capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert re.search(r"<[^>]*\bUP\b", lo), lo
 
 
 def _container_pid(c: LocalCluster, container_id: str) -> int:
