@@ -147,7 +147,14 @@ def test_bundle_endpoint_shows_effective_config(server, llama_dir):
         ec["max_model_len"] == 1024 and ec["num_kv_blocks"] > 0 and ec["block_size"] == 16
     )  # defaults resolved
     assert ec["device"] == "cpu" and ec["dtype"] == "float32" and ec["max_num_seqs"] == 2
-    assert b["server"] == {"max_num_seqs": 2, "max_queue": 8, "drain_timeout_s": 30.0, "auth": False}
+    assert b["server"] == {
+        "max_num_seqs": 2,
+        "max_queue": 8,
+        "max_queued_tokens": 0,
+        "queue_budget_s": None,
+        "drain_timeout_s": 30.0,
+        "auth": False,
+    }
 
 
 def test_health_models_and_error_format(server):

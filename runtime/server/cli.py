@@ -38,6 +38,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: dir name)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="sequences running in the engine at once")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
+    p.add_argument(
+        "--max-queued-tokens",
+        type=int,
+        default=0,
+        help="prompt tokens that may wait together; beyond: 429 (0: no bound)",
+    )
+    p.add_argument(
+        "--queue-budget",
+        type=float,
+        default=None,
+        help="seconds a request may be expected to wait for a slot; beyond: 429 at once "
+        "(default: none; a client's x-request-deadline-ms header sets its own)",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--block-size", type=int, default=16)
@@ -159,6 +172,8 @@ def build_config(args: argparse.Namespace):
         engine=engine,
         served_model_name=name,
         max_queue=args.max_queue,
+        max_queued_tokens=args.max_queued_tokens,
+        queue_budget_s=args.queue_budget,
         api_key=args.api_key,
         drain_timeout_s=args.drain_timeout,
         load_delay_s=args.load_delay,

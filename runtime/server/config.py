@@ -21,6 +21,8 @@ class ServerConfig:
     engine_build: str = ""  # engine image digest / build id, a metric label
     model_revision: str = ""  # bundle.model.revision, a metric label
     retry_after_s: int = 1  # Retry-After sent with 429 / 503
+    max_queued_tokens: int = 0  # prompt tokens allowed to wait together; beyond: 429 (0: no bound)
+    queue_budget_s: float | None = None  # estimated wait for a slot beyond this: 429 at once (None: none)
 
     def validate(self) -> None:
         if self.max_queue < 0:
@@ -31,5 +33,9 @@ class ServerConfig:
             raise ValueError(f"load delay must be >= 0, got {self.load_delay_s}")
         if self.step_delay_s < 0:
             raise ValueError(f"step delay must be >= 0, got {self.step_delay_s}")
+        if self.max_queued_tokens < 0:
+            raise ValueError(f"--max-queued-tokens must be >= 0, got {self.max_queued_tokens}")
+        if self.queue_budget_s is not None and not self.queue_budget_s > 0:
+            raise ValueError(f"--queue-budget must be > 0, got {self.queue_budget_s}")
         if not self.served_model_name:
             raise ValueError("--served-model-name must not be empty")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from modeldeploy.runtime.engine.request_check import RequestError, check_request
-from modeldeploy.runtime.server.admission import Admission
+from modeldeploy.runtime.server.admission import REASONS, Admission
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.errors import APIError
 from modeldeploy.runtime.server.metrics import ServerMetrics
@@ -30,7 +30,13 @@ class ServerContext:
     def __init__(self, cfg: ServerConfig, engine: Any):
         self.cfg, self.engine = cfg, engine
         self.state = LoadState()
-        self.admission = Admission(cfg.engine.max_num_seqs, cfg.max_queue, cfg.retry_after_s)
+        self.admission = Admission(
+            cfg.engine.max_num_seqs,
+            cfg.max_queue,
+            cfg.retry_after_s,
+            cfg.max_queued_tokens,
+            cfg.queue_budget_s,
+        )
         self.created = int(time.time())
         self.jobs: dict[str, Any] = {}
         labels = {
@@ -231,6 +237,8 @@ class ServerContext:
             "server": {
                 "max_num_seqs": self.admission.max_running,
                 "max_queue": self.cfg.max_queue,
+                "max_queued_tokens": self.cfg.max_queued_tokens,
+                "queue_budget_s": self.cfg.queue_budget_s,
                 "drain_timeout_s": self.cfg.drain_timeout_s,
                 "auth": self.cfg.api_key is not None,
             },
@@ -248,6 +256,8 @@ class ServerContext:
         return {
             "running": self.admission.running,
             "waiting": self.admission.waiting,
+            "rejections": {r: self.admission.rejections[r] for r in REASONS},
+            "queued_tokens": self.admission.queued_tokens,
             "kv_usage": getattr(stats, "kv_usage", 0.0),
             "load_progress": self.state.progress,
             "load_seconds": self.state.load_seconds,

@@ -67,6 +67,19 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
     return ids, ctx.sampling(req, max_tokens, structured, logprobs), plan
 
 
+DEADLINE = "x-request-deadline-ms"
+
+
+def _deadline(request: Request) -> float | None:
+    """The client's wait budget in seconds (header x-request-deadline-ms), or None."""
+    raw = request.headers.get(DEADLINE)
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) <= 3_600_000:
+        raise APIError(400, f"{DEADLINE}: must be an integer of milliseconds in 1..3600000", param=DEADLINE)
+    return int(raw) / 1000
+
+
 def _response_format(ctx: ServerContext, req: Any) -> Any:
     return None if ctx.cfg.ignore_response_format else req.response_format  # the test hook's defect
 
@@ -83,6 +96,7 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         raise
     adapter = None
     try:
+        budget = _deadline(request)
         req = parse_body(await request.body(), KINDS[kind])
         adapter = ctx.check_model(req.model)
         ids, params, plan = _prepare(ctx, kind, req)
@@ -93,7 +107,7 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         ctx.metrics.outcome("error", adapter or "")
         raise
     rid = _PREFIX[kind] + uuid.uuid4().hex
-    job = Job(ctx, rid, ids, params, arrival, adapter)
+    job = Job(ctx, rid, ids, params, arrival, adapter, budget)
     job.evidence = evidence.of(request)
     created = int(time.time())
     model = req.model  # the base model's name or the adapter's, as the client asked

@@ -24,9 +24,17 @@ class ClientGone(Exception):
 
 class Job:
     def __init__(
-        self, ctx: Any, rid: str, prompt: list[int], params: Any, arrival: float, adapter: str | None = None
+        self,
+        ctx: Any,
+        rid: str,
+        prompt: list[int],
+        params: Any,
+        arrival: float,
+        adapter: str | None = None,
+        budget_s: float | None = None,
     ):
         self.ctx, self.rid, self.prompt, self.params = ctx, rid, prompt, params
+        self.budget_s = budget_s  # the client's x-request-deadline-ms, if it sent one
         self.adapter = adapter  # LoRA adapter name; None = the base model
         self.tracker = ctx.metrics.tracker(arrival, adapter or "")
         self.ticket = None
@@ -50,11 +58,11 @@ class Job:
                 raise APIError(400, str(e), param="response_format") from None
             self.ctx.metrics.grammar_compile(result.seconds, result.cached)
         try:
-            self.ticket = self.ctx.admission.enter()
+            self.ticket = self.ctx.admission.enter(len(self.prompt), self.budget_s)
+            await self.ticket.acquire()  # refuses a request that waited past its budget
         except APIError as e:
             self.refused = refusal_outcome(e.status)
             raise
-        await self.ticket.acquire()
         self.ctx.jobs[self.rid] = self
         if self.adapter:
             self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params, adapter=self.adapter)

@@ -72,6 +72,17 @@ class _Live:
 
         yield gauge("requests_running", "Requests holding an engine slot", v["running"])
         yield gauge("requests_waiting", "Requests waiting in the admission queue", v["waiting"])
+        yield gauge(
+            "queued_prompt_tokens", "Prompt tokens of the requests waiting for a slot", v["queued_tokens"]
+        )
+        refused = CounterMetricFamily(
+            "modeldeploy_admission_rejections",
+            "Requests refused by admission (outcome rejected), by reason",
+            labels=names + ["reason"],
+        )
+        for reason, n in v["rejections"].items():
+            refused.add_metric(values + [reason], n)
+        yield refused
         yield gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use", v["kv_usage"])
         yield gauge("model_load_progress", "Weight loading progress, 0..1", v["load_progress"])
         yield gauge(
