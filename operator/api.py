@@ -627,6 +627,20 @@ class KeepPrevious(_Model):
     seconds: int = Field(default=3600, ge=0, description="How long the prior bundle stays warm.")
 
 
+class KeepPrior(_Model):
+    """The prior bundle kept warm after a promotion, within a GPU budget and only on spare GPUs."""
+
+    replicas: int = Field(default=1, ge=0, description="Warm replicas of the prior bundle after promotion.")
+    max_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        alias="maxGPUs",
+        description="GPU budget of the warm prior: at most maxGPUs / topology.gpusPerReplica replicas "
+        "(default: no budget beyond replicas).",
+    )
+    seconds: int = Field(default=3600, ge=0, description="How long the prior bundle stays warm.")
+
+
 def _default_steps() -> list[RolloutStep]:
     return [RolloutStep(weight=10), RolloutStep(weight=50)]
 
@@ -649,7 +663,14 @@ class Rollout(_Model):
         default_factory=TrafficRouting, description="How traffic is split."
     )
     keep_previous: KeepPrevious = Field(
-        default_factory=KeepPrevious, description="Warm prior bundle for fast rollback."
+        default_factory=KeepPrevious,
+        description="Deprecated, use keepPrior (which wins when set): warm prior bundle for fast rollback.",
+    )
+    keep_prior: KeepPrior | None = Field(
+        default=None,
+        description="Warm prior bundle for fast rollback, within a GPU budget: kept warm only within "
+        "maxGPUs and only when the GPUs are spare (Replace on a full cluster: scaled to zero, a cold "
+        "rollback target); status.rollout.prior says Warm or Cold and why.",
     )
     progress_deadline_seconds: int = Field(
         default=1800, ge=30, description="A rollout not done by then rolls back."

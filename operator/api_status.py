@@ -81,6 +81,10 @@ class RolloutStatus(_Model):
     previous_until: str | None = Field(
         default=None, description="RFC 3339 time the prior bundle stops being warm."
     )
+    prior: str | None = Field(
+        default=None, max_length=8, description="The prior bundle after the last promotion: Warm or Cold."
+    )
+    prior_reason: str | None = Field(default=None, max_length=1024, description="Why warm or cold.")
     capacity: str | None = Field(
         default=None,
         max_length=16,

@@ -180,8 +180,10 @@ def capacity_signals(x: Inputs, state: RolloutState) -> dict[str, Any]:
     if state.phase == "Stable" and x.bid not in (state.stable, *state.failed) and x.policy.capacity == "Auto":
         return {"surge_fits": spare_fit(topo, nodes, x.spec.replicas, device)}
     if state.phase in ACTIVE_PHASES and state.capacity == "Replace" and state.stable in x.have:
-        missing = x.spec.replicas - x.have[state.stable].replicas
-        return {"restore_fits": spare_fit(topo, nodes, missing, device)[0]}
+        kept = x.have[state.stable].replicas
+        missing, warm = x.spec.replicas - kept, x.policy.keep_previous_replicas - kept
+        return {"restore_fits": spare_fit(topo, nodes, missing, device)[0],
+                "prior_fits": spare_fit(topo, nodes, warm, device) if state.phase == "Promoting" else None}  # fmt: skip
     return {}
 
 

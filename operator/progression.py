@@ -58,13 +58,24 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
         conformance_gate=r.conformance_gate,
         load_timeout_seconds=spec.readiness.load_timeout_seconds,
         progress_deadline_seconds=r.progress_deadline_seconds,
-        keep_previous_replicas=r.keep_previous.replicas,
-        keep_previous_seconds=r.keep_previous.seconds,
+        keep_previous_replicas=warm_budget(spec),
+        keep_previous_seconds=(r.keep_prior or r.keep_previous).seconds,
+        keep_gpus=(r.keep_prior.max_gpus if r.keep_prior else None),
         gateway=r.traffic_routing.gateway_api is not None,
         on_inconclusive=r.analysis.on_inconclusive,
         capacity=r.capacity,
         min_available=min(spec.replicas, resolve_count(r.min_available, spec.replicas)),
     )
+
+
+def warm_budget(spec: ModelDeploymentSpec) -> int:
+    """Warm prior replicas: keepPrior.replicas within maxGPUs (keepPrevious.replicas when keepPrior is unset)."""
+    keep, gpus = spec.rollout.keep_prior, spec.topology.gpus_per_replica
+    if keep is None:
+        return spec.rollout.keep_previous.replicas
+    if keep.max_gpus is None or gpus == 0:
+        return keep.replicas
+    return min(keep.replicas, keep.max_gpus // gpus)
 
 
 def load_state(st: ModelDeploymentStatus) -> RolloutState:
@@ -80,6 +91,7 @@ def load_state(st: ModelDeploymentStatus) -> RolloutState:
         reason=ro.reason, message=ro.message, failed=tuple(st.failed_bundles), previous=ro.previous,
         previous_until=epoch(ro.previous_until), history=tuple(h.bundle for h in st.history),
         capacity=ro.capacity or "", capacity_reason=ro.capacity_reason or "", restore=ro.restore or "",
+        prior=ro.prior or "", prior_reason=ro.prior_reason or "",
     )  # fmt: skip
 
 
@@ -105,4 +117,6 @@ def rollout_status(state: RolloutState) -> RolloutStatus:
         capacity=state.capacity or None,
         capacity_reason=state.capacity_reason[:1024] or None,
         restore=state.restore or None,
+        prior=state.prior or None,
+        prior_reason=state.prior_reason[:1024] or None,
     )

@@ -59,6 +59,7 @@ class Policy:
     on_inconclusive: Literal["Hold", "Rollback"] = "Hold"  # an Inconclusive verdict after the pause
     capacity: Literal["Surge", "Replace", "Auto"] = "Auto"  # where the canary's GPUs come from
     min_available: int = 0  # Ready replicas (stable + canary) Replace never goes below
+    keep_gpus: int | None = None  # keepPrior.maxGPUs (None: no GPU budget), for the status message
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class RolloutState:
     capacity: str = ""  # Surge | Replace, decided when the rollout starts ("" before any)
     capacity_reason: str = ""  # why (spec, or the Auto fit check's figures)
     restore: str = ""  # Replace rollback order: StableFirst | CanaryFirst ("" until rolling back)
+    prior: str = ""  # Warm | Cold: the prior bundle after the last promotion
+    prior_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Signals:
     surge_fits: tuple[bool, str] | None = None  # the canary at full size fits beside stable (None: unknown)
     stable_ready: int = 0
     restore_fits: bool | None = None  # Replace: the stable's freed replicas fit on spare GPUs again
+    prior_fits: tuple[bool, str] | None = None  # Replace: the warm prior's replicas fit on spare GPUs
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,13 @@ def advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
 
 def _advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition:
     if s.previous and s.previous_until is not None and now >= s.previous_until:
-        s = replace(s, previous=None, previous_until=None)
+        s = replace(
+            s,
+            previous=None,
+            previous_until=None,
+            prior="Cold",
+            prior_reason=f"warm time over: {s.previous} scaled to zero, a cold rollback target",
+        )
     if s.stable is None:  # first deployment: no canary to compare
         return _go(
             s,
@@ -252,6 +262,10 @@ def _stable(s, p, sig, now, elapsed) -> Transition:
         failed=failed,
         previous=None,
         previous_until=None,
+        prior="Cold" if s.previous else s.prior,
+        prior_reason=f"{s.previous} retired by the rollout of {sig.desired}, a cold rollback target"
+        if s.previous
+        else s.prior_reason,
         capacity=mode,
         capacity_reason=why,
         restore="",
@@ -352,16 +366,27 @@ def _canary(s, p, sig, now, elapsed) -> Transition:
     )
 
 
+def _prior(s: RolloutState, p: Policy, sig: Signals) -> tuple[bool, str]:
+    """Whether the prior bundle stays warm after this promotion, and why (status.rollout.prior)."""
+    budget = f" (maxGPUs {p.keep_gpus})" if p.keep_gpus is not None else ""
+    if p.keep_previous_replicas <= 0 or p.keep_previous_seconds <= 0:
+        return False, f"no warm replicas within keepPrior{budget}: scaled to zero, a cold rollback target"
+    if s.capacity == "Replace" and sig.prior_fits is not None and not sig.prior_fits[0]:
+        return False, f"GPUs not spare: {sig.prior_fits[1]}; scaled to zero, a cold rollback target"
+    return True, f"{p.keep_previous_replicas} replicas warm for {p.keep_previous_seconds}s{budget}"
+
+
 def _promoting(s, p, sig, now, elapsed) -> Transition:
     if sig.canary_ready >= p.replicas:
-        keep = p.keep_previous_replicas > 0 and p.keep_previous_seconds > 0
+        keep, why = _prior(s, p, sig)
         return _go(
             s,
             now,
             "Stable",
             "Promoted",
-            f"{s.canary} promoted; {s.stable} kept warm"
-            + (f" for {p.keep_previous_seconds}s" if keep else ": no (keepPrevious is 0)"),
+            f"{s.canary} promoted; prior {s.stable} " + ("kept warm: " if keep else "cold: ") + why,
+            prior="Warm" if keep else "Cold",
+            prior_reason=why,
             stable=s.canary,
             canary=None,
             step=None,

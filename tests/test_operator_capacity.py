@@ -151,7 +151,41 @@ def test_full_cluster_rolls_out_in_replace_mode_never_below_min_available() -> N
     assert "capacity Replace (Auto: 16 more replicas x 1 nvidia.com/gpu do not fit" in start.message
     assert obj["status"]["rollout"]["capacity"] == "Replace"
     assert lowest >= 12  # minAvailable 75 % of 16
-    assert sizes(obs)[new] == 16 and sum(sizes(obs).values()) <= 17
+    assert sizes(obs) == {new: 16}  # no spare GPU for a warm prior: scaled to zero, said in status
+    ro = obj["status"]["rollout"]
+    assert ro["prior"] == "Cold" and "GPUs not spare" in ro["priorReason"]
+    assert "previous" not in ro
+
+
+def test_keep_prior_within_its_gpu_budget() -> None:
+    from modeldeploy.operator.api import ModelDeploymentSpec
+    from modeldeploy.operator.progression import policy
+
+    spec = md(replicas=4, topology={"gpusPerReplica": 2, "tensorParallel": 2})["spec"]
+    spec["rollout"] = {"keepPrior": {"replicas": 3, "maxGPUs": 4, "seconds": 60}}
+    p = policy(ModelDeploymentSpec.model_validate(spec))
+    assert (p.keep_previous_replicas, p.keep_previous_seconds, p.keep_gpus) == (2, 60, 4)
+    spec["rollout"] = {"keepPrior": {"replicas": 3, "maxGPUs": 1}}
+    assert policy(ModelDeploymentSpec.model_validate(spec)).keep_previous_replicas == 0
+    spec["rollout"] = {"keepPrevious": {"replicas": 2, "seconds": 5}}  # the deprecated field still works
+    p = policy(ModelDeploymentSpec.model_validate(spec))
+    assert (p.keep_previous_replicas, p.keep_previous_seconds) == (2, 5)
+    promoting = RolloutState(
+        phase="Promoting", stable="old", canary="new", phase_since=0.0, capacity="Replace"
+    )
+    warm = replace(P, keep_previous_replicas=1, keep_gpus=1)
+    t = advance(promoting, warm, Signals(desired="new", canary_ready=16, prior_fits=(True, "fit")), 5.0)
+    assert (t.state.prior, t.state.previous) == ("Warm", "old") and "(maxGPUs 1)" in t.state.prior_reason
+    assert cohort_replicas(t.state, warm, 6.0) == {"new": 16, "old": 1}
+    t = advance(promoting, warm, Signals(desired="new", canary_ready=16, prior_fits=(False, "0 spare")), 5.0)
+    assert (t.state.prior, t.state.previous) == ("Cold", None) and "GPUs not spare: 0 spare" in t.event[2]
+    over = replace(warm, keep_previous_replicas=0)
+    t = advance(promoting, over, Signals(desired="new", canary_ready=16), 5.0)
+    assert t.state.prior == "Cold" and "no warm replicas within keepPrior (maxGPUs 1)" in t.state.prior_reason
+    later = advance(
+        replace(t.state, previous="old", previous_until=9.0, prior="Warm"), P, Signals(desired="new"), 10.0
+    )
+    assert later.state.prior == "Cold" and "warm time over" in later.state.prior_reason
 
 
 def test_replace_waits_with_insufficient_capacity_instead_of_crossing_min_available() -> None:
