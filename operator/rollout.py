@@ -451,7 +451,11 @@ def cohort_replicas(
         out[s.previous] = p.keep_previous_replicas
     have = have or {}
     if s.canary and s.phase in ACTIVE_PHASES:
-        target = p.replicas if s.phase == "Promoting" else canary_size(p, p.steps[s.step or 0])
+        target = (
+            p.replicas
+            if s.phase == "Promoting"
+            else canary_size(p, p.steps[s.step or 0], s.capacity == "Replace")
+        )
         out[s.canary] = target
         if s.capacity == "Replace" and s.stable:
             move = replace_step(p.replicas, target, have.get(s.stable), have.get(s.canary), p.min_available)
@@ -465,11 +469,15 @@ def capacity_wait(s: RolloutState, p: Policy, have: Mapping[str, Have]) -> str |
     """The InsufficientCapacity message while a Replace rollout cannot move without crossing minAvailable."""
     if not (s.canary and s.stable and s.capacity == "Replace" and s.phase in ACTIVE_PHASES):
         return None
-    target = p.replicas if s.phase == "Promoting" else canary_size(p, p.steps[s.step or 0])
+    target = (
+        p.replicas
+        if s.phase == "Promoting"
+        else canary_size(p, p.steps[s.step or 0], s.capacity == "Replace")
+    )
     return replace_step(p.replicas, target, have.get(s.stable), have.get(s.canary), p.min_available).blocked
 
 
-def canary_size(p: Policy, step: Step) -> int:
+def canary_size(p: Policy, step: Step, replacing: bool = False) -> int:
     """The step's canary replicas: its `replicas` (count or percentage of spec.replicas) when given, else
     ~weight% of the pods next to a full stable (replica ratio), or weight% of replicas (Gateway API)."""
     if step.replicas is not None:
@@ -477,7 +485,7 @@ def canary_size(p: Policy, step: Step) -> int:
     weight = step.weight
     if weight >= 100:
         return p.replicas
-    if p.gateway:
+    if p.gateway or replacing:  # weight% of the slots: Replace takes them out of stable
         return max(1, math.ceil(p.replicas * weight / 100))
     return max(1, min(p.replicas, math.ceil(p.replicas * weight / (100 - weight))))
 

@@ -3,7 +3,9 @@
 Two sources of objects: built with the real status model (`ModelDeploymentStatus.model_dump`, the
 wire shape the operator writes), and recorded from the rollout e2e (tests/data/argocd/*.json,
 written by `MODELDEPLOY_RECORD_STATUS=tests/data/argocd pytest e2e/test_rollout_controls.py
-e2e/test_rollout_faults.py`; the e2e evaluates the same Lua on the live objects too).
+e2e/test_rollout_faults.py`; the e2e evaluates the same Lua on the live objects too). The issue-18
+capacity states (`*insufficient-capacity*`, `*replace*`, `*inconclusive*`) were written from the plan()
+scenarios of tests/test_operator_capacity.py (2 nodes x 8 GPUs, 16 replicas), not from a live cluster yet.
 """
 
 from __future__ import annotations
@@ -222,3 +224,18 @@ def test_objects_recorded_in_the_rollout_e2e(path: Path) -> None:
 
 def test_recordings_cover_every_health_state() -> None:
     assert {p.stem.split("-")[0] for p in RECORDED} == {"healthy", "progressing", "suspended", "degraded"}
+
+
+def test_replace_waiting_for_capacity_is_progressing_and_says_so() -> None:
+    prog = cond("Progressing", True, "InsufficientCapacity", "capacity Replace: 16 Ready, minAvailable 16")
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Deploying",
+            stable=STABLE,
+            canary=CANARY,
+            conditions=[prog, NOT_DEGRADED],
+        )
+    )
+    assert status == "Progressing" and msg.startswith("Waiting for capacity: Deploying:")
+    assert "minAvailable 16" in msg

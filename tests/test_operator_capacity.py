@@ -212,5 +212,5 @@ def test_explicit_replace_with_min_available_zero_moves_the_whole_step_at_once()
     obj, obs, old = full_cluster(capacity="Replace", minAvailable=0)
     obj, obs, events, lowest = run(obj, obs, 1)
     new = obj["status"]["canary"]["bundle"]
-    assert sizes(obs) == {old: 10, new: 6} and obj["status"]["replicas"] == 16  # 25 % by replica ratio
+    assert sizes(obs) == {old: 12, new: 4} and obj["status"]["replicas"] == 16  # 25 % of the slots
     assert "capacity Replace (spec.rollout.capacity: Replace)" in events[0].message

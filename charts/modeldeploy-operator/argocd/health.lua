@@ -6,7 +6,8 @@
 --                Unschedulable); a failed rollout stays Degraded until spec.bundle changes
 --   Suspended    phase Canary and condition Progressing has reason Paused or
 --                AwaitingPromotion: a canary step held for a human (`modeldeploy rollout promote`)
---   Progressing  phase Deploying, Verifying, Canary, Promoting or RollingBack
+--   Progressing  phase Deploying, Verifying, Canary, Promoting or RollingBack; a Replace rollout waiting
+--                for GPUs (Progressing reason InsufficientCapacity) says "Waiting for capacity" first
 --   Healthy      condition Ready=True
 --   Progressing  otherwise (Ready False/absent: replicas still loading weights)
 local hs = {}
@@ -85,6 +86,9 @@ if phase == "Deploying" or phase == "Verifying" or phase == "Canary" or phase ==
     phase == "RollingBack" then
   hs.status = "Progressing"
   hs.message = phase .. ":" .. canary .. "; stable " .. cohort(st.stable)
+  if progressing ~= nil and progressing.reason == "InsufficientCapacity" then
+    hs.message = "Waiting for capacity: " .. hs.message
+  end
   if progressing ~= nil then
     hs.message = hs.message .. " (" .. said(progressing) .. ")"
   end
