@@ -100,8 +100,12 @@ class TensorParallel:
             self.workers.append(p)
             self.pipes.append(ours)
         threading.Thread(target=self._watch, name="tp-monitor", daemon=True).start()
-        self._receive("hello", config.tp_timeout_s + 120)  # a worker that cannot start fails here, fast
-        self.collective = Collective(self._store, 0, self.size, device, config.tp_timeout_s)
+        try:
+            self._receive("hello", config.tp_timeout_s + 120)  # a worker that cannot start fails here, fast
+            self.collective = Collective(self._store, 0, self.size, device, config.tp_timeout_s)
+        except BaseException:
+            self.kill()
+            raise
 
     @property
     def pids(self) -> list[int]:
@@ -223,8 +227,10 @@ def _worker_setup(config: EngineConfig, rank: int, store_port: int, conn: mpc.Co
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     held = sum(t.numel() * t.element_size() for t in loaded.weights.values())
     _send(conn, ("ready", {"rank": rank, "pid": os.getpid(), "free_bytes": free, "weight_bytes": held}))
-    kind, num_blocks, block_size, max_model_len = pickle.loads(conn.recv_bytes())
-    assert kind == "alloc", kind
+    message = pickle.loads(conn.recv_bytes())
+    if message[0] != "alloc":  # rank 0 gave up before allocating (its own load failed): stop
+        sys.exit(0)
+    _, num_blocks, block_size, max_model_len = message
     runner = ModelRunner(loaded, num_blocks, block_size, max_model_len, reduce=collective.all_reduce)
     loaded.weights.clear()
     return runner, collective

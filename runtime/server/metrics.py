@@ -73,14 +73,16 @@ class _Live:
         yield gauge("requests_running", "Requests holding an engine slot", v["running"])
         yield gauge("requests_waiting", "Requests waiting in the admission queue", v["waiting"])
         yield gauge(
-            "queued_prompt_tokens", "Prompt tokens of the requests waiting for a slot", v["queued_tokens"]
+            "queued_prompt_tokens",
+            "Prompt tokens of the requests waiting for a slot",
+            v.get("queued_tokens", 0),
         )
         refused = CounterMetricFamily(
             "modeldeploy_admission_rejections",
             "Requests refused by admission (outcome rejected), by reason",
             labels=names + ["reason"],
         )
-        for reason, n in v["rejections"].items():
+        for reason, n in v.get("rejections", {}).items():
             refused.add_metric(values + [reason], n)
         yield refused
         yield gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use", v["kv_usage"])
@@ -94,10 +96,12 @@ class _Live:
         yield gauge(
             "tensor_parallel_size",
             "Ranks the model is split over (one process each)",
-            v["tensor_parallel_size"],
+            v.get("tensor_parallel_size", 1),
         )
         yield counter(
-            "tp_allreduce_bytes", "Bytes all-reduced across tensor-parallel ranks", v["tp_allreduce_bytes"]
+            "tp_allreduce_bytes",
+            "Bytes all-reduced across tensor-parallel ranks",
+            v.get("tp_allreduce_bytes", 0),
         )
         if v.get("lora_resident"):
             g = GaugeMetricFamily(
