@@ -25,7 +25,7 @@ from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
 from modeldeploy.operator.pods import pod_ready, pod_url, ready_pod_ips
 from modeldeploy.operator.progression import epoch, iso
-from modeldeploy.operator.pull import pull_failure
+from modeldeploy.operator.pull import crash_failure, pull_failure
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
@@ -86,6 +86,7 @@ class LoadProbe:
         """(bundle -> progress per loading pod, bundle -> load error); an unreachable pod counts as 0."""
         out: dict[str, list[float]] = {}
         errors: dict[str, str] = {}
+        crashes: dict[str, str] = {}
         with self._lock:
             if sum(len(v) for v in self._unreachable.values()) > MAX_UNREACHABLE:
                 self._unreachable.clear()
@@ -97,6 +98,8 @@ class LoadProbe:
                 if not pod_ready(p) and (pulled := pull_failure(p)) is not None:  # Pending: never loads
                     errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), pulled)
                     continue
+                if not pod_ready(p) and (crashed := crash_failure(p)) is not None:  # restarted after a crash
+                    crashes.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), crashed)
                 if (
                     pod_ready(p)
                     or st.get("phase") != "Running"
@@ -113,7 +116,7 @@ class LoadProbe:
                     probed += 1
                     progress = self._ask(http, key, uid, st["podIP"], bundle, errors)
                 out.setdefault(bundle, []).append(progress)
-        return out, errors
+        return out, crashes | errors  # the runtime's own words win over kubelet's exit code
 
     def _ask(
         self, http: httpx.Client, key: tuple[str, str], uid: str, ip: str, bundle: str, errors: dict
