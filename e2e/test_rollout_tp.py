@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 from modeldeploy_dev.load import Load
@@ -52,3 +54,32 @@ def test_tp2_pod_serves_passes_the_gate_and_rolls_out(
     for p in new_pods:
         args = next(c for c in p.spec.containers if c.name == "serve").args
         assert args[args.index("--tensor-parallel-size") + 1] == "2", args
+
+
+def test_a_dead_rank_in_the_canary_rolls_back_with_the_reason(
+    cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    """The canary's worker rank SIGKILLed mid-step: its runtime fails fast (exit 1), kubelet restarts
+    it, and the operator rolls back naming the crash (or the runtime's own 'engine failed' error)."""
+    md, old = serve_tiny(cluster, namespace, tmp_path, "tpfail", topology=TP)
+    with Load(cluster.api, namespace, "tpfail"):
+        change_bundle(cluster, namespace, "tpfail", lambda b: b["config"].update(maxNumSeqs=6))
+        wait_phase(cluster, namespace, "tpfail", ("Canary",), 420)
+        canary = next(
+            p
+            for p in cluster.core.list_namespaced_pod(
+                namespace, label_selector="app.kubernetes.io/instance=tpfail"
+            ).items
+            if p.metadata.labels.get("modeldeploy.dev/bundle") != old and p.status.pod_ip
+        )
+        status, body = get(f"http://{canary.status.pod_ip}:8080/v1/bundle")
+        assert status == 200, body
+        (worker,) = json.loads(body)["parallel"]["worker_pids"]
+        os.kill(worker, signal.SIGKILL)
+        done = wait_phase(cluster, namespace, "tpfail", ("Stable", "Degraded"), 300)
+    st = done["status"]
+    evs = events(cluster, namespace, "tpfail")
+    assert st["stable"]["bundle"] == old, (st, evs)
+    failed = [m for r, m in evs if r == "CanaryFailed"]
+    assert failed, evs
+    assert "tensor-parallel rank" in failed[0] or "exited with code 1" in failed[0], failed
