@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from test_server_process import _get, _spawn, _stop
+from test_tensor_parallel import _alive
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.http import iter_sse
@@ -62,14 +63,6 @@ class Streams:
     def join(self, timeout_s: float) -> None:
         for t in self.threads:
             t.join(timeout_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _readiness_until_gone(url: str, limit_s: float) -> list:
