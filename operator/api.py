@@ -149,9 +149,14 @@ CountOrPercent = Annotated[
     int | str,
     AfterValidator(_check_count_or_percent),
     Field(
-        json_schema_extra=_cel(
-            f"type(self) == string ? self.matches('{PERCENT_RE}') : int(self) >= 0", MSG_COUNT_OR_PERCENT
-        )
+        # maxLength bounds the string side: without it the API server's CEL cost estimate for the regex
+        # (a string of any length, in each of 20 steps) exceeds its budget and it rejects the CRD
+        json_schema_extra={
+            "maxLength": 4,
+            **_cel(
+                f"type(self) == string ? self.matches('{PERCENT_RE}') : int(self) >= 0", MSG_COUNT_OR_PERCENT
+            ),
+        }
     ),
 ]
 
