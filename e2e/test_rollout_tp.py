@@ -13,7 +13,7 @@ from pathlib import Path
 from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster
-from .test_operator import Operator, operator  # noqa: F401  (fixtures)
+from .test_operator import Operator, crd_installed, operator  # noqa: F401  (fixtures)
 from .test_process_node import alive, get
 from .test_rollout import change_bundle, events, serve_tiny, wait_phase
 
