@@ -10,6 +10,7 @@ import os
 import signal
 from pathlib import Path
 
+from modeldeploy.operator.children import PORT
 from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster
@@ -30,7 +31,7 @@ def test_tp2_pod_serves_passes_the_gate_and_rolls_out(
     args = serve.args or []
     assert args[args.index("--tensor-parallel-size") + 1] == "2", args
     assert serve.resources.limits["nvidia.com/gpu"] == "2"  # one GPU per rank
-    status, body = get(f"http://{pods[0].status.pod_ip}:8080/v1/bundle")
+    status, body = get(f"http://{pods[0].status.pod_ip}:{PORT}/v1/bundle")
     assert status == 200, body
     parallel = json.loads(body)["parallel"]
     assert parallel["tensor_parallel_size"] == 2 and parallel["backend"] == "gloo", parallel
@@ -39,7 +40,8 @@ def test_tp2_pod_serves_passes_the_gate_and_rolls_out(
 
     with Load(cluster.api, namespace, "tp") as load:
         change_bundle(cluster, namespace, "tp", lambda b: b["config"].update(maxNumSeqs=6))
-        done = wait_phase(cluster, namespace, "tp", ("Stable", "Degraded"), 420)
+        wait_phase(cluster, namespace, "tp", ("Canary",), 420)  # past the conformance gate
+        done = wait_phase(cluster, namespace, "tp", ("Stable", "Degraded"), 300)
     st = done["status"]
     reasons = [r for r, _ in events(cluster, namespace, "tp")]
     assert st["phase"] == "Stable" and st["stable"]["bundle"] != old, (st, reasons)
@@ -72,7 +74,7 @@ def test_a_dead_rank_in_the_canary_rolls_back_with_the_reason(
             ).items
             if p.metadata.labels.get("modeldeploy.dev/bundle") != old and p.status.pod_ip
         )
-        status, body = get(f"http://{canary.status.pod_ip}:8080/v1/bundle")
+        status, body = get(f"http://{canary.status.pod_ip}:{PORT}/v1/bundle")
         assert status == 200, body
         (worker,) = json.loads(body)["parallel"]["worker_pids"]
         os.kill(worker, signal.SIGKILL)
