@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -43,6 +44,7 @@ from modeldeploy_dev.cluster.local import LocalCluster, Settings, cache_root
 from modeldeploy_dev.cluster.realnode import cleanup
 from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 from modeldeploy_dev.cluster.realnode.oci import push_layout
+from modeldeploy_dev.wait import wait_until
 
 from .conftest import E2ECluster, restricted_security_context
 from .test_rollout import ANALYSIS
@@ -256,12 +258,25 @@ def test_a_digest_the_registry_lacks_never_runs(rn, ns, probe_ref) -> None:
 
 
 @pytest.fixture(scope="module")
-def images(rn) -> Callable[[str], str]:
+def images(rn) -> Iterator[Callable[[str], str]]:
     """images(name) -> the reference by digest of the operator or runtime image, built on the
     debootstrapped base and pushed to the node's registry on first use (Docker's layer cache and
-    the registry make later builds cheap)."""
+    the registry make later builds cheap). Starts dockerd when none answers and docker.io is
+    installed (as tests/test_server_docker.py does; `make test` in CI has no engine running), and
+    stops only the one it started."""
     from modeldeploy_dev.cluster.realnode import images as img
 
+    started = None
+    dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
+    if img.engine_ready() and shutil.which("docker") and Path(dockerd).exists():
+        log = open(Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log", "ab")  # noqa: SIM115
+        started = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert started.poll() is None, f"dockerd exited (see {log.name})"
+            return img.engine_ready() is None
+
+        wait_until(up, 60, 1, "dockerd to start")
     if why := img.engine_ready():
         pytest.skip(f"cannot build the images: {why}")
     c, _, _ = rn
@@ -276,7 +291,10 @@ def images(rn) -> Callable[[str], str]:
             refs[name] = b.ref
         return refs[name]
 
-    return get
+    yield get
+    if started is not None:
+        started.terminate()
+        started.wait(60)
 
 
 def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
@@ -563,7 +581,8 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
         "device": "cpu",
         "servedModelName": "tiny-llama",
     }
-    doc["spec"]["rollout"] = {"steps": [{"weight": 50, "pauseSeconds": 20}], "analysis": ANALYSIS,
+    # the step and analysis of e2e/test_rollout.py's serve_tiny: the wall times compare with the process node's
+    doc["spec"]["rollout"] = {"steps": [{"weight": 50, "pauseSeconds": 5}], "analysis": ANALYSIS,
                               "progressDeadlineSeconds": 900, "keepPrevious": {"replicas": 0}}  # fmt: skip
     try:
         t0 = time.monotonic()
@@ -606,8 +625,8 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
         # the standby took over: the promotion is its decision; the killed one came back as standby
         ips = {n: k.core.read_namespaced_pod(n, op_ns).status.pod_ip for n in (leader, standby)}
         assert operator_metric(ips[standby], "modeldeploy_operator_events_total", reason="Promoted") == 1
-        back = k.wait(lambda: pod_ready(k, op_ns, leader), 120, "the killed operator container restarted")
-        assert back.status.container_statuses[0].restart_count >= 1
+        k.wait(lambda: (lambda p: p and p.status.container_statuses[0].restart_count >= 1)(pod_ready(k, op_ns, leader)),
+               120, "the killed operator container restarted and Ready")  # fmt: skip
         live = k.wait(lambda: (lambda p: p if leader in p and standby in p else None)(peers(k)), 90,
                       "the restarted replica back in the peering")  # fmt: skip
         assert live[standby]["priority"] > live[leader]["priority"], live  # the older process stays active
