@@ -138,11 +138,16 @@ def test_good_bundle_promoted_across_an_operator_kill_then_rollback_to(
     md, old = serve_tiny(cluster, namespace, tmp_path, "chat")
     old_ips = pod_ips(cluster, namespace, old)
     with Load(cluster.api, namespace, "chat") as load, Watch(cluster.api, namespace, "chat") as watch:
+        t0 = time.monotonic()
         change_bundle(cluster, namespace, "chat", lambda b: b["config"].update(maxNumSeqs=6))
         wait_phase(cluster, namespace, "chat", ("Canary",), 240)
+        killed = time.monotonic()
         operator.kill(signal.SIGKILL)  # killed mid-step: state is in status
         operator.start()
         done = wait_phase(cluster, namespace, "chat", ("Stable", "Degraded"), 300)
+        # the same figure e2e/test_real_node.py prints for containers (bench/results/real_node.md)
+        print(f"[timing] good bundle change -> promoted, operator killed {killed - t0:.1f}s in: "
+              f"{time.monotonic() - t0:.1f}s (process node)")  # fmt: skip
         st = done["status"]
         assert st["phase"] == "Stable" and st["stable"]["bundle"] != old, (
             st,
@@ -213,6 +218,7 @@ def test_slow_bundle_fails_analysis_and_rolls_back(
         Load(cluster.api, namespace, "slow", workers=8) as load,
         Watch(cluster.api, namespace, "slow") as watch,
     ):
+        t0 = time.monotonic()
         change_bundle(cluster, namespace, "slow", lambda b: b["config"].update(maxNumSeqs=1))
         try:
             done = cluster.wait(
@@ -225,6 +231,9 @@ def test_slow_bundle_fails_analysis_and_rolls_back(
         except AssertionError:
             print("status:", get_md(cluster, namespace, "slow")["status"], "\nload:", load.by_ip())
             raise
+        print(
+            f"[timing] slow bundle change -> rolled back by analysis: {time.monotonic() - t0:.1f}s (process node)"
+        )
         failed_at = cluster.wait(lambda: watch.seen.get("AnalysisFailed"), 10, "AnalysisFailed Event seen")
         out_at = cluster.wait(
             lambda: next(
