@@ -6,6 +6,11 @@ Shows: a pod under the restricted profile runs as its securityContext says; it h
 the node's bridge; a ClusterIP Service answers from the host and from another pod (kube-proxy);
 the API is reachable from pods through the `kubernetes` Service; `kubectl logs` works; a digest
 the registry lacks never runs; `down` leaves no process, mount, netns, link, rule or cgroup.
+Then the product as shipped (operator and runtime images built here, by digest): helm install;
+the runtime pod Ready, restricted in the kernel's eyes too (/proc), serving through its ClusterIP,
+surviving its deletion under streams, a wrong engine digest rolled back; apply -> Ready with the
+image cached; two operator replicas with the active one SIGKILLed mid-canary under load (the
+standby promotes, each decision Event once), then a slow bundle rolled back by analysis.
 
 Skipped, with the reason, where the node cannot run: not root, no cgroup filesystem, or the
 Debian packages (runc, containernetworking-plugins, iptables) or a C compiler missing
