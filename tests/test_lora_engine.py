@@ -236,7 +236,9 @@ def test_adapter_memory_is_taken_before_kv_blocks_are_sized(monkeypatch, setup):
     from transformers import AutoConfig
 
     args = ModelArgs.from_hf(AutoConfig.from_pretrained(base))
-    loaded = SimpleNamespace(args=args, dtype=torch.float16, device=torch.device("cuda"), max_model_len=64)
+    loaded = SimpleNamespace(
+        args=args, rank_args=args, dtype=torch.float16, device=torch.device("cuda"), max_model_len=64
+    )
     cfg = EngineConfig(model=str(base), kv_cache_fraction=1.0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 30, 4 << 30))
     without = Engine._auto_blocks(cfg, loaded, 0)
