@@ -119,9 +119,9 @@ class ModelRunner:
             ids=ids,
             positions=pos,
             slots=slots,
-            decode_tables=[list(s.block_table) for s in decode],
+            decode_tables=[s.block_table for s in decode],  # read (or pickled) before any change
             decode_lens=[s.num_computed_tokens + 1 for s in decode],
-            prefill_tables=[list(s.block_table) for s in prefill],
+            prefill_tables=[s.block_table for s in prefill],
             prefill_cu=cu,
             prefill_lens=prefill_lens,
             sample_rows=sample_rows,
