@@ -37,7 +37,8 @@ class Streams:
     """STREAMS long streamed completions; each records when and how it ended."""
 
     def __init__(self, url: str):
-        self.url, self.ends, self.started = url, {}, threading.Event()
+        self.url, self.ends, self.started = url, {}, threading.Event()  # set once every stream has a chunk
+        self._first, self._lock = 0, threading.Lock()
         self.threads = [threading.Thread(target=self._one, args=(i,)) for i in range(STREAMS)]
         for t in self.threads:
             t.start()
@@ -47,6 +48,8 @@ class Streams:
         chunks, done, error = 0, False, None
         try:
             with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
+                if r.status_code != 200:
+                    error = f"HTTP {r.status_code}: {r.read()[:200]!r}"
                 for ev in iter_sse(r.iter_lines()):
                     data = ev.data
                     if data == "[DONE]":
@@ -55,10 +58,17 @@ class Streams:
                         error = data
                     else:
                         chunks += 1
-                        self.started.set()
+                        if chunks == 1:
+                            self._started_one()
         except httpx.TransportError as e:
             error = repr(e)
         self.ends[i] = {"at": time.monotonic(), "chunks": chunks, "done": done, "error": error}
+
+    def _started_one(self) -> None:
+        with self._lock:
+            self._first += 1
+            if self._first == STREAMS:
+                self.started.set()
 
     def join(self, timeout_s: float) -> None:
         for t in self.threads:
