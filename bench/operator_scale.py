@@ -25,8 +25,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from modeldeploy.operator import api
-from modeldeploy.operator.crd import crd
 from modeldeploy_dev.cluster.nodes import kwok_node
+from modeldeploy_dev.crd_install import apply_crd as install_crd
 from modeldeploy_dev.wait import wait_until
 
 G, V, P = api.GROUP, api.VERSION, api.PLURAL
@@ -52,23 +52,7 @@ def md(i: int) -> dict:
 
 def apply_crd(ext: client.ApiextensionsV1Api, timeout: float = 60) -> None:
     """Create or replace the ModelDeployment CRD from the API types, then wait until it is Established."""
-    body = crd()
-    name = body["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
-            name
-        ).metadata.resource_version
-        ext.replace_custom_resource_definition(name, body)
-
-    def established() -> bool:
-        conds = ext.read_custom_resource_definition(name).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    wait_until(established, timeout, 0.2, f"CRD {name} Established")
+    name = install_crd(ext, timeout)
     print(f"CRD {name} applied", file=sys.stderr)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from modeldeploy_dev.crd_install import apply_crd
 from modeldeploy_dev.demo import (
     DEMO_LABEL,
     NAME,
@@ -33,27 +34,10 @@ def install_crd(api: Any) -> None:
     """Create or replace the ModelDeployment CRD (generated from the API types); wait until Established."""
     from kubernetes import client
 
-    from modeldeploy.operator.crd import crd
-
-    ext, body = client.ApiextensionsV1Api(api), crd()
-    name = body["metadata"]["name"]
     try:
-        ext.create_custom_resource_definition(body)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-        body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
-            name
-        ).metadata.resource_version
-        ext.replace_custom_resource_definition(name, body)
-    _until(
-        lambda: any(
-            c.type == "Established" and c.status == "True"
-            for c in ext.read_custom_resource_definition(name).status.conditions or []
-        ),
-        60,
-        "CRD Established",
-    )
+        apply_crd(client.ApiextensionsV1Api(api), 60)
+    except TimeoutError as e:
+        raise DemoFailed(str(e)) from None
 
 
 def create_namespace(api: Any, ns: str) -> None:
