@@ -25,7 +25,7 @@ from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.object_metrics import ObjectMetrics
 from modeldeploy.operator.observe import LoadProbe, NodeCache, Observer
-from modeldeploy.operator.plan import plan
+from modeldeploy.operator.plan import capacity_decided, plan
 from modeldeploy.operator.progression import now_iso
 from modeldeploy.operator.rollout import IN_FLIGHT
 from modeldeploy.operator.scrape import Baselines
@@ -89,6 +89,11 @@ class Controller:
         observed = self.observer.observe(md)
         observed_at = time.time()
         actions = plan(md, observed, now)
+        if observed.nodes is not None and capacity_decided(md.get("status"), actions):
+            nodes = self.nodes.get(max_age_s=0.0)  # decide on the GPUs held now, not cached ones
+            if nodes is not observed.nodes:
+                observed.nodes = nodes
+                actions = plan(md, observed, now)
         apply(self.kube, md, actions, now, status_written)
         status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
         self.object_metrics.record(md, status)

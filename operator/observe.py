@@ -42,7 +42,9 @@ class NodeCache:
     """All nodes, relisted every `ttl_s` (no node watch: kwok heartbeats would flood it).
 
     Stale-while-revalidate: one thread relists, the others keep using the previous list
-    instead of queueing behind a slow LIST of a thousand nodes.
+    instead of queueing behind a slow LIST of a thousand nodes. The GPUs requested on each node
+    come with the list, so they can be up to `ttl_s` old: a capacity decision asks for a fresh
+    list (`get(max_age_s=...)`, see Controller._reconcile).
     """
 
     def __init__(self, kube: Kube, ttl_s: float = NODE_TTL_S, clock: Callable[[], float] = time.monotonic):
@@ -50,12 +52,15 @@ class NodeCache:
         self._lock = threading.Lock()
         self._at, self._nodes = 0.0, None
 
-    def get(self) -> list[NodeInfo]:
-        fresh = self._nodes is not None and self.clock() - self._at <= self.ttl_s
-        if fresh or not self._lock.acquire(blocking=self._nodes is None):
+    def get(self, max_age_s: float | None = None) -> list[NodeInfo]:
+        """The node list; `max_age_s` (a decision that reads the spare GPUs now) waits for a relist
+        unless the list is at most that old, instead of taking the stale one."""
+        ttl = self.ttl_s if max_age_s is None else max_age_s
+        fresh = self._nodes is not None and self.clock() - self._at <= ttl
+        if fresh or not self._lock.acquire(blocking=self._nodes is None or max_age_s is not None):
             return self._nodes
         try:
-            if self._nodes is None or self.clock() - self._at > self.ttl_s:
+            if self._nodes is None or self.clock() - self._at > ttl:
                 used = gpu_requests(self.kube.list_bound_pods())  # spare GPUs for capacity: Auto
                 self._nodes = [
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()

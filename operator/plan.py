@@ -375,6 +375,22 @@ def scale_replicas(replicas: int, state: RolloutState, sizes: dict[str, int]) ->
     return min(replicas, serving)
 
 
+# status.rollout fields that change exactly when the machine took a decision reading the nodes' spare GPUs:
+# a rollout starting (capacity Auto's fit check), a Replace rollback's restore order, the warm prior at promotion
+FIT_DECISIONS = ("startedAt", "restore", "prior", "priorReason")
+
+
+def capacity_decided(prior: dict[str, Any] | None, actions: list[Action]) -> bool:
+    """Whether `actions` (a plan of the object whose status was `prior`) record a decision made on the
+    nodes' spare GPUs; the operator then plans again on a fresh node list, never on a cached one whose
+    GPU usage may predate the stable's own pods."""
+    new = next((a.status for a in actions if isinstance(a, PatchStatus)), None)
+    if new is None:
+        return False
+    old, now = (prior or {}).get("rollout") or {}, new.get("rollout") or {}
+    return any(old.get(f) != now.get(f) for f in FIT_DECISIONS)
+
+
 def status_patch(prior: ModelDeploymentStatus, status: ModelDeploymentStatus) -> list[Action]:
     """A PatchStatus when the status differs from what is stored, else nothing (idempotent reconcile)."""
     new = status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -214,3 +214,18 @@ def test_explicit_replace_with_min_available_zero_moves_the_whole_step_at_once()
     new = obj["status"]["canary"]["bundle"]
     assert sizes(obs) == {old: 12, new: 4} and obj["status"]["replicas"] == 16  # 25 % of the slots
     assert "capacity Replace (spec.rollout.capacity: Replace)" in events[0].message
+
+
+def test_capacity_decisions_are_recognised_in_the_status_a_plan_writes() -> None:
+    from modeldeploy.operator.plan import PatchStatus, capacity_decided
+
+    before = {"phase": "Stable", "rollout": {"reason": "Initial", "prior": "Cold"}}
+    start = {"phase": "Deploying", "rollout": {"reason": "NewBundle", "startedAt": "t1", "prior": "Cold"}}
+    assert capacity_decided(before, [PatchStatus(start)])  # a rollout begins: Auto's fit check ran
+    assert capacity_decided(
+        start, [PatchStatus(start | {"rollout": {**start["rollout"], "restore": "CanaryFirst"}})]
+    )
+    assert capacity_decided(start, [PatchStatus({"rollout": {"prior": "Warm"}})])  # promoted
+    step = {"phase": "Canary", "rollout": {**start["rollout"], "reason": "AnalysisPassed"}}
+    assert not capacity_decided(start, [PatchStatus(step)])  # a step: no fit decision
+    assert not capacity_decided(start, []) and not capacity_decided(None, [Event("Normal", "X", "y")])

@@ -123,3 +123,25 @@ def test_a_reconcile_that_finds_the_object_gone_forgets_it() -> None:
     kube.remove(MD, NS, NAME)  # the DELETED event has not arrived yet
     assert ctrl.reconcile(NS, NAME) == []
     assert ctrl.holds(NS, NAME, obj["metadata"]["uid"]) == []
+
+
+def test_an_auto_capacity_choice_reads_fresh_gpu_usage_not_the_cached_node_list() -> None:
+    """The node cache (15 s) was filled before the stable's pods were bound: Auto must not take its
+    16 spare GPUs for real when the bundle changes (it chose Surge on a full cluster, e2e showed)."""
+    kube, ctrl, _ = _world()
+    kube.patch(MD, NS, NAME, {"spec": {"replicas": 16}})
+    ctrl.reconcile(NS, NAME)  # caches the nodes: nothing bound yet
+    dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    kube.patch("Deployment", NS, dep["metadata"]["name"], {"status": {"readyReplicas": 16}})
+    for i in range(16):  # the stable's pods, bound after the cache was filled: the cluster is full
+        kube.put({"kind": "Pod", "metadata": {"name": f"p{i}", "namespace": "other"}, "spec": {
+            "nodeName": f"gpu-{i % 2}", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}})  # fmt: skip
+    ctrl.reconcile(NS, NAME)
+    assert kube.get_md(NS, NAME)["status"]["phase"] == "Stable"
+    assert ctrl.nodes.get()[0].requested == 0  # still the stale list
+    kube.patch(MD, NS, NAME, {"spec": {"bundle": {"config": {"maxNumSeqs": 2}}}})
+    ctrl.reconcile(NS, NAME)
+    new = [e["message"] for e in kube.events if e["reason"] == "NewBundle"]
+    assert len(new) == 1 and "capacity Replace (Auto:" in new[0] and "0 of 16 GPUs spare" in new[0], new
+    assert kube.get_md(NS, NAME)["status"]["rollout"]["capacity"] == "Replace"
+    assert ctrl.nodes.get()[0].requested == 8  # relisted for the decision
