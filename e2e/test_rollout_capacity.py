@@ -1,0 +1,314 @@
+# ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
+"""Rollouts on a full GPU cluster (issue 18, "Must show"), on kwok GPU nodes with exact GPU counts.
+
+Each test makes a node pool of its own: kwok nodes with exactly 8 allocatable nvidia.com/gpu,
+labelled and tainted for the test's namespace alone, so the fit check and the scheduler see
+exactly those GPUs whatever else the session runs. A ModelDeployment of 16 replicas x 1 GPU
+fills 2 such nodes. kwok pods serve nothing, so canary analysis reads its figures from a
+Prometheus HTTP API stand-in (fake_prometheus.py: a good bundle answers like stable, a slow one
+with a slow TTFT) through the operator's real Prometheus source; the capacity decisions, Replace
+batches, promotion and rollback are the operator's, on a real API server and scheduler.
+
+Ready replicas are counted from the pods themselves (Ready, not terminating) every 0.1 s.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from modeldeploy.operator.api import Bundle
+from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id
+from modeldeploy_dev.cluster.nodes import kwok_node
+
+from .conftest import E2ECluster
+from .fake_prometheus import FakePrometheus
+from .test_operator import (  # noqa: F401  (fixtures)
+    G,
+    Operator,
+    P,
+    V,
+    condition,
+    crd_installed,
+    create,
+    get_md,
+    manifest,
+    operator,
+)
+from .test_rollout import events
+
+POOL = "modeldeploy.dev/pool"
+REPLICAS, MIN_AVAILABLE = 16, 12  # 75 % of 16, the default minAvailable
+
+
+@contextmanager
+def gpu_pool(cluster: E2ECluster, ns: str, nodes: int) -> Iterator[str]:
+    """`nodes` kwok nodes of 8 GPUs that only this namespace's ModelDeployment selects and tolerates."""
+    names = [f"{ns}-gpu-{i}" for i in range(nodes)]
+    for n in names:
+        body = kwok_node(n)
+        body["metadata"]["labels"][POOL] = ns
+        body["spec"]["taints"].append({"key": POOL, "value": ns, "effect": "NoSchedule"})
+        cluster.core.create_node(body)
+    try:
+        cluster.wait(
+            lambda: all(
+                any(
+                    c.type == "Ready" and c.status == "True"
+                    for c in cluster.core.read_node(n).status.conditions or []
+                )
+                for n in names
+            ),
+            60,
+            f"pool nodes {names} Ready",
+        )
+        yield ns
+    finally:
+        for n in names:
+            try:
+                cluster.core.delete_node(n)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def pool_spec(name: str, pool: str, prom: FakePrometheus, **rollout: Any) -> dict[str, Any]:
+    spec = manifest(name)["spec"]
+    spec["replicas"] = REPLICAS
+    spec["topology"]["nodeSelector"] = {POOL: pool}
+    spec["topology"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": POOL, "operator": "Equal", "value": pool, "effect": "NoSchedule"},
+    ]
+    spec["readiness"] = {"loadTimeoutSeconds": 120}
+    spec["rollout"] = {
+        "conformanceGate": False,  # kwok pods serve nothing to run the suite against
+        "steps": [{"weight": 25, "pauseSeconds": 0}, {"weight": 50, "pauseSeconds": 0}],
+        "analysis": {"intervalSeconds": 5, "minSamples": 20, "maxTtftP95Ratio": 1.5,
+                     "prometheus": {"address": prom.address}},
+        "progressDeadlineSeconds": 600,
+    } | rollout  # fmt: skip
+    return spec
+
+
+def ready_by_bundle(cluster: E2ECluster, ns: str, name: str) -> Counter[str]:
+    """Ready pods that are not terminating, per bundle id."""
+    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"app.kubernetes.io/instance={name}").items
+    return Counter(
+        (p.metadata.labels or {}).get(BUNDLE_LABEL, "")
+        for p in pods
+        if p.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    )
+
+
+class ReadyWatch:
+    """Counts Ready pods every 0.1 s in a thread (bounded: at most `max_samples` polls); keeps the minimum."""
+
+    def __init__(self, cluster: E2ECluster, ns: str, name: str, max_samples: int = 3000) -> None:
+        self.cluster, self.ns, self.name, self.max_samples = cluster, ns, name, max_samples
+        self.samples: list[Counter[str]] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for _ in range(self.max_samples):
+            if self._stop.is_set():
+                return
+            try:
+                self.samples.append(ready_by_bundle(self.cluster, self.ns, self.name))
+            except ApiException:
+                self.errors += 1
+            self._stop.wait(0.1)
+
+    @property
+    def minimum(self) -> int:
+        return min(sum(c.values()) for c in self.samples)
+
+    def __enter__(self) -> ReadyWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def serve(cluster: E2ECluster, ns: str, name: str, spec: dict[str, Any]) -> str:
+    """Create the ModelDeployment, wait for all replicas Ready on the stable bundle; its bundle id."""
+    create(cluster, ns, manifest(name, **spec))
+    md = cluster.wait(
+        lambda: (
+            lambda m: (
+                m
+                if m.get("status", {}).get("phase") == "Stable"
+                and condition(m, "Ready").get("status") == "True"
+                else None
+            )
+        )(get_md(cluster, ns, name)),
+        120,
+        f"{name} Stable and Ready",
+    )
+    stable = md["status"]["stable"]["bundle"]
+    cluster.wait(lambda: ready_by_bundle(cluster, ns, name)[stable] == spec["replicas"], 60, "all pods Ready")
+    return stable
+
+
+def change(cluster: E2ECluster, ns: str, name: str, max_num_seqs: int, slow: set[str] | None = None) -> str:
+    """Patch spec.bundle (a serving config change); the new bundle id, as the operator computes it,
+    added to `slow` (if given) before the operator can see the change."""
+    spec = copy.deepcopy(get_md(cluster, ns, name)["spec"])
+    spec["bundle"]["config"]["maxNumSeqs"] = max_num_seqs
+    bid = bundle_id(Bundle.model_validate(spec["bundle"]))
+    if slow is not None:
+        slow.add(bid)
+    cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
+    return bid
+
+
+def settled(cluster: E2ECluster, ns: str, name: str, timeout: float, what: str, pred) -> dict[str, Any]:
+    return cluster.wait(
+        lambda: (lambda m: m if pred(m["status"]) else None)(get_md(cluster, ns, name)), timeout, what
+    )
+
+
+def new_bundle_message(cluster: E2ECluster, ns: str, name: str) -> str:
+    return cluster.wait(
+        lambda: next((m for r, m in events(cluster, ns, name) if r == "NewBundle"), None),
+        30,
+        "NewBundle Event",
+    )
+
+
+def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_rolls_back_to_full_capacity(
+    cluster: E2ECluster, namespace: str, operator: Operator
+) -> None:
+    ns, name = namespace, "full"
+    with gpu_pool(cluster, ns, 2) as pool, FakePrometheus() as prom:
+        old = serve(cluster, ns, name, pool_spec(name, pool, prom))
+        with ReadyWatch(cluster, ns, name) as watch:
+            t0 = time.monotonic()
+            new = change(cluster, ns, name, max_num_seqs=2)
+            md = settled(cluster, ns, name, 180, "promoted", lambda s: s["phase"] == "Stable"
+                         and s["stable"]["bundle"] == new and not s.get("canary"))  # fmt: skip
+            took = time.monotonic() - t0
+        st = md["status"]
+        msg = new_bundle_message(cluster, ns, name)
+        print(f"[timing] full cluster, Replace: bundle change -> promoted {took:.1f}s; min Ready "
+              f"{watch.minimum} of {REPLICAS} over {len(watch.samples)} polls (0.1 s); NewBundle: {msg}")  # fmt: skip
+        assert "capacity Replace (Auto: 16 more replicas" in msg and "0 of 16 GPUs spare" in msg, msg
+        assert st["rollout"]["capacity"] == "Replace" and st["rollout"]["capacityReason"].startswith("Auto: ")
+        assert len(watch.samples) > 20 and watch.minimum >= MIN_AVAILABLE, watch.samples
+        reasons = [r for r, _ in events(cluster, ns, name)]
+        assert "Promoted" in reasons and "AnalysisPassed" in reasons, reasons
+        # the stable gave its GPUs up in batches no larger than the 4 replicas above minAvailable
+        sizes = sorted({int(m.rsplit(" ", 1)[1]) for r, m in events(cluster, ns, name)
+                        if r == "Scaled" and f"(bundle {old})" in m}, reverse=True)  # fmt: skip
+        assert sizes and all(
+            a - b <= REPLICAS - MIN_AVAILABLE for a, b in zip([REPLICAS, *sizes], sizes, strict=False)
+        ), sizes
+        assert st["history"][-1]["bundle"] == old and st["rollout"]["prior"] == "Cold", st["rollout"]
+        cluster.wait(
+            lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS}), 60, "16 Ready on new"
+        )
+
+        # a slow bundle: analysis fails at the first step, the canary's GPUs go back to stable
+        with ReadyWatch(cluster, ns, name) as back:
+            t0 = time.monotonic()
+            slow = change(cluster, ns, name, max_num_seqs=1, slow=prom.slow)
+            md = settled(
+                cluster,
+                ns,
+                name,
+                180,
+                "slow bundle rolled back",
+                lambda s: slow in s.get("failedBundles", []),
+            )
+            decided = time.monotonic()
+            cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS}), 120,
+                         "16 Ready on the stable bundle, none of the canary")  # fmt: skip
+            full = time.monotonic()
+        st = md["status"]
+        print(f"[timing] full cluster, Replace: slow bundle change -> rolled back {decided - t0:.1f}s; rollback "
+              f"decision -> {REPLICAS} Ready on stable {full - decided:.1f}s; min Ready {back.minimum}")  # fmt: skip
+        assert st["stable"]["bundle"] == new and st["phase"] == "Stable", st
+        assert condition(md, "Degraded")["reason"] == "AnalysisFailed", condition(md, "Degraded")
+        assert st["rollout"]["capacity"] == "Replace" and st["rollout"]["restore"] == "CanaryFirst", st[
+            "rollout"
+        ]
+        assert back.minimum >= MIN_AVAILABLE, back.samples
+        rolled = [m for r, m in events(cluster, ns, name) if r == "RolledBack"]
+        assert rolled and slow in rolled[-1] and "capacity gap" in rolled[-1], rolled
+        deps = {
+            d.metadata.labels[BUNDLE_LABEL]: d.spec.replicas
+            for d in cluster.apps.list_namespaced_deployment(ns).items
+        }
+        assert deps == {new: REPLICAS}, deps
+
+
+def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operator) -> None:
+    ns, name = namespace, "roomy"
+    with gpu_pool(cluster, ns, 4) as pool, FakePrometheus() as prom:
+        old = serve(cluster, ns, name, pool_spec(name, pool, prom))
+        with ReadyWatch(cluster, ns, name) as watch:
+            t0 = time.monotonic()
+            new = change(cluster, ns, name, max_num_seqs=2)
+            md = settled(cluster, ns, name, 180, "promoted", lambda s: s["phase"] == "Stable"
+                         and s["stable"]["bundle"] == new and not s.get("canary"))  # fmt: skip
+            took = time.monotonic() - t0
+        msg = new_bundle_message(cluster, ns, name)
+        print(f"[timing] spare GPUs, Surge: bundle change -> promoted {took:.1f}s; min Ready {watch.minimum}; "
+              f"NewBundle: {msg}")  # fmt: skip
+        assert "capacity Surge (Auto: 16 more replicas" in msg and "16 of 32 GPUs spare" in msg, msg
+        assert md["status"]["rollout"]["capacity"] == "Surge", md["status"]["rollout"]
+        # Surge: the stable fleet stayed whole beside the canary until promotion
+        assert all(c[old] == REPLICAS for c in watch.samples if c[new] < REPLICAS), watch.samples
+
+
+def test_scale_during_canary_at_25_percent_keeps_the_ratio(
+    cluster: E2ECluster, namespace: str, operator: Operator
+) -> None:
+    ns, name = namespace, "scaled"
+    with gpu_pool(cluster, ns, 2) as pool, FakePrometheus() as prom:
+        spec = pool_spec(
+            name, pool, prom, steps=[{"weight": 25, "pauseSeconds": 900}], progressDeadlineSeconds=1200
+        )
+        old = serve(cluster, ns, name, spec)
+        new = change(cluster, ns, name, max_num_seqs=2)
+        settled(cluster, ns, name, 120, "canary at 25 %", lambda s: s["phase"] == "Canary")
+
+        def cohorts(stable: int, canary: int) -> None:
+            cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({old: stable, new: canary}), 120,
+                         f"{stable} stable + {canary} canary Ready")  # fmt: skip
+            deps = {
+                d.metadata.labels[BUNDLE_LABEL]: d.spec.replicas
+                for d in cluster.apps.list_namespaced_deployment(ns).items
+            }
+            assert deps == {old: stable, new: canary}, deps
+            assert canary / (stable + canary) == 0.25
+
+        cohorts(12, 4)
+        for replicas, stable, canary in ((8, 6, 2), (16, 12, 4)):
+            cluster.kubectl("scale", "md", name, "-n", ns, f"--replicas={replicas}")
+            cohorts(stable, canary)
+            scale = cluster.wait(
+                lambda n=replicas: (lambda s: s if s["status"].get("replicas") == n else None)(
+                    cluster.custom.get_namespaced_custom_object_scale(G, V, ns, P, name)
+                ),
+                30,
+                f"scale subresource status.replicas {replicas}",
+            )
+            assert (
+                scale["spec"]["replicas"] == replicas
+                and "app.kubernetes.io/instance" in scale["status"]["selector"]
+            )
+            md = get_md(cluster, ns, name)
+            assert md["status"]["phase"] == "Canary" and md["status"]["canary"]["bundle"] == new, md["status"]
