@@ -247,11 +247,10 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
         assert back.minimum >= MIN_AVAILABLE, back.samples
         rolled = [m for r, m in events(cluster, ns, name) if r == "RolledBack"]
         assert rolled and slow in rolled[-1] and "capacity gap" in rolled[-1], rolled
-        deps = {
-            d.metadata.labels[BUNDLE_LABEL]: d.spec.replicas
-            for d in cluster.apps.list_namespaced_deployment(ns).items
-        }
-        assert deps == {new: REPLICAS}, deps
+        deps = cluster.apps.list_namespaced_deployment(ns).items
+        assert {d.metadata.labels[BUNDLE_LABEL]: d.spec.replicas for d in deps} == {new: REPLICAS}, deps
+        args = deps[0].spec.template.spec.containers[0].args
+        assert args[args.index("--queue-budget") + 1] == "1", args  # the analysis TTFT SLO (default 1 s)
 
 
 def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operator) -> None:

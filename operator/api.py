@@ -222,6 +222,22 @@ class ServingConfig(_Model):
     max_queue: int = Field(
         default=64, ge=0, le=100000, description="Admission queue length before 429 (--max-queue)."
     )
+    max_queued_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000_000,
+        description="Prompt tokens that may wait together before a 429 (--max-queued-tokens); a request "
+        "alone in the queue always enters. Unset or 0: no bound.",
+    )
+    queue_budget_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="Seconds a request may be expected to wait for a running slot; beyond, a 429 with "
+        "Retry-After at once instead of a late answer (--queue-budget; a client's x-request-deadline-ms "
+        "header sets its own). Unset: spec.rollout.analysis.slo.ttftSeconds, the TTFT SLO the canary "
+        "analysis judges goodput by. 0: no server budget.",
+    )
     max_model_len: int | None = Field(
         default=None, ge=16, le=1048576, description="Context length cap (--max-model-len)."
     )

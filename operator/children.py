@@ -44,11 +44,27 @@ def owner_reference(md: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def queue_budget(spec: ModelDeploymentSpec) -> float | None:
+    """The runtime's default admission wait budget (--queue-budget): bundle.config.queueBudgetSeconds when
+    set (0: none), else the analysis TTFT SLO, so a request that cannot start within it is refused at once."""
+    c = spec.bundle.config
+    budget = (
+        c.queue_budget_seconds
+        if c.queue_budget_seconds is not None
+        else spec.rollout.analysis.slo.ttft_seconds
+    )
+    return budget or None
+
+
 def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
     """`modeldeploy serve` flags from spec.bundle.config; only flags the runtime defines."""
     c = spec.bundle.config
     args = ["--model", MODEL_DIR, "--host", "0.0.0.0", "--port", str(PORT)]
     args += ["--max-num-seqs", str(c.max_num_seqs), "--max-queue", str(c.max_queue)]
+    if c.max_queued_tokens:
+        args += ["--max-queued-tokens", str(c.max_queued_tokens)]
+    if budget := queue_budget(spec):
+        args += ["--queue-budget", f"{budget:g}"]
     if c.max_model_len is not None:
         args += ["--max-model-len", str(c.max_model_len)]
     if c.max_num_batched_tokens is not None:

@@ -10,7 +10,7 @@ from operator_fixtures import DIGEST, IMAGE, md
 
 from modeldeploy.operator import children
 from modeldeploy.operator.api import ModelDeploymentSpec
-from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, deployment_name
+from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, canonical_json, deployment_name
 
 
 def build(**spec):
@@ -289,3 +289,50 @@ def test_tensor_parallel_flag_is_one_the_runtime_parses() -> None:
     s = ModelDeploymentSpec.model_validate(md(topology={"gpusPerReplica": 2, "tensorParallel": 2})["spec"])
     cfg = cli.build_config(p.parse_args(children.serve_args(s, "bid0")))
     assert cfg.engine.tensor_parallel_size == 2
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def test_the_analysis_ttft_slo_is_the_runtimes_default_queue_budget() -> None:
+    def args(config: dict | None = None, slo: dict | None = None) -> list[str]:
+        obj = md()
+        obj["spec"]["bundle"]["config"].update(config or {})
+        if slo is not None:
+            obj["spec"]["rollout"] = {"analysis": {"slo": slo}}
+        return children.serve_args(ModelDeploymentSpec.model_validate(obj["spec"]), "bid0")
+
+    assert _flag(args(), "--queue-budget") == "1"  # the default SLO: ttftSeconds 1.0
+    assert _flag(args(slo={"ttftSeconds": 2.5}), "--queue-budget") == "2.5"
+    assert _flag(args({"queueBudgetSeconds": 0.25}, slo={"ttftSeconds": 2.5}), "--queue-budget") == "0.25"
+    assert "--queue-budget" not in args({"queueBudgetSeconds": 0})  # 0: no server budget, headers still apply
+    assert (
+        "--max-queued-tokens" not in args()
+        and _flag(args({"maxQueuedTokens": 4096}), "--max-queued-tokens") == "4096"
+    )
+    # unset, the new fields leave the bundle id as it was; the SLO is not part of the bundle
+    plain = ModelDeploymentSpec.model_validate(md()["spec"]).bundle
+    assert "queueBudgetSeconds" not in canonical_json(plain) and "maxQueuedTokens" not in canonical_json(
+        plain
+    )
+    _, slow_slo = build(rollout={"analysis": {"slo": {"ttftSeconds": 3}}})
+    bid, default = build()
+    assert slow_slo["metadata"]["labels"][BUNDLE_LABEL] == bid and slow_slo != default
+
+
+def test_queue_budget_flags_are_ones_the_runtime_parses() -> None:
+    import argparse
+
+    pytest.importorskip("torch")
+    from modeldeploy.runtime.server import cli
+
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    obj = md()
+    obj["spec"]["bundle"]["config"]["maxQueuedTokens"] = 512
+    obj["spec"]["rollout"] = {"analysis": {"slo": {"ttftSeconds": 1.5}}}
+    cfg = cli.build_config(
+        p.parse_args(children.serve_args(ModelDeploymentSpec.model_validate(obj["spec"]), "b"))
+    )
+    assert cfg.queue_budget_s == 1.5 and cfg.max_queued_tokens == 512
