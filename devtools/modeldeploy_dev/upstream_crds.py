@@ -20,6 +20,7 @@ import yaml
 from modeldeploy_dev.cluster.local import pinned_versions
 
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
+KEDA = "github.com/kedacore/keda/v2"
 MONITORING_KINDS = {
     "PodMonitor": "podmonitors",
     "ServiceMonitor": "servicemonitors",
@@ -61,3 +62,9 @@ def monitoring_crd_files() -> dict[str, Path]:
 
 def monitoring_crds() -> dict[str, dict[str, Any]]:
     return {kind: yaml.safe_load(p.read_text()) for kind, p in monitoring_crd_files().items()}
+
+
+def keda_scaledobject_crd_file() -> Path:
+    """KEDA's ScaledObject CRD at KEDA_VERSION."""
+    root = module_dir(KEDA, pinned_versions()["KEDA_VERSION"])
+    return root / "config" / "crd" / "bases" / "keda.sh_scaledobjects.yaml"
