@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -231,17 +232,21 @@ def test_auto_tool_choice_on_a_random_model(tool_server, server):
     assert (
         "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == choice["message"]["content"]
     )
-    engine = tool_server.ctx.engine.engine
+    from modeldeploy.runtime.engine.grammar import GrammarCompiler
     from modeldeploy.runtime.server.protocol import ChatCompletionRequest
     from modeldeploy.runtime.server.structured import tool_plan
 
     req = ChatCompletionRequest.model_validate({"model": "tiny", "messages": MSGS, "tools": [TOOL]})
     plan = tool_plan(req, TOOL_TEMPLATE)
     assert plan.mode == "auto"
-    m = engine.grammars.matcher(plan.structured)
+    # the server's constraint compiled here (the engine's compiler lives in the engine core process)
+    vocab = json.loads((Path(tool_server.ctx.cfg.engine.model) / "config.json").read_text())["vocab_size"]
+    tok = tool_server.ctx.engine.tokenizer
+    grammars = GrammarCompiler(tok, vocab, [tok.eos_token_id], 4)
+    m = grammars.matcher(plan.structured)
     assert m.accept_string("Let me check. <tool_call>")
     assert not m.accept_string('{"name": "other"')  # inside the tag only a valid call fits
-    m = engine.grammars.matcher(plan.structured)
+    m = grammars.matcher(plan.structured)
     good = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": 2}}'
     assert m.accept_string(f"Sure. <tool_call>{good}</tool_call>") and m.is_completed()
     r = post(server, "/v1/chat/completions", body)  # the stock template cannot express tools at all

@@ -1,6 +1,6 @@
 """`modeldeploy serve --tensor-parallel-size 2` as a real process (CPU, gloo): it passes the
-conformance suite, a killed rank (a worker, or rank 0 itself) fails it fast and leaves no rank
-behind, and SIGTERM under load drains with every rank alive, then stops them all with exit 0."""
+conformance suite, a killed rank (a worker, or rank 0: the engine core process) fails it fast and
+a killed server leaves no rank behind, and SIGTERM under load drains with every rank alive, then stops them all with exit 0."""
 
 from __future__ import annotations
 
@@ -27,10 +27,12 @@ def _serve_tp2(tmp_path: Path, model: Path, *flags: str):
     # a step delay keeps streams in flight long enough to kill something under them
     proc, url = _spawn(tmp_path, model, "--tensor-parallel-size", "2", "--max-num-seqs", "8", *flags)
     wait_until(lambda: (r := _get(url + "/health/ready")) is not None and r.status_code == 200, 120, 0.2)
-    parallel = httpx.get(url + "/v1/bundle").json()["parallel"]
+    info = httpx.get(url + "/v1/bundle").json()["engine_info"]
+    parallel, core = info["parallel"], info["engine_core"]
     assert parallel["tensor_parallel_size"] == 2 and parallel["backend"] == "gloo"
     assert len(parallel["worker_pids"]) == 1
-    return proc, url, parallel["worker_pids"]
+    assert core["layout"] == "process" and core["pid"] != proc.pid  # rank 0 is the engine core
+    return proc, url, parallel["worker_pids"] + [core["pid"]]
 
 
 class Streams:
@@ -97,20 +99,22 @@ def test_conformance_suite_passes_on_a_tp2_server(tmp_path, llama_dir):
         _stop(proc)
 
 
-@pytest.mark.parametrize("victim", ["worker", "rank0", "hung-worker"])
+@pytest.mark.parametrize("victim", ["worker", "core", "hung-worker", "server"])
 def test_a_killed_rank_fails_the_server_fast_and_leaves_no_rank(tmp_path, llama_dir, victim):
-    """SIGKILL a worker or rank 0 (the server itself), or SIGSTOP a worker (a hung rank: the next
-    collective times out after --tp-timeout)."""
+    """SIGKILL a worker, or rank 0 (the engine core process), or SIGSTOP a worker (a hung rank: the
+    next collective times out after --tp-timeout): the server fails fast (503, exit 1). SIGKILL the
+    API server itself: the core and the worker go with it."""
     proc, url, pids = _serve_tp2(tmp_path, llama_dir, "--step-delay", "0.02", "--tp-timeout", "3")
+    worker, core = pids
     try:
         streams = Streams(url)
         assert streams.started.wait(30)
         time.sleep(0.3)
         killed = time.monotonic()
         if victim == "hung-worker":
-            os.kill(pids[0], signal.SIGSTOP)
+            os.kill(worker, signal.SIGSTOP)
         else:
-            os.kill(pids[0] if victim == "worker" else proc.pid, signal.SIGKILL)
+            os.kill({"worker": worker, "core": core, "server": proc.pid}[victim], signal.SIGKILL)
         seen = _readiness_until_gone(url, 12)
         streams.join(15)
         code = proc.wait(15)
@@ -119,14 +123,15 @@ def test_a_killed_rank_fails_the_server_fast_and_leaves_no_rank(tmp_path, llama_
         for i, end in streams.ends.items():
             assert not end["done"] and end["error"], f"stream {i} did not end with an error: {end}"
             assert end["at"] - killed < 10, f"stream {i} ended {end['at'] - killed:.1f}s after the kill"
-        if victim != "rank0":
+        if victim != "server":
             assert all("engine failed" in e["error"] for e in streams.ends.values())
             assert 503 in seen, seen  # health said so before the process went
             assert code == 1
         else:
             assert code == -signal.SIGKILL
         assert exited - killed < 10
-        wait_until(lambda: not _alive(pids[0]), 10, 0.1)  # no rank outlives the server
+        for p in pids:  # no rank outlives the server
+            wait_until(lambda p=p: not _alive(p), 10, 0.1)
     finally:
         _stop(proc)
         for p in pids:
@@ -144,7 +149,7 @@ def test_sigterm_under_load_drains_with_every_rank_then_stops_them(tmp_path, lla
         assert proc.wait(30) == 0
         for i, end in streams.ends.items():
             assert end["done"] and end["error"] is None and end["chunks"] > 0, f"stream {i}: {end}"
-        assert not _alive(pids[0])
+        assert not any(_alive(p) for p in pids)  # the worker and the engine core
         log = next(tmp_path.glob("serve-*.log")).read_text()
         assert "tensor-parallel ranks stopped: exit codes [0]" in log
     finally:

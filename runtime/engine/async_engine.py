@@ -1,5 +1,9 @@
 """AsyncEngine: the engine's step loop on a worker thread, fed and drained from asyncio.
 
+The in-process layout (`--engine-core thread`, and tests that look inside the engine); `modeldeploy
+serve` runs the step loop in a process of its own by default (`core_client.EngineCoreClient`, the
+same interface).
+
 Requests and aborts cross into the engine thread through a locked inbox processed at
 the start of each step, so an abort frees its KV blocks within one step. Outputs cross
 back with `loop.call_soon_threadsafe` into one asyncio.Queue per request.
@@ -17,13 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.grammar import CompileResult
 from modeldeploy.runtime.engine.llm_engine import Engine
-from modeldeploy.runtime.engine.output import EngineStats, RequestOutput
+from modeldeploy.runtime.engine.output import EngineDead, EngineStats, RequestOutput
 from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
-
-
-class EngineDead(RuntimeError):
-    """The engine can no longer serve (its step loop raised, or a tensor-parallel rank died)."""
 
 
 class AsyncEngine:
@@ -65,7 +65,7 @@ class AsyncEngine:
         return self.engine.tokenizer
 
     def info(self) -> dict:
-        return self.engine.info()
+        return {**self.engine.info(), "engine_core": {"layout": "thread", "pid": os.getpid()}}
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

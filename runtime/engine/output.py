@@ -53,3 +53,8 @@ class EngineStats:
     lora_loads_total: int = 0  # adapter copies host -> device slot
     tensor_parallel_size: int = 1
     tp_allreduce_bytes_total: int = 0  # bytes summed across ranks by rank 0's all-reduces
+
+
+class EngineDead(RuntimeError):
+    """The engine can no longer serve (its step loop raised, its core process died, or a
+    tensor-parallel rank died): what every waiting request gets instead of its next output."""

@@ -31,14 +31,19 @@ PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
-    """Build the app; the engine (default: AsyncEngine(cfg.engine)) is built and loaded in the background
-    once the app starts, so health endpoints answer while it loads."""
+    """Build the app; the engine (default: the engine core process, or AsyncEngine(cfg.engine) on a
+    thread with cfg.engine_core "thread") is built and loaded in the background once the app starts,
+    so health endpoints answer while it loads."""
     cfg.validate()
     ctx = ServerContext(cfg, None)
 
     def make_engine() -> Any:
         if engine is not None:
             return engine
+        if cfg.engine_core == "process":
+            from modeldeploy.runtime.engine.core_client import EngineCoreClient
+
+            return EngineCoreClient(cfg.engine)
         # torch is imported here, off the event loop, after the port has opened
         from modeldeploy.runtime import AsyncEngine
 

@@ -113,6 +113,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("MODELDEPLOY_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1/* (env MODELDEPLOY_API_KEY)",
     )
+    p.add_argument(
+        "--engine-core",
+        choices=["process", "thread"],
+        default="process",
+        help="where the step loop runs: a process of its own (default), or a thread of the server",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true")
     p.add_argument(
@@ -181,6 +187,7 @@ def build_config(args: argparse.Namespace):
         ignore_response_format=os.environ.get("MODELDEPLOY_IGNORE_RESPONSE_FORMAT") == "1",
         engine_build=args.engine_build,
         model_revision=args.model_revision,
+        engine_core=args.engine_core,
     )
     cfg.validate()
     return cfg
@@ -219,9 +226,9 @@ def adapter_pins(paths: list[str], digests: list[str], revisions: list[str]) -> 
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from modeldeploy.runtime.engine.engine_core import LOG_FORMAT  # the core process logs the same way
+
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     try:
         cfg = build_config(args)
     except ValueError as e:

@@ -23,6 +23,9 @@ class ServerConfig:
     retry_after_s: int = 1  # Retry-After sent with 429 / 503
     max_queued_tokens: int = 0  # prompt tokens allowed to wait together; beyond: 429 (0: no bound)
     queue_budget_s: float | None = None  # estimated wait for a slot beyond this: 429 at once (None: none)
+    # "process": the step loop in an engine core process of its own (runtime/engine/engine_core.py);
+    # "thread": on a thread of this process (one GIL with the HTTP work; tests that look inside it)
+    engine_core: str = "process"
 
     def validate(self) -> None:
         if self.max_queue < 0:
@@ -37,5 +40,7 @@ class ServerConfig:
             raise ValueError(f"--max-queued-tokens must be >= 0, got {self.max_queued_tokens}")
         if self.queue_budget_s is not None and not self.queue_budget_s > 0:
             raise ValueError(f"--queue-budget must be > 0, got {self.queue_budget_s}")
+        if self.engine_core not in ("process", "thread"):
+            raise ValueError(f"--engine-core must be process or thread, got {self.engine_core!r}")
         if not self.served_model_name:
             raise ValueError("--served-model-name must not be empty")

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from modeldeploy.runtime.engine.async_engine import EngineDead
+from modeldeploy.runtime.engine.output import EngineDead
 from modeldeploy.runtime.server import evidence
 from modeldeploy.runtime.server import formats as F
 from modeldeploy.runtime.server import structured as S
