@@ -1,5 +1,7 @@
 """The one door the engine uses for hot ops: CUDA tensors go to the CuPy kernels,
-everything else to the torch reference twins (`modeldeploy.kernels.reference`).
+CPU paged attention to the in-place C++ kernel (`kernels.cpu_attention`, built on first use
+when a compiler is present), everything else to the torch reference twins
+(`modeldeploy.kernels.reference`).
 
 The engine never imports a kernel module directly, so CPU-only installs never
 import cupy, and a GPU build swaps implementations without touching the engine.
@@ -14,6 +16,24 @@ from modeldeploy.kernels import reference
 # Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
 _CUDA: dict[str, object] = {}
 _cuda_checked = False
+# CPU kernels (paged attention reading blocks in place); empty when they cannot be built.
+_CPU: dict[str, object] = {}
+_CPU_NAMES = ("paged_attention_decode", "paged_attention_prefill")
+_cpu_checked = False
+
+
+def _cpu_impl(name: str):
+    global _cpu_checked
+    if not _cpu_checked:
+        _cpu_checked = True
+        from modeldeploy.kernels import cpu_attention
+
+        if cpu_attention.available():  # logs which path is used
+            _CPU.update(
+                paged_attention_decode=cpu_attention.paged_attention_decode,
+                paged_attention_prefill=cpu_attention.paged_attention_prefill,
+            )
+    return _CPU.get(name)
 
 
 def _impl(name: str, t: torch.Tensor):
@@ -26,6 +46,10 @@ def _impl(name: str, t: torch.Tensor):
             except ImportError:
                 pass
         fn = _CUDA.get(name)
+        if fn is not None:
+            return fn
+    elif name in _CPU_NAMES and t.device.type == "cpu":
+        fn = _cpu_impl(name)
         if fn is not None:
             return fn
     return getattr(reference, name)

@@ -64,10 +64,22 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
 
 
+def _blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """Contiguous copy [*tables.shape, S, Hkv, D] of the blocks listed in `tables`.
+
+    index_select over whole blocks (one row copy each) rather than advanced indexing on the
+    4-D cache: 3-6x faster on CPU (bench/results/paged_attention_cpu.md), same values.
+    Padding entries past a sequence's length (-1 in the tests) read block 0; they are masked.
+    """
+    index = tables.reshape(-1).long().clamp_min(0)
+    flat = cache.reshape(cache.shape[0], -1).index_select(0, index)
+    return flat.view(*tables.shape, *cache.shape[1:])
+
+
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """Contiguous [length, Hkv, D] view of one sequence's cached keys or values."""
+    """Contiguous [length, Hkv, D] copy of one sequence's cached keys or values."""
     blocks = block_table[: (length + cache.shape[1] - 1) // cache.shape[1]]
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+    return _blocks(cache, blocks).reshape(-1, *cache.shape[2:])[:length]
 
 
 def _attend(
@@ -103,8 +115,8 @@ def paged_attention_decode(
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     nblk = (int(context_lens.max()) + S - 1) // S
     tables = block_tables[:, :nblk]
-    k = k_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_cache[tables].reshape(B, nblk * S, Hkv, D).transpose(1, 2)
+    k = _blocks(k_cache, tables).reshape(B, nblk * S, Hkv, D).transpose(1, 2)  # [B, Hkv, L, D]
+    v = _blocks(v_cache, tables).reshape(B, nblk * S, Hkv, D).transpose(1, 2)
     valid = torch.arange(nblk * S, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
     out = F.scaled_dot_product_attention(
         q.float()[:, :, None],

@@ -71,6 +71,24 @@ def test_greedy_matches_transformers(reference, tp):
         assert out.token_ids == exp, f"prompt {i}: engine {out.token_ids} != transformers {exp}"
 
 
+def test_greedy_matches_transformers_on_both_cpu_attention_paths(reference, monkeypatch):
+    """The tests above run the in-place C++ attention where a compiler exists; the torch twins
+    (the fallback of an image without one) must give the same tokens."""
+    from modeldeploy.kernels import cpu_attention, dispatch
+
+    model_dir, prompts, expected, _ = reference
+    if cpu_attention.available():
+        assert (
+            dispatch._impl("paged_attention_decode", torch.zeros(1)) is cpu_attention.paged_attention_decode
+        )
+    monkeypatch.setattr(dispatch, "_CPU", {})
+    monkeypatch.setattr(dispatch, "_cpu_checked", True)
+    assert dispatch._impl("paged_attention_decode", torch.zeros(1)).__module__.endswith("reference")
+    outs = LLM(model_dir, dtype="float32").generate(prompts, GREEDY)
+    for i, (out, exp) in enumerate(zip(outs, expected, strict=True)):
+        assert out.token_ids == exp, f"prompt {i}: engine {out.token_ids} != transformers {exp}"
+
+
 def test_first_step_logits_close(reference, tp):
     model_dir, prompts, _, hf_logits = reference
     llm = LLM(model_dir, dtype="float32", tensor_parallel_size=tp)

@@ -8,6 +8,7 @@ over sequences, heads and tokens in float64.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -244,3 +245,128 @@ def test_dispatch_uses_twins_on_cpu():
     )
     torch.testing.assert_close(dispatch.silu_and_mul(x), reference.silu_and_mul(x), rtol=0, atol=0)
     assert dispatch._impl("silu_and_mul", x) is reference.silu_and_mul
+
+
+# ---- the CPU in-place kernel (kernels/cpu_attention.py) against the oracles and the twins ----
+from modeldeploy.kernels import cpu_attention  # noqa: E402
+
+needs_cpp = pytest.mark.skipif(
+    not cpu_attention.available(), reason=f"CPU kernel not built: {cpu_attention._why}"
+)
+
+
+def test_cpu_kernel_builds_where_a_compiler_exists():
+    """A broken build must not pass silently as 'the fallback equals the reference'."""
+    if cpu_attention._compiler() is None:
+        pytest.skip("no C++ compiler")
+    if os.environ.get(cpu_attention.ENV_SWITCH) == "0":
+        pytest.skip(f"{cpu_attention.ENV_SWITCH}=0")
+    assert cpu_attention.available(), cpu_attention._why
+    assert cpu_attention.path_in_use() == "cpp"
+
+
+CPU_DECODE_CASES = DECODE_CASES + [  # ragged, partial last blocks, GQA 3, head dims 40 / 256
+    ([16, 31, 1, 257, 100, 64, 2], 2, 3, 64, 16),
+    ([9, 70], 2, 4, 40, 16),
+    ([130], 1, 2, 256, 32),
+]
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,hkv,group,d,block_size", CPU_DECODE_CASES)
+def test_cpu_kernel_decode(dtype, lens, hkv, group, d, block_size):
+    gen = torch.Generator().manual_seed(sum(lens) * group + d + 1)
+    k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, dtype, gen)
+    q = torch.randn(len(lens), hkv * group, d, generator=gen).to(dtype)
+    scale = d**-0.5
+    out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, decode64(q, k_cache, v_cache, tables, ctx, scale)) < TOL[dtype]
+    ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, scale)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+CPU_PREFILL_CASES = PREFILL_CASES + [
+    ([100, 45, 16, 300], [30, 45, 3, 17], 2, 3, 64, 16),  # cached prefixes, partial last blocks
+    ([77], [77], 4, 1, 128, 16),  # fresh prompt longer than a query tile, MHA
+    ([33, 250], [1, 250], 1, 4, 64, 32),
+]
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,new,hkv,group,d,block_size", CPU_PREFILL_CASES)
+def test_cpu_kernel_prefill(dtype, lens, new, hkv, group, d, block_size):
+    gen = torch.Generator().manual_seed(sum(lens) + sum(new) * group + d + 1)
+    k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, dtype, gen)
+    cu = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), hkv * group, d, generator=gen).to(dtype)
+    scale = d**-0.5
+    out = cpu_attention.paged_attention_prefill(q, k_cache, v_cache, tables, cu, ctx, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, prefill64(q, k_cache, v_cache, tables, cu, ctx, scale)) < TOL[dtype]
+    ref = reference.paged_attention_prefill(q, k_cache, v_cache, tables, cu, ctx, scale)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@needs_cpp
+def test_cpu_kernel_random_tables_strided_q_and_int64_metadata():
+    """Engine-like inputs: q a view of a wider tensor (token stride > H*D), int64 tables and
+    lengths, padding entries pointing anywhere (0), many sequences of random lengths."""
+    gen = torch.Generator().manual_seed(11)
+    lens = torch.randint(1, 200, (23,), generator=gen).tolist()
+    k_cache, v_cache, tables, ctx = paged_problem(lens, 2, 3, 64, 16, torch.float32, gen)
+    tables = tables.clamp_min(0).long()
+    wide = torch.randn(len(lens), 10 * 64, generator=gen)
+    q = wide[:, : 6 * 64].view(len(lens), 6, 64)
+    assert not q.is_contiguous()
+    out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx.long(), 0.125)
+    ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    # the same sequences as a prefill of their last 5 tokens each (prefix cached)
+    new = [min(5, L) for L in lens]
+    cu = torch.tensor([0] + list(torch.tensor(new).cumsum(0)))
+    qp = torch.randn(int(cu[-1]), 6, 64, generator=gen)
+    out = cpu_attention.paged_attention_prefill(qp, k_cache, v_cache, tables, cu, ctx.long(), 0.125)
+    ref = reference.paged_attention_prefill(qp, k_cache, v_cache, tables, cu, ctx, 0.125)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_kernel_falls_back_without_a_compiler(monkeypatch, caplog):
+    """No compiler (the slim runtime image): the twins, and a log line saying so."""
+    monkeypatch.setattr(cpu_attention, "_state", "unloaded")
+    monkeypatch.setattr(cpu_attention, "_lib", None)
+    monkeypatch.setattr(cpu_attention, "_compiler", lambda: None)
+    monkeypatch.setattr(dispatch, "_cpu_checked", False)
+    monkeypatch.setattr(dispatch, "_CPU", {})
+    with caplog.at_level("WARNING", logger="modeldeploy.kernels"):
+        assert not cpu_attention.available()
+    assert "torch reference twins" in caplog.text and "no C++ compiler" in caplog.text
+    assert dispatch._impl("paged_attention_decode", torch.zeros(1)) is reference.paged_attention_decode
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache, tables, ctx = paged_problem([20, 3], 2, 2, 64, 16, torch.float32, gen)
+    q = torch.randn(2, 4, 64, generator=gen)
+    out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    assert torch.equal(out, ref)
+
+
+def test_cpu_kernel_unsupported_layouts_use_the_twin():
+    """Head dims not a multiple of 8 and float16 go to the twin (same results either way)."""
+    gen = torch.Generator().manual_seed(6)
+    for d, dtype in ((36, torch.float32), (64, torch.float16)):
+        k_cache, v_cache, tables, ctx = paged_problem([20, 3], 1, 2, d, 16, dtype, gen)
+        q = torch.randn(2, 2, d, generator=gen).to(dtype)
+        out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+        ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+        assert torch.equal(out, ref)
+
+
+@needs_cpp
+def test_dispatch_uses_the_cpu_kernel_for_attention():
+    q = torch.zeros(1, 2, 64)
+    assert dispatch._impl("paged_attention_decode", q) is cpu_attention.paged_attention_decode
+    assert dispatch._impl("paged_attention_prefill", q) is cpu_attention.paged_attention_prefill

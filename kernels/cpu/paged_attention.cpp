@@ -1,0 +1,273 @@
+// Paged attention on CPU, reading K/V blocks in place (no per-sequence contiguous copy).
+// Twins: kernels/reference.py paged_attention_decode / paged_attention_prefill.
+//
+// Plain C ABI (loaded with ctypes by kernels/cpu_attention.py), OpenMP for threads: the
+// process shares torch's libgomp; the caller passes torch.get_num_threads() (OpenMP's own
+// thread count is per calling thread, and the engine may step on a thread of its own).
+//
+// Layouts: q [T, H, D] with token stride q_s0 (head stride D, elements contiguous),
+// caches [N, S, Hkv, D] contiguous, tables [B, M] int32 with row stride t_s0, out [T, H, D]
+// contiguous. Math in float32. One task = (sequence, kv head[, query tile]); the GROUP
+// query heads of a kv head share each K/V row load (GQA). Two passes over the keys:
+// scores (exact max), then exp-weighted V sum, so no online rescaling is needed.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float to_f(float x) { return x; }
+inline float to_f(uint16_t x) {  // bfloat16 bits
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void from_f(float x, float* o) { *o = x; }
+inline void from_f(float x, uint16_t* o) {  // round to nearest even, as torch does
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    *o = static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *o = static_cast<uint16_t>(u >> 16);
+}
+
+// 8-lane float vectors (GCC/Clang vector extensions: AVX2 or AVX-512 halves, SSE pairs).
+// Head dims are multiples of 8 (the wrapper checks); D is a compile-time constant for the
+// common head dims so the dot products and accumulators stay in registers.
+typedef float v8 __attribute__((vector_size(32)));
+
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+
+inline float hsum(v8 v) {  // tree reduction (a serial lane sum would cost ~16 add latencies)
+  v8 a = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  a = a + __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5);
+  a = a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6);
+  return a[0];
+}
+
+template <int DC>
+inline float dot(const float* __restrict a, const float* __restrict b, int Drt) {
+  const int D = DC > 0 ? DC : Drt;
+  v8 s0 = {}, s1 = {};
+  int d = 0;
+  for (; d + 16 <= D; d += 16) {
+    s0 += load8(a + d) * load8(b + d);
+    s1 += load8(a + d + 8) * load8(b + d + 8);
+  }
+  if (d < D) s0 += load8(a + d) * load8(b + d);
+  return hsum(s0 + s1);
+}
+
+// Blocks are scattered, so the hardware prefetcher cannot see the next one coming: ask for
+// the next block's rows of this kv head while the current one is being used.
+template <typename T>
+inline void prefetch_block(const T* cache, int64_t base, int S, int h, int Hkv, int D) {
+  const int lines = (D * static_cast<int>(sizeof(T)) + 63) / 64;
+  for (int o = 0; o < S; ++o) {
+    const char* p = reinterpret_cast<const char*>(cache + ((base + o) * Hkv + h) * D);
+    for (int c = 0; c < lines; ++c) __builtin_prefetch(p + 64 * c, 0, 3);
+  }
+}
+
+// Row `t` of a K or V cache for kv head h, as float (converted into buf unless T is float).
+template <typename T>
+inline const float* row(const T* cache, int64_t slot, int h, int Hkv, int D, float* buf) {
+  const T* p = cache + (slot * Hkv + h) * D;
+  if constexpr (sizeof(T) == sizeof(float)) {
+    (void)buf;
+    return reinterpret_cast<const float*>(p);
+  } else {
+    for (int d = 0; d < D; ++d) buf[d] = to_f(p[d]);
+    return buf;
+  }
+}
+
+// Attention of R query rows (qf [R, D], already scaled) over the keys 0..L-1 of one sequence's
+// block table, row r seeing keys 0..last[r]. Writes normalised rows into acc [R, D].
+template <typename T, int DC>
+void attend_rows(const float* qf, int R, const int* last, const T* kc, const T* vc,
+                 const int32_t* table, int L, int S, int h, int Hkv, int Drt, float* scores,
+                 float* acc, float* buf) {
+  const int D = DC > 0 ? DC : Drt;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  prefetch_block(kc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
+  if (S < L) prefetch_block(kc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
+  for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {  // pass 1: scores [R, L]
+    const int64_t base = static_cast<int64_t>(table[j]) * S;
+    const int n = (L - t0 < S) ? L - t0 : S;
+    if (t0 + 2 * S < L) prefetch_block(kc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
+    for (int o = 0; o < n; ++o) {
+      const int t = t0 + o;
+      const float* k = row(kc, base + o, h, Hkv, D, buf);
+      for (int r = 0; r < R; ++r)
+        scores[static_cast<int64_t>(r) * L + t] = (t <= last[r]) ? dot<DC>(qf + r * D, k, D) : ninf;
+    }
+  }
+  std::vector<float> inv(R);
+  for (int r = 0; r < R; ++r) {  // softmax per row
+    float* s = scores + static_cast<int64_t>(r) * L;
+    const int n = last[r] + 1;
+    float m = ninf;
+    for (int t = 0; t < n; ++t) m = s[t] > m ? s[t] : m;
+    float sum = 0.f;
+    for (int t = 0; t < n; ++t) {
+      s[t] = std::exp(s[t] - m);
+      sum += s[t];
+    }
+    inv[r] = 1.f / sum;
+  }
+  std::memset(acc, 0, sizeof(float) * R * D);
+  constexpr int NV = DC > 0 ? DC / 8 : 1;
+  prefetch_block(vc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
+  if (S < L) prefetch_block(vc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
+  for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {  // pass 2: weighted V
+    const int64_t base = static_cast<int64_t>(table[j]) * S;
+    const int n = (L - t0 < S) ? L - t0 : S;
+    if (t0 + 2 * S < L) prefetch_block(vc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
+    const float* vrows[64];  // S <= 64 (the wrapper checks)
+    for (int o = 0; o < n; ++o) {
+      vrows[o] = row(vc, base + o, h, Hkv, D, buf + static_cast<int64_t>(o) * D);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int m = (last[r] - t0 + 1 < n) ? last[r] - t0 + 1 : n;  // keys of the block it sees
+      if (m <= 0) continue;
+      const float* w = scores + static_cast<int64_t>(r) * L + t0;
+      float* a = acc + r * D;
+      if constexpr (DC > 0) {  // accumulator row in registers across the block
+        v8 reg[NV];
+        for (int c = 0; c < NV; ++c) reg[c] = load8(a + 8 * c);
+        for (int o = 0; o < m; ++o) {
+          const float* v = vrows[o];
+          for (int c = 0; c < NV; ++c) reg[c] += w[o] * load8(v + 8 * c);
+        }
+        for (int c = 0; c < NV; ++c) store8(a + 8 * c, reg[c]);
+      } else {
+        for (int o = 0; o < m; ++o)
+          for (int d = 0; d < D; d += 8) store8(a + d, load8(a + d) + w[o] * load8(vrows[o] + d));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int d = 0; d < D; ++d) acc[r * D + d] *= inv[r];
+}
+
+// Queries `tokens` (indices into q/out, consecutive positions pos0, pos0+1, ...) of one
+// sequence, for kv head h: load, attend, store.
+template <typename T>
+void run_tile(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t* table, int L,
+              int64_t tok0, int ntok, int pos0, T* out, int h, int H, int Hkv, int D,
+              int S, float scale) {
+  const int G = H / Hkv, R = ntok * G;
+  std::vector<float> qf(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D),
+      buf(static_cast<size_t>(S) * D);
+  std::vector<float> scores(static_cast<size_t>(R) * L);
+  std::vector<int> last(R);
+  for (int i = 0; i < ntok; ++i)
+    for (int g = 0; g < G; ++g) {
+      const int r = i * G + g;
+      last[r] = pos0 + i;
+      const T* src = q + (tok0 + i) * q_s0 + static_cast<int64_t>(h * G + g) * D;
+      for (int d = 0; d < D; ++d) qf[r * D + d] = to_f(src[d]) * scale;
+    }
+  float *sc = scores.data(), *ac = acc.data(), *bf = buf.data();
+  switch (D) {
+    case 64: attend_rows<T, 64>(qf.data(), R, last.data(), kc, vc, table, L, S, h, Hkv, D, sc, ac, bf); break;
+    case 128: attend_rows<T, 128>(qf.data(), R, last.data(), kc, vc, table, L, S, h, Hkv, D, sc, ac, bf); break;
+    case 32: attend_rows<T, 32>(qf.data(), R, last.data(), kc, vc, table, L, S, h, Hkv, D, sc, ac, bf); break;
+    default: attend_rows<T, 0>(qf.data(), R, last.data(), kc, vc, table, L, S, h, Hkv, D, sc, ac, bf);
+  }
+  for (int i = 0; i < ntok; ++i)
+    for (int g = 0; g < G; ++g) {
+      T* dst = out + ((tok0 + i) * H + h * G + g) * static_cast<int64_t>(D);
+      const float* a = acc.data() + (i * G + g) * D;
+      for (int d = 0; d < D; ++d) from_f(a[d], dst + d);
+    }
+}
+
+template <typename T>
+void decode(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t* tables,
+            int64_t t_s0, const int32_t* lens, T* out, int B, int H, int Hkv, int D, int S,
+            float scale, int threads) {
+  const int64_t tasks = static_cast<int64_t>(B) * Hkv;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t x = 0; x < tasks; ++x) {
+    const int b = static_cast<int>(x / Hkv), h = static_cast<int>(x % Hkv);
+    const int L = lens[b];
+    run_tile(q, q_s0, kc, vc, tables + b * t_s0, L, b, 1, L - 1, out, h, H, Hkv, D, S, scale);
+  }
+}
+
+// Prefill: sequence b's new tokens are q rows cu[b]..cu[b+1]-1, the last of its lens[b]
+// cached tokens. Tasks = (sequence, kv head, tile of `tile` query tokens).
+template <typename T>
+void prefill(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t* tables,
+             int64_t t_s0, const int32_t* cu, const int32_t* lens, T* out, int B, int H, int Hkv,
+             int D, int S, int tile, float scale, int threads) {
+  std::vector<int64_t> first(B + 1, 0);  // first task of each sequence
+  for (int b = 0; b < B; ++b) {
+    const int n = cu[b + 1] - cu[b];
+    first[b + 1] = first[b] + static_cast<int64_t>((n + tile - 1) / tile) * Hkv;
+  }
+  const int64_t tasks = first[B];
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t x = 0; x < tasks; ++x) {
+    int b = 0;
+    while (first[b + 1] <= x) ++b;
+    const int64_t local = x - first[b];
+    const int h = static_cast<int>(local % Hkv), ti = static_cast<int>(local / Hkv);
+    const int n = cu[b + 1] - cu[b], L = lens[b];
+    const int i0 = ti * tile, ntok = (n - i0 < tile) ? n - i0 : tile;
+    const int pos0 = L - n + i0;
+    // keys beyond the tile's last query are never seen: attend over pos0 + ntok of them
+    run_tile(q, q_s0, kc, vc, tables + b * t_s0, pos0 + ntok, cu[b] + i0, ntok, pos0, out, h,
+             H, Hkv, D, S, scale);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int md_abi_version() { return 1; }
+
+// dtype: 0 float32, 1 bfloat16
+void md_paged_decode(int dtype, const void* q, int64_t q_s0, const void* kc, const void* vc,
+                     const int32_t* tables, int64_t t_s0, const int32_t* lens, void* out, int B,
+                     int H, int Hkv, int D, int S, float scale, int threads) {
+  if (dtype == 0)
+    decode(static_cast<const float*>(q), q_s0, static_cast<const float*>(kc),
+           static_cast<const float*>(vc), tables, t_s0, lens, static_cast<float*>(out), B, H, Hkv,
+           D, S, scale, threads);
+  else
+    decode(static_cast<const uint16_t*>(q), q_s0, static_cast<const uint16_t*>(kc),
+           static_cast<const uint16_t*>(vc), tables, t_s0, lens, static_cast<uint16_t*>(out), B,
+           H, Hkv, D, S, scale, threads);
+}
+
+void md_paged_prefill(int dtype, const void* q, int64_t q_s0, const void* kc, const void* vc,
+                      const int32_t* tables, int64_t t_s0, const int32_t* cu,
+                      const int32_t* lens, void* out, int B, int H, int Hkv, int D, int S,
+                      int tile, float scale, int threads) {
+  if (dtype == 0)
+    prefill(static_cast<const float*>(q), q_s0, static_cast<const float*>(kc),
+            static_cast<const float*>(vc), tables, t_s0, cu, lens, static_cast<float*>(out), B, H,
+            Hkv, D, S, tile, scale, threads);
+  else
+    prefill(static_cast<const uint16_t*>(q), q_s0, static_cast<const uint16_t*>(kc),
+            static_cast<const uint16_t*>(vc), tables, t_s0, cu, lens,
+            static_cast<uint16_t*>(out), B, H, Hkv, D, S, tile, scale, threads);
+}
+
+}  // extern "C"

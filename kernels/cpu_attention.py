@@ -1,0 +1,207 @@
+"""Paged attention on CPU that reads the KV blocks in place (cpu/paged_attention.cpp).
+Twins: `reference.paged_attention_decode`, `reference.paged_attention_prefill`.
+
+The reference twins gather each sequence's blocks into a contiguous copy before SDPA; on CPU
+that copy was about half of a decode step (bench/results/engine_cpu.md). This kernel walks
+the block table instead: one task per (sequence, kv head[, query tile]), the GROUP query
+heads of a kv head sharing each K/V row load, OpenMP over tasks with torch's thread count
+(`torch.get_num_threads()`, passed per call), float32 math, float32 and bfloat16 caches.
+
+Build: a plain C ABI shared object compiled with the system C++ compiler on first use
+(about 2 s, `-O3 -march=native -fopenmp`) into a cache directory keyed by the source, the
+compiler and the CPU's flags, and loaded with ctypes. Not a torch extension on purpose: no
+torch headers (a torch extension takes ~1 min to compile on 2 cores), no ninja, no build at
+install time (pip's build isolation would download torch), and no tie to torch's C++ ABI.
+Without a compiler (the slim runtime image), or with MODELDEPLOY_CPU_KERNELS=0, `available()`
+is False and dispatch keeps the torch twins; a log line says which path is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from modeldeploy.kernels import reference
+
+log = logging.getLogger("modeldeploy.kernels")
+
+SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+ENV_SWITCH = "MODELDEPLOY_CPU_KERNELS"  # "0" = torch twins only
+ENV_CACHE = "MODELDEPLOY_KERNEL_CACHE"  # where the shared object is built (default ~/.cache)
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+PREFILL_TILE = 8  # query tokens per prefill task (x GROUP heads = rows sharing each K/V load)
+
+_lib: ctypes.CDLL | None = None
+_state = "unloaded"  # unloaded | loaded | unavailable
+_why = ""
+_lock = threading.Lock()
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_dirs() -> list[Path]:
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return [Path(env)]
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return [
+        Path(base) / "modeldeploy" / "cpu_kernels",
+        Path(tempfile.gettempdir()) / "modeldeploy-cpu-kernels",
+    ]
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build() -> Path:
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler on PATH (g++, c++, clang++; or set CXX)")
+    src = SOURCE.read_bytes()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([src, version.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()]))
+    name = f"paged_attention_{key.hexdigest()[:16]}.so"
+    errors = []
+    for d in _cache_dirs():
+        target = d / name
+        if target.exists():
+            return target
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=d, suffix=".so.tmp")
+            os.close(fd)
+            proc = subprocess.run(
+                [cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300
+            )
+            if proc.returncode != 0:
+                os.unlink(tmp)
+                raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-2000:]}")
+            os.replace(tmp, target)  # atomic: concurrent builders (tensor-parallel ranks) agree
+            return target
+        except OSError as e:
+            errors.append(f"{d}: {e}")
+    raise RuntimeError("no writable cache directory: " + "; ".join(errors))
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _state, _why
+    with _lock:
+        if _state != "unloaded":
+            return _lib
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            _state, _why = "unavailable", f"{ENV_SWITCH}=0"
+        else:
+            try:
+                lib = ctypes.CDLL(str(_build()))
+                if lib.md_abi_version() != 1:
+                    raise RuntimeError("ABI version mismatch")
+                i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+                lib.md_paged_decode.argtypes = [i, p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i]
+                lib.md_paged_decode.restype = None
+                lib.md_paged_prefill.argtypes = [i, p, i64, p, p, p, i64, p, p, p, i, i, i, i, i, i, f, i]
+                lib.md_paged_prefill.restype = None
+                _lib, _state = lib, "loaded"
+            except Exception as e:  # noqa: BLE001  (any failure means: use the twins)
+                _state, _why = "unavailable", str(e)
+        if _state == "loaded":
+            log.info("CPU paged attention: in-place C++ kernel (%s)", SOURCE.name)
+        else:
+            log.warning("CPU paged attention: torch reference twins (gather + SDPA): %s", _why)
+        return _lib
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def path_in_use() -> str:
+    """'cpp' or 'reference' (loads on first call)."""
+    return "cpp" if available() else "reference"
+
+
+def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype in DTYPES
+        and k_cache.dtype == q.dtype == v_cache.dtype
+        and q.dim() == 3
+        and k_cache.dim() == 4
+        and v_cache.shape == k_cache.shape
+        and k_cache.shape[3] == q.shape[2]
+        and q.shape[1] % k_cache.shape[2] == 0
+        and q.shape[2] % 8 == 0
+        and 0 < k_cache.shape[1] <= 64
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and q.stride(2) == 1
+        and q.stride(1) == q.shape[2]
+    )
+
+
+def _i32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, out=None):
+    """`out` [B, H, D] contiguous may be given (written in place)."""
+    lib = _load()
+    if lib is None or not _supported(q, k_cache, v_cache):
+        return reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+    B, H, D = q.shape
+    if out is None:
+        out = torch.empty(B, H, D, dtype=q.dtype)
+    if B == 0:
+        return out
+    tables, lens = _i32(block_tables), _i32(context_lens)
+    lib.md_paged_decode(
+        DTYPES[q.dtype], q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(),
+        B, H, k_cache.shape[2], D, k_cache.shape[1], float(scale), torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def paged_attention_prefill(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, out=None
+):
+    lib = _load()
+    if lib is None or not _supported(q, k_cache, v_cache):
+        return reference.paged_attention_prefill(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+        )
+    T, H, D = q.shape
+    if out is None:
+        out = torch.empty(T, H, D, dtype=q.dtype)
+    if T == 0:
+        return out
+    tables, cu, lens = _i32(block_tables), _i32(cu_seqlens_q), _i32(context_lens)
+    lib.md_paged_prefill(
+        DTYPES[q.dtype], q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        tables.data_ptr(), tables.stride(0), cu.data_ptr(), lens.data_ptr(), out.data_ptr(),
+        lens.shape[0], H, k_cache.shape[2], D, k_cache.shape[1], PREFILL_TILE, float(scale),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
