@@ -1,8 +1,9 @@
 """HTTP-layer overhead and TTFT of the runtime server on CPU, against the engine alone.
 
-Same workload both ways: N requests of `max_tokens` tokens (ignore_eos, greedy) kept C at a
-time. "engine" drives AsyncEngine in this process; "server" starts `modeldeploy serve` as a
-subprocess and streams over HTTP (SSE) from this process with a minimal socket client. Reports generated
+Same workload every way: N requests of `max_tokens` tokens (ignore_eos, greedy) kept C at a
+time. "engine" drives AsyncEngine in this process; each server layout (`--engine-core process`, the
+default, and `thread`) is a `modeldeploy serve` subprocess streamed over HTTP (SSE) from this process
+with a minimal socket client. Reports generated
 tokens/s, the server/engine ratio, and TTFT p50/p95 (request sent -> first token received).
 
     .venv/bin/python bench/server_cpu.py --out bench/results/server_cpu.md
@@ -122,7 +123,7 @@ async def run_server(url: str, n: int, c: int, max_tokens: int) -> dict:
     return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "ttft": ttft}
 
 
-def start_server(model: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, max_num_seqs: int, layout: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -148,6 +149,8 @@ def start_server(model: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
             "256",
             "--log-level",
             "warning",
+            "--engine-core",
+            layout,
         ]
     )
     url = f"http://127.0.0.1:{port}"
@@ -162,7 +165,7 @@ def start_server(model: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-async def measure(model: str, url: str, args: argparse.Namespace, max_seqs: int) -> list[dict]:
+async def measure(model: str, urls: dict[str, str], args: argparse.Namespace, max_seqs: int) -> list[dict]:
     """Alternate engine and server runs (the machine is shared: load drifts), keep each side's best round."""
     from modeldeploy.runtime import AsyncEngine, EngineConfig
 
@@ -172,10 +175,11 @@ async def measure(model: str, url: str, args: argparse.Namespace, max_seqs: int)
     try:
         for c in args.concurrency:
             n = c * args.requests_per_stream
-            runs: dict[str, list[dict]] = {"engine": [], "server": []}
+            runs: dict[str, list[dict]] = {"engine": [], **{f"server-{k}": [] for k in urls}}
             for r in range(args.rounds):
                 runs["engine"].append(await run_engine(eng, n, c, args.max_tokens, f"c{c}r{r}"))
-                runs["server"].append(await run_server(url, n, c, args.max_tokens))
+                for layout, url in urls.items():
+                    runs[f"server-{layout}"].append(await run_server(url, n, c, args.max_tokens))
             best = {k: max(v, key=lambda x: x["tok_s"]) for k, v in runs.items()}
             rows.append(
                 {"c": c, "n": n, **best, "all": {k: [round(x["tok_s"]) for x in v] for k, v in runs.items()}}
@@ -194,6 +198,10 @@ def main() -> int:
     ap.add_argument(
         "--rounds", type=int, default=3, help="alternating engine/server rounds; best is reported"
     )
+    ap.add_argument(
+        "--layouts", nargs="+", choices=["process", "thread"], default=["process", "thread"],
+        help="server layouts (--engine-core) to measure",
+    )  # fmt: skip
     ap.add_argument("--out", default=None, help="write a markdown report here")
     args = ap.parse_args()
     model = args.model
@@ -202,12 +210,13 @@ def main() -> int:
 
         model = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny-llama", "llama", 0))
     max_seqs = max(args.concurrency)
-    proc, url = start_server(model, max_seqs)
+    servers = {layout: start_server(model, max_seqs, layout) for layout in args.layouts}
     try:
-        rows = asyncio.run(measure(model, url, args, max_seqs))
+        rows = asyncio.run(measure(model, {k: url for k, (_, url) in servers.items()}, args, max_seqs))
     finally:
-        proc.terminate()
-        proc.wait(60)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(60)
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -227,29 +236,20 @@ def main() -> int:
         f"- {args.rounds} alternating engine/server rounds per C; the table shows each side's best round "
         "(tok/s of every round below)",
         "",
-        "| C | N | engine tok/s | server tok/s | server/engine | engine TTFT p50 / p95 (ms) | "
-        "server TTFT p50 / p95 (ms) |",
+        "| C | N | side | tok/s | / engine | TTFT p50 / p95 (ms) | HTTP overhead per request (ms) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        e, s = r["engine"], r["server"]
-        lines.append(
-            f"| {r['c']} | {r['n']} | {e['tok_s']:.0f} | {s['tok_s']:.0f} | {s['tok_s'] / e['tok_s']:.2f} | "
-            f"{pct(e['ttft'], 0.5) * 1e3:.1f} / {pct(e['ttft'], 0.95) * 1e3:.1f} | "
-            f"{pct(s['ttft'], 0.5) * 1e3:.1f} / {pct(s['ttft'], 0.95) * 1e3:.1f} |"
-        )
-    lines += [
-        "",
-        "Per-request HTTP overhead (server wall - engine wall) / N: "
-        + ", ".join(
-            f"C={r['c']}: {(r['server']['wall_s'] - r['engine']['wall_s']) / r['n'] * 1e3:.1f} ms"
-            for r in rows
-        ),
-        "",
-    ]
-    lines += [
-        f"- C={r['c']} rounds tok/s: engine {r['all']['engine']}, server {r['all']['server']}" for r in rows
-    ]
+        e = r["engine"]
+        for side in ["engine", *(f"server-{k}" for k in args.layouts)]:
+            x = r[side]
+            over = "" if side == "engine" else f"{(x['wall_s'] - e['wall_s']) / r['n'] * 1e3:.1f}"
+            lines.append(
+                f"| {r['c']} | {r['n']} | {side} | {x['tok_s']:.0f} | {x['tok_s'] / e['tok_s']:.2f} | "
+                f"{pct(x['ttft'], 0.5) * 1e3:.1f} / {pct(x['ttft'], 0.95) * 1e3:.1f} | {over} |"
+            )
+    lines += [""]
+    lines += [f"- C={r['c']} rounds tok/s: {r['all']}" for r in rows]
     lines += [f"- load average at the end: {os.getloadavg()[0]:.1f} (1 min)", ""]
     lines += [
         "Reading: the tiny model's engine step takes a few ms, so the per-token HTTP work (one SSE event per",
@@ -264,7 +264,10 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text)
     for r in rows:
-        assert r["server"]["tokens"] == r["engine"]["tokens"] == r["n"] * args.max_tokens, "workloads differ"
+        for layout in args.layouts:
+            assert r[f"server-{layout}"]["tokens"] == r["engine"]["tokens"] == r["n"] * args.max_tokens, (
+                "workloads differ"
+            )
     return 0
 
 

@@ -65,7 +65,10 @@ class AsyncEngine:
         return self.engine.tokenizer
 
     def info(self) -> dict:
-        return {**self.engine.info(), "engine_core": {"layout": "thread", "pid": os.getpid()}}
+        import torch
+
+        core = {"layout": "thread", "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+        return {**self.engine.info(), "engine_core": core}
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -151,7 +151,7 @@ class EngineCoreClient:
 
     # --- the engine interface -------------------------------------------------------
     def info(self) -> dict:
-        info = {**self._info, "engine_core": {"layout": "process", "pid": self.pid}}
+        info = dict(self._info)
         if info.get("lora") and self._stats is not None:  # what changes after load: the resident set
             resident = list(self._stats.lora_resident)
             info["lora"] = {**info["lora"], "resident": resident}

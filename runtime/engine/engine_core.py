@@ -108,6 +108,7 @@ class Core:
     def run(self) -> None:
         from modeldeploy.runtime.engine.llm_engine import Engine  # torch is imported in this process only
 
+        threads = _reserve_a_core(self.config.tensor_parallel_size)
         try:
             self.engine = Engine(self.config, lambda phase, frac: self.send(("progress", phase, frac)))
         except BaseException as e:  # noqa: BLE001 - any load error goes back to the server's readiness
@@ -120,7 +121,11 @@ class Core:
         self._compile_pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
         )
-        self.send(("ready", self.engine.config, self.engine.info(), self.engine.stats()))
+        info = {
+            **self.engine.info(),
+            "engine_core": {"layout": "process", "pid": os.getpid(), "torch_threads": threads},
+        }
+        self.send(("ready", self.engine.config, info, self.engine.stats()))
         try:
             self._loop()
         except (EOFError, OSError):  # the server went away: nothing is left to serve
@@ -196,6 +201,20 @@ class Core:
         except (OSError, EOFError):
             pass
         os._exit(1)  # a step blocked in a dead collective never returns: leave at once
+
+
+def _reserve_a_core(tp_size: int) -> int:
+    """Leave one CPU to the API server process: torch's intra-op threads spin at their barriers, and
+    with as many of them as CPUs plus a busy server process, every parallel op waits for a thread the
+    kernel has descheduled (measured on 2 CPUs at 32 streams: 0.05 of the engine's tokens/s with 2
+    threads, 0.54 with 1; bench/results/server_cpu.md). OMP_NUM_THREADS, when set, decides instead.
+    Under tensor parallelism rank 0 takes its share of the rest. Returns the thread count."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), (cpus - 1) // tp_size)))
+    return torch.get_num_threads()
 
 
 def _picklable(e: BaseException) -> BaseException:
