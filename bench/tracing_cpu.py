@@ -55,7 +55,11 @@ def server(model: str, traced: bool, endpoint: str) -> object:
     else:
         os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     ecfg = EngineConfig(model=model, device="cpu", dtype="float32", max_num_seqs=32, bundle_id="bench")
-    s = ThreadedServer(ServerConfig(engine=ecfg, served_model_name="bench", max_queue=256))
+    # the thread layout: the step loop's thread CPU clock is read in this process (the process layout
+    # runs no tracing code in the step loop's process at all)
+    s = ThreadedServer(
+        ServerConfig(engine=ecfg, served_model_name="bench", max_queue=256, engine_core="thread")
+    )
     os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     return s
 
