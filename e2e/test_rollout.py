@@ -67,10 +67,11 @@ def serve_tiny(
     name: str,
     adapters: list[dict[str, str]] | None = None,
     topology: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
     **rollout: Any,
 ) -> tuple[dict[str, Any], str]:
-    """A ModelDeployment on the tiny model (and `adapters`, if any; `topology` fields over the
-    defaults), Ready and Stable; returns (object, stable bundle id)."""
+    """A ModelDeployment on the tiny model (and `adapters`, if any; `topology` and serving `config`
+    fields over the defaults), Ready and Stable; returns (object, stable bundle id)."""
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
     digest = _pv_with_tiny_model(cluster, ns, tmp)
@@ -82,7 +83,7 @@ def serve_tiny(
         "maxQueue": 64,
         "device": "cpu",
         "servedModelName": "tiny-llama",
-    }
+    } | (config or {})
     if adapters:
         spec["bundle"]["adapters"] = adapters
     spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}

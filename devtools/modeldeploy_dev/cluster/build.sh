@@ -145,6 +145,9 @@ main() {
   go_install helm helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
   build_prometheus
+  # the custom metrics API the HPA e2e scales on (devtools/modeldeploy_dev/custom_metrics.py)
+  go_install test-adapter custom-metrics-apiserver "$CUSTOM_METRICS_APISERVER_VERSION" \
+    sigs.k8s.io/custom-metrics-apiserver/test-adapter
   log "all binaries present in $CACHE ($(( $(date +%s) - t0 ))s)"
 }
 
