@@ -24,6 +24,7 @@ from modeldeploy.runtime.engine.llm_engine import Engine
 from modeldeploy.runtime.engine.output import EngineDead, EngineStats, RequestOutput
 from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
+from modeldeploy.runtime.engine.stream import OutputStream
 
 
 class AsyncEngine:
@@ -31,7 +32,7 @@ class AsyncEngine:
         self.config = config
         self.engine: Engine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, OutputStream] = {}
         self._inbox: list[tuple[str, tuple]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -87,29 +88,19 @@ class AsyncEngine:
         # the engine's own length check, on the caller's side so errors come before queueing
         check_request(len(ids), params.max_tokens, self.engine.config.max_model_len)
         self.engine.adapter_id(adapter)  # unknown names fail here, before queueing
-        queue: asyncio.Queue = asyncio.Queue()
+        stream = OutputStream(params.n)
         with self._lock:
             if request_id in self._queues:
                 raise ValueError(f"request_id: {request_id!r} is already running")
-            self._queues[request_id] = queue
+            self._queues[request_id] = stream
         if params.structured is not None and params.structured.compiled is None:
             await self.compile(params)
         self._post("add", (request_id, ids, params, adapter))
-        finished = False
-        open_choices = params.n
         try:
-            while True:
-                out = await queue.get()
-                if isinstance(out, BaseException):
-                    raise out
-                open_choices -= out.finished
-                if open_choices == 0:
-                    finished = True
+            async for out in stream:
                 yield out
-                if finished:
-                    return
         finally:
-            if not finished:
+            if not stream.finished:
                 self.abort(request_id)
             with self._lock:
                 self._queues.pop(request_id, None)
@@ -144,7 +135,7 @@ class AsyncEngine:
         with self._lock:
             q = self._queues.get(request_id)
         if q is not None:
-            self._loop.call_soon_threadsafe(q.put_nowait, out)
+            self._loop.call_soon_threadsafe(q.put, out)
 
     def _drain_inbox(self) -> None:
         with self._lock:

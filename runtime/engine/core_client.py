@@ -29,6 +29,7 @@ from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.output import EngineDead, EngineStats, RequestMetrics, RequestOutput
 from modeldeploy.runtime.engine.request_check import check_request
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
+from modeldeploy.runtime.engine.stream import OutputStream
 
 STOP_TIMEOUT_S = 30.0
 
@@ -64,7 +65,7 @@ class EngineCoreClient:
         self._info: dict = {}
         self._stats: EngineStats | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, OutputStream] = {}
         self._prompts: dict[str, list[int]] = {}
         self._choices: dict[tuple[str, int], _Choice] = {}
         self._compiles: dict[int, asyncio.Future] = {}
@@ -181,33 +182,23 @@ class EngineCoreClient:
         ids = self.encode(prompt)
         check_request(len(ids), params.max_tokens, self.config.max_model_len)
         self._check_adapter(adapter)
-        queue: asyncio.Queue = asyncio.Queue()
+        stream = OutputStream(params.n)
         with self._lock:
             if request_id in self._queues:
                 raise ValueError(f"request_id: {request_id!r} is already running")
-            self._queues[request_id] = queue
+            self._queues[request_id] = stream
             self._prompts[request_id] = ids
         if params.structured is not None:
             await self.compile(params)  # a no-op cache hit when the server compiled it already
             params = dataclasses.replace(
                 params, structured=dataclasses.replace(params.structured, compiled=None)
             )
-        finished = False
-        open_choices = params.n
         try:
             self._send(("add", request_id, ids, params, adapter))
-            while True:
-                out = await queue.get()
-                if isinstance(out, BaseException):
-                    raise out
-                open_choices -= out.finished
-                if open_choices == 0:
-                    finished = True
+            async for out in stream:
                 yield out
-                if finished:
-                    return
         finally:
-            if not finished:
+            if not stream.finished:
                 self.abort(request_id)
             with self._lock:
                 self._queues.pop(request_id, None)
@@ -315,7 +306,7 @@ class EngineCoreClient:
         for out in outs:
             q = self._queues.get(request_id if request_id is not None else out.request_id)
             if q is not None:
-                q.put_nowait(out)
+                q.put(out)
 
     def _resolve(self, token: int, result: tuple, error: BaseException | None) -> None:
         fut = self._compiles.get(token)
@@ -340,7 +331,7 @@ class EngineCoreClient:
 
         def fail_all() -> None:
             for q in list(self._queues.values()):
-                q.put_nowait(dead)
+                q.put(dead)
             for fut in list(self._compiles.values()):
                 if not fut.done():
                     fut.set_exception(dead)
