@@ -145,3 +145,4 @@ def test_an_auto_capacity_choice_reads_fresh_gpu_usage_not_the_cached_node_list(
     assert len(new) == 1 and "capacity Replace (Auto:" in new[0] and "0 of 16 GPUs spare" in new[0], new
     assert kube.get_md(NS, NAME)["status"]["rollout"]["capacity"] == "Replace"
     assert ctrl.nodes.get()[0].requested == 8  # relisted for the decision
+    ctrl.forget((NS, NAME))  # its per-object gauges live in the process-wide registry other tests read
