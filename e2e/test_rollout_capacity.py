@@ -215,7 +215,9 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
         assert sizes and all(
             a - b <= REPLICAS - MIN_AVAILABLE for a, b in zip([REPLICAS, *sizes], sizes, strict=False)
         ), sizes
+        # no spare GPU for a warm prior: scaled to zero, a cold rollback target, and status says why
         assert st["history"][-1]["bundle"] == old and st["rollout"]["prior"] == "Cold", st["rollout"]
+        assert "GPUs not spare" in st["rollout"]["priorReason"], st["rollout"]
         cluster.wait(
             lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS}), 60, "16 Ready on new"
         )
@@ -256,7 +258,9 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
 def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operator) -> None:
     ns, name = namespace, "roomy"
     with gpu_pool(cluster, ns, 4) as pool, FakePrometheus() as prom:
-        old = serve(cluster, ns, name, pool_spec(name, pool, prom))
+        # keepPrior asks for 4 warm replicas but its GPU budget holds 2
+        spec = pool_spec(name, pool, prom, keepPrior={"replicas": 4, "maxGPUs": 2, "seconds": 600})
+        old = serve(cluster, ns, name, spec)
         with ReadyWatch(cluster, ns, name) as watch:
             t0 = time.monotonic()
             new = change(cluster, ns, name, max_num_seqs=2)
@@ -270,6 +274,11 @@ def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operato
         assert md["status"]["rollout"]["capacity"] == "Surge", md["status"]["rollout"]
         # Surge: the stable fleet stayed whole beside the canary until promotion
         assert all(c[old] == REPLICAS for c in watch.samples if c[new] < REPLICAS), watch.samples
+        # spare GPUs and within its budget: the prior bundle stays warm, at the budget's 2 replicas
+        rollout = md["status"]["rollout"]
+        assert rollout["prior"] == "Warm" and "maxGPUs 2" in rollout["priorReason"], rollout
+        cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS, old: 2}), 60,
+                     "16 Ready on the new bundle, 2 warm on the prior")  # fmt: skip
 
 
 def test_scale_during_canary_at_25_percent_keeps_the_ratio(
