@@ -206,7 +206,8 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
               f"{watch.minimum} of {REPLICAS} over {len(watch.samples)} polls (0.1 s); NewBundle: {msg}")  # fmt: skip
         assert "capacity Replace (Auto: 16 more replicas" in msg and "0 of 16 GPUs spare" in msg, msg
         assert st["rollout"]["capacity"] == "Replace" and st["rollout"]["capacityReason"].startswith("Auto: ")
-        assert len(watch.samples) > 20 and watch.minimum >= MIN_AVAILABLE, watch.samples
+        assert any(c[old] and c[new] for c in watch.samples), watch.samples  # it watched the rollout itself
+        assert watch.minimum >= MIN_AVAILABLE, watch.samples
         reasons = [r for r, _ in events(cluster, ns, name)]
         assert "Promoted" in reasons and "AnalysisPassed" in reasons, reasons
         # the stable gave its GPUs up in batches no larger than the 4 replicas above minAvailable
