@@ -1,5 +1,7 @@
-"""Paged attention on CPU that reads the KV blocks in place (cpu/paged_attention.cpp).
-Twins: `reference.paged_attention_decode`, `reference.paged_attention_prefill`.
+"""Paged attention on CPU that reads the KV blocks in place (cpu/paged_attention.cpp), and the
+KV-cache write and rotary embedding (one call each instead of a dozen small torch ops per layer).
+Twins: `reference.paged_attention_decode`, `reference.paged_attention_prefill`,
+`reference.write_kv`, `reference.rotary_embedding`.
 
 The reference twins gather each sequence's blocks into a contiguous copy before SDPA; on CPU
 that copy was about half of a decode step (bench/results/engine_cpu.md). This kernel walks
@@ -116,13 +118,17 @@ def _load() -> ctypes.CDLL | None:
         else:
             try:
                 lib = ctypes.CDLL(str(_build()))
-                if lib.md_abi_version() != 1:
+                if lib.md_abi_version() != 3:
                     raise RuntimeError("ABI version mismatch")
                 i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
                 lib.md_paged_decode.argtypes = [i, p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i]
                 lib.md_paged_decode.restype = None
                 lib.md_paged_prefill.argtypes = [i, p, i64, p, p, p, i64, p, p, p, i, i, i, i, i, i, f, i]
                 lib.md_paged_prefill.restype = None
+                lib.md_write_kv.argtypes = [i, p, i64, p, i64, p, p, p, i, i64, i64]
+                lib.md_write_kv.restype = i
+                lib.md_rotary.argtypes = [i, p, p, i64, i, p, i64, i, i, i, p, i64]
+                lib.md_rotary.restype = i
                 _lib, _state = lib, "loaded"
             except Exception as e:  # noqa: BLE001  (any failure means: use the twins)
                 _state, _why = "unavailable", str(e)
@@ -205,3 +211,68 @@ def paged_attention_prefill(
         torch.get_num_threads(),
     )  # fmt: skip
     return out
+
+
+def _rows_packed(t: torch.Tensor) -> bool:
+    """[T, Hkv, D] whose token rows are packed (token stride free: k/v may be views of qkv)."""
+    return t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    """One row copy per token into its slot (-1 skips); the twin's boolean mask, nonzero and
+    index_put cost more than the copy itself at decode batch sizes."""
+    lib = _load()
+    if (
+        lib is None
+        or k.device.type != "cpu"
+        or not all(t.dtype == k.dtype for t in (v, k_cache, v_cache))
+        or not (_rows_packed(k) and _rows_packed(v) and v.shape == k.shape)
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or k_cache.shape[2:] != k.shape[1:]
+        or v_cache.shape != k_cache.shape
+        or slot_mapping.shape != k.shape[:1]
+    ):
+        return reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
+    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    slots = slots.contiguous()
+    bad = lib.md_write_kv(
+        k.element_size(), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.shape[0], k.shape[1] * k.shape[2],
+        k_cache.shape[0] * k_cache.shape[1],
+    )  # fmt: skip
+    if bad:
+        raise IndexError(
+            f"write_kv: {bad} slot(s) outside the cache ({k_cache.shape[0] * k_cache.shape[1]} slots)"
+        )
+    return None
+
+
+def rotary_embedding(positions, q, k, cos_sin_cache):
+    """In place, bit-equal to the twin in float32 (same roundings, no FMA contraction)."""
+    lib = _load()
+    if (
+        lib is None
+        or q.device.type != "cpu"
+        or q.dtype not in DTYPES
+        or k.dtype != q.dtype
+        or not (_rows_packed(q) and _rows_packed(k))
+        or k.shape[2] != q.shape[2]
+        or q.shape[2] % 2
+        or q.shape[0] != k.shape[0]
+        or positions.shape != q.shape[:1]
+        or cos_sin_cache.dtype != torch.float32
+        or not cos_sin_cache.is_contiguous()
+        or cos_sin_cache.shape[-1] != q.shape[2]
+    ):
+        return reference.rotary_embedding(positions, q, k, cos_sin_cache)
+    pos = positions if positions.dtype == torch.int64 else positions.long()
+    pos = pos.contiguous()
+    bad = lib.md_rotary(
+        DTYPES[q.dtype], pos.data_ptr(), q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(), k.stride(0),
+        k.shape[1], q.shape[0], q.shape[2], cos_sin_cache.data_ptr(), cos_sin_cache.shape[0],
+    )  # fmt: skip
+    if bad:
+        raise IndexError(
+            f"rotary_embedding: {bad} position(s) outside the cos/sin cache ({cos_sin_cache.shape[0]})"
+        )
+    return None

@@ -16,9 +16,9 @@ from modeldeploy.kernels import reference
 # Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
 _CUDA: dict[str, object] = {}
 _cuda_checked = False
-# CPU kernels (paged attention reading blocks in place); empty when they cannot be built.
+# CPU kernels (paged attention reading blocks in place, KV write, rotary); empty without a compiler.
 _CPU: dict[str, object] = {}
-_CPU_NAMES = ("paged_attention_decode", "paged_attention_prefill")
+_CPU_NAMES = ("paged_attention_decode", "paged_attention_prefill", "write_kv", "rotary_embedding")
 _cpu_checked = False
 
 
@@ -32,6 +32,8 @@ def _cpu_impl(name: str):
             _CPU.update(
                 paged_attention_decode=cpu_attention.paged_attention_decode,
                 paged_attention_prefill=cpu_attention.paged_attention_prefill,
+                write_kv=cpu_attention.write_kv,
+                rotary_embedding=cpu_attention.rotary_embedding,
             )
     return _CPU.get(name)
 
@@ -71,14 +73,26 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
     return _impl("write_kv", k)(k, v, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
-    return _impl("paged_attention_decode", q)(q, k_cache, v_cache, block_tables, context_lens, scale)
+def _into(out, fn, *args):
+    """Run an attention impl writing `out` when given: the kernels take `out=` (and write it unless
+    they fell back to their twin for an unsupported layout), the twins' result is copied in."""
+    if out is None:
+        return fn(*args)
+    res = fn(*args) if fn.__module__ == reference.__name__ else fn(*args, out=out)
+    if res is not out:
+        out.copy_(res)
+    return out
 
 
-def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    return _impl("paged_attention_prefill", q)(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
-    )
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, out=None):
+    """`out` (contiguous [B, H, D]) is written in place when given."""
+    fn = _impl("paged_attention_decode", q)
+    return _into(out, fn, q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out=None):
+    fn = _impl("paged_attention_prefill", q)
+    return _into(out, fn, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
 
 
 def lora_apply(out, x, a, b, scales, slots):

@@ -370,3 +370,48 @@ def test_dispatch_uses_the_cpu_kernel_for_attention():
     q = torch.zeros(1, 2, 64)
     assert dispatch._impl("paged_attention_decode", q) is cpu_attention.paged_attention_decode
     assert dispatch._impl("paged_attention_prefill", q) is cpu_attention.paged_attention_prefill
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_kernel_write_kv_equals_twin(dtype):
+    """k and v as views of a fused qkv row (token stride > Hkv*D), -1 slots skipped."""
+    gen = torch.Generator().manual_seed(9)
+    T, hkv, d, n_blocks, S = 13, 2, 64, 7, 16
+    qkv = torch.randn(T, (4 + 2 * hkv) * d, generator=gen).to(dtype)
+    _, k, v = qkv.split([4 * d, hkv * d, hkv * d], dim=-1)
+    k, v = k.reshape(T, hkv, d), v.reshape(T, hkv, d)
+    assert not k.is_contiguous()
+    slots = torch.randperm(n_blocks * S, generator=gen)[:T]
+    slots[2::4] = -1
+    caches = [torch.randn(n_blocks, S, hkv, d, generator=gen).to(dtype) for _ in range(2)]
+    ref = [c.clone() for c in caches]
+    assert cpu_attention.write_kv(k, v, caches[0], caches[1], slots) is None
+    reference.write_kv(k, v, ref[0], ref[1], slots)
+    assert torch.equal(caches[0], ref[0]) and torch.equal(caches[1], ref[1])
+    assert dispatch._impl("write_kv", k) is cpu_attention.write_kv
+    with pytest.raises(IndexError):
+        cpu_attention.write_kv(k, v, caches[0], caches[1], torch.full((T,), n_blocks * S))
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,hq,hk,d", [(1, 4, 4, 64), (5, 8, 2, 128), (9, 6, 3, 32), (7, 6, 2, 40)])
+def test_cpu_kernel_rotary_equals_twin_bit_for_bit(dtype, T, hq, hk, d):
+    """Same roundings as the twin: equal, not close (greedy equality with transformers rests on it)."""
+    gen = torch.Generator().manual_seed(T * hq * d + 1)
+    max_pos = 64
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    cache = torch.cat([ang.cos(), ang.sin()], dim=-1).float()
+    positions = torch.randint(0, max_pos, (T,), generator=gen)
+    qkv = torch.randn(T, (hq + 2 * hk) * d, generator=gen).to(dtype)
+    q = qkv[:, : hq * d].reshape(T, hq, d)  # a view: token stride wider than H*D
+    k = torch.randn(T, hk, d, generator=gen).to(dtype)
+    q_ref, k_ref = q.clone(), k.clone()
+    reference.rotary_embedding(positions, q_ref, k_ref, cache)
+    assert cpu_attention.rotary_embedding(positions, q, k, cache) is None
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert dispatch._impl("rotary_embedding", q) is cpu_attention.rotary_embedding
+    with pytest.raises(IndexError):
+        cpu_attention.rotary_embedding(torch.full((T,), max_pos), q, k, cache)

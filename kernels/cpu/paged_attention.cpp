@@ -236,11 +236,83 @@ void prefill(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t* 
   }
 }
 
+// Rotary embedding in place (twin: reference.rotary_embedding, NeoX halves). The twin rounds
+// each product and the sum separately (and casts cos/sin to the tensor's dtype first), so
+// contraction into FMAs is off here: fp32 results equal the twin bit for bit.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename T>
+void rotary(const int64_t* pos, T* x, int64_t s0, int T_, int H, int D, const float* cs) {
+  const int half = D / 2;
+  for (int t = 0; t < T_; ++t) {
+    const float* c = cs + pos[t] * D;
+    const float* sn = c + half;
+    for (int h = 0; h < H; ++h) {
+      T* r = x + t * s0 + static_cast<int64_t>(h) * D;
+      for (int i = 0; i < half; ++i) {
+        T cq, sq;
+        from_f(c[i], &cq);
+        from_f(sn[i], &sq);
+        const float cf = to_f(cq), sf = to_f(sq), x1 = to_f(r[i]), x2 = to_f(r[i + half]);
+        T a, b, e, f;
+        from_f(x1 * cf, &a);
+        from_f(-x2 * sf, &b);
+        from_f(x2 * cf, &e);
+        from_f(x1 * sf, &f);
+        from_f(to_f(a) + to_f(b), r + i);
+        from_f(to_f(e) + to_f(f), r + i + half);
+      }
+    }
+  }
+}
+#pragma GCC pop_options
+
 }  // namespace
 
 extern "C" {
 
-int md_abi_version() { return 1; }
+// Returns the number of positions outside [0, max_pos) (nothing written then: the caller raises).
+int md_rotary(int dtype, const int64_t* pos, void* q, int64_t q_s0, int Hq, void* k, int64_t k_s0,
+              int Hk, int T_, int D, const float* cs, int64_t max_pos) {
+  int bad = 0;
+  for (int t = 0; t < T_; ++t) bad += (pos[t] < 0 || pos[t] >= max_pos);
+  if (bad) return bad;
+  if (dtype == 0) {
+    rotary(pos, static_cast<float*>(q), q_s0, T_, Hq, D, cs);
+    rotary(pos, static_cast<float*>(k), k_s0, T_, Hk, D, cs);
+  } else {
+    rotary(pos, static_cast<uint16_t*>(q), q_s0, T_, Hq, D, cs);
+    rotary(pos, static_cast<uint16_t*>(k), k_s0, T_, Hk, D, cs);
+  }
+  return 0;
+}
+
+int md_abi_version() { return 3; }
+
+// KV-cache write (twin: reference.write_kv): token t's k and v rows ([Hkv, D] packed, token
+// strides k_s0 / v_s0 in elements) go to flat slot slots[t] of the caches; negative skips. A row
+// copy per token, no boolean masks or index tensors.
+// Returns the number of slots >= num_slots (not written: the caller raises).
+int md_write_kv(int elem, const void* k, int64_t k_s0, const void* v, int64_t v_s0, void* kc,
+                void* vc, const int64_t* slots, int T, int64_t width, int64_t num_slots) {
+  int bad = 0;
+  const char* kp = static_cast<const char*>(k);
+  const char* vp = static_cast<const char*>(v);
+  char* kcp = static_cast<char*>(kc);
+  char* vcp = static_cast<char*>(vc);
+  const int64_t row = width * elem;
+  for (int t = 0; t < T; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0) continue;
+    if (s >= num_slots) {
+      ++bad;
+      continue;
+    }
+    std::memcpy(kcp + s * row, kp + t * k_s0 * elem, row);
+    std::memcpy(vcp + s * row, vp + t * v_s0 * elem, row);
+  }
+  return bad;
+}
 
 // dtype: 0 float32, 1 bfloat16
 void md_paged_decode(int dtype, const void* q, int64_t q_s0, const void* kc, const void* vc,
