@@ -174,17 +174,18 @@ class Layer:
         if a.qk_norm:
             q, _ = dispatch.rms_norm(q, w["q_norm"], a.rms_norm_eps)
             k, _ = dispatch.rms_norm(k, w["k_norm"], a.rms_norm_eps)
-        q, k = q.contiguous(), k.contiguous()
+        # q, k, v stay views of qkv (packed head rows, token stride wider): every kernel and twin
+        # takes them so, and rotary rotates them in place.
         dispatch.rotary_embedding(positions, q, k, cos_sin)
         dispatch.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = torch.empty_like(q)  # [T, H, D]
+        o = torch.empty(T, a.num_heads, a.head_dim, dtype=q.dtype, device=q.device)
         nd = meta.num_decode
         if nd:
-            o[:nd] = dispatch.paged_attention_decode(
-                q[:nd], k_cache, v_cache, meta.decode_tables, meta.decode_lens, self.scale
+            dispatch.paged_attention_decode(
+                q[:nd], k_cache, v_cache, meta.decode_tables, meta.decode_lens, self.scale, out=o[:nd]
             )
         if T > nd:
-            o[nd:] = dispatch.paged_attention_prefill(
+            dispatch.paged_attention_prefill(
                 q[nd:],
                 k_cache,
                 v_cache,
@@ -192,6 +193,7 @@ class Layer:
                 meta.prefill_cu_q,
                 meta.prefill_lens,
                 self.scale,
+                out=o[nd:],
             )
         o = o.reshape(T, self.q_size)
         x = F.linear(o, w["o"])  # [T, E]
