@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modeldeploy.operator.api import Bundle
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id
+from modeldeploy_dev.argocd import checked
 from modeldeploy_dev.cluster.nodes import kwok_node
 
 from .conftest import E2ECluster
@@ -216,6 +217,7 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
         assert sizes and all(
             a - b <= REPLICAS - MIN_AVAILABLE for a, b in zip([REPLICAS, *sizes], sizes, strict=False)
         ), sizes
+        checked(md, "Healthy", "healthy-replace-promoted-prior-cold-kwok")
         # no spare GPU for a warm prior: scaled to zero, a cold rollback target, and status says why
         assert st["history"][-1]["bundle"] == old and st["rollout"]["prior"] == "Cold", st["rollout"]
         assert "GPUs not spare" in st["rollout"]["priorReason"], st["rollout"]
@@ -244,6 +246,7 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
               f"decision -> {REPLICAS} Ready on stable {full - decided:.1f}s; min Ready {back.minimum}")  # fmt: skip
         assert st["stable"]["bundle"] == new and st["phase"] == "Stable", st
         assert condition(md, "Degraded")["reason"] == "AnalysisFailed", condition(md, "Degraded")
+        checked(md, "Degraded", "degraded-replace-analysis-failed-kwok")
         assert st["rollout"]["capacity"] == "Replace" and st["rollout"]["restore"] == "CanaryFirst", st[
             "rollout"
         ]
@@ -278,6 +281,7 @@ def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operato
         # spare GPUs and within its budget: the prior bundle stays warm, at the budget's 2 replicas
         rollout = md["status"]["rollout"]
         assert rollout["prior"] == "Warm" and "maxGPUs 2" in rollout["priorReason"], rollout
+        checked(md, "Healthy", "healthy-surge-promoted-prior-warm-kwok")
         cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS, old: 2}), 60,
                      "16 Ready on the new bundle, 2 warm on the prior")  # fmt: skip
 
@@ -305,6 +309,7 @@ def test_scale_during_canary_at_25_percent_keeps_the_ratio(
             assert canary / (stable + canary) == 0.25
 
         cohorts(12, 4)
+        checked(get_md(cluster, ns, name), "Progressing", "progressing-replace-canary-kwok")
         for replicas, stable, canary in ((8, 6, 2), (16, 12, 4)):
             cluster.kubectl("scale", "md", name, "-n", ns, f"--replicas={replicas}")
             cohorts(stable, canary)
@@ -321,3 +326,36 @@ def test_scale_during_canary_at_25_percent_keeps_the_ratio(
             )
             md = get_md(cluster, ns, name)
             assert md["status"]["phase"] == "Canary" and md["status"]["canary"]["bundle"] == new, md["status"]
+
+
+def test_a_min_available_that_cannot_be_kept_waits_with_insufficient_capacity(
+    cluster: E2ECluster, namespace: str, operator: Operator
+) -> None:
+    ns, name = namespace, "tight"
+    with gpu_pool(cluster, ns, 2) as pool, FakePrometheus() as prom:
+        old = serve(cluster, ns, name, pool_spec(name, pool, prom, minAvailable="100%"))
+        with ReadyWatch(cluster, ns, name) as watch:
+            new = change(cluster, ns, name, max_num_seqs=2)
+            md = cluster.wait(
+                lambda: (
+                    lambda m: (
+                        m if condition(m, "Progressing").get("reason") == "InsufficientCapacity" else None
+                    )
+                )(get_md(cluster, ns, name)),
+                60,
+                "Progressing reason InsufficientCapacity",
+            )
+            warned = [m for r, m in events(cluster, ns, name) if r == "InsufficientCapacity"]
+            assert warned and "minAvailable 16" in warned[0], warned
+            assert md["status"]["rollout"]["capacity"] == "Replace", md["status"]["rollout"]
+            checked(md, "Progressing", "progressing-insufficient-capacity-kwok")
+            waited = list(watch.samples)
+            # a bound that can be kept (a spec change outside the bundle): the rollout moves and promotes
+            cluster.custom.patch_namespaced_custom_object(
+                G, V, ns, P, name, {"spec": {"rollout": {"minAvailable": "75%"}}}
+            )
+            settled(cluster, ns, name, 180, "promoted", lambda s: s["phase"] == "Stable"
+                    and s["stable"]["bundle"] == new and not s.get("canary"))  # fmt: skip
+        # nothing moved while it waited
+        assert waited and all(c == Counter({old: REPLICAS}) for c in waited), waited
+        assert watch.minimum >= MIN_AVAILABLE, watch.samples
