@@ -9,7 +9,13 @@ Prometheus HTTP API stand-in (fake_prometheus.py: a good bundle answers like sta
 with a slow TTFT) through the operator's real Prometheus source; the capacity decisions, Replace
 batches, promotion and rollback are the operator's, on a real API server and scheduler.
 
-Ready replicas are counted from the pods themselves (Ready, not terminating) every 0.1 s.
+Ready replicas are counted from the pods themselves (Ready, not terminating) every 0.1 s. Shown:
+Auto picks Replace on a full pool (Surge on a roomy one) and says so in the NewBundle Event and
+status; Replace never goes below minAvailable, promotes, and a slow bundle's rollback gives all
+16 back to stable; a minAvailable that cannot be kept waits with InsufficientCapacity; keepPrior
+warm within its GPU budget, cold without spare GPUs; `kubectl scale md` at a 25 % canary keeps
+the ratio. The chart's Argo CD health is checked on the live objects of each new state
+(MODELDEPLOY_RECORD_STATUS=tests/data/argocd records them as *-kwok.json).
 """
 
 from __future__ import annotations
