@@ -86,11 +86,12 @@ class Controller:
         def status_written(resource_version: str) -> None:
             self.own_writes[key] = resource_version  # its watch event is an echo, not news
 
+        began = self.nodes.clock()
         observed = self.observer.observe(md)
         observed_at = time.time()
         actions = plan(md, observed, now)
         if observed.nodes is not None and capacity_decided(md.get("status"), actions):
-            nodes = self.nodes.get(max_age_s=0.0)  # decide on the GPUs held now, not cached ones
+            nodes = self.nodes.get(since=began)  # decide on the GPUs held now, not cached ones
             if nodes is not observed.nodes:
                 observed.nodes = nodes
                 actions = plan(md, observed, now)

@@ -43,29 +43,34 @@ class NodeCache:
 
     Stale-while-revalidate: one thread relists, the others keep using the previous list
     instead of queueing behind a slow LIST of a thousand nodes. The GPUs requested on each node
-    come with the list, so they can be up to `ttl_s` old: a capacity decision asks for a fresh
-    list (`get(max_age_s=...)`, see Controller._reconcile).
+    come with the list, so they can be up to `ttl_s` old: a capacity decision asks for a list
+    begun after its reconcile began (`get(since=...)`, see Controller._reconcile); decisions
+    waiting together share one relist.
     """
 
     def __init__(self, kube: Kube, ttl_s: float = NODE_TTL_S, clock: Callable[[], float] = time.monotonic):
         self.kube, self.ttl_s, self.clock = kube, ttl_s, clock
         self._lock = threading.Lock()
-        self._at, self._nodes = 0.0, None
+        self._at, self._nodes = 0.0, None  # when the current list was begun (clock)
 
-    def get(self, max_age_s: float | None = None) -> list[NodeInfo]:
-        """The node list; `max_age_s` (a decision that reads the spare GPUs now) waits for a relist
-        unless the list is at most that old, instead of taking the stale one."""
-        ttl = self.ttl_s if max_age_s is None else max_age_s
-        fresh = self._nodes is not None and self.clock() - self._at <= ttl
-        if fresh or not self._lock.acquire(blocking=self._nodes is None or max_age_s is not None):
+    def _fresh(self, since: float | None) -> bool:
+        if self._nodes is None:
+            return False
+        return self._at >= since if since is not None else self.clock() - self._at <= self.ttl_s
+
+    def get(self, since: float | None = None) -> list[NodeInfo]:
+        """The node list; with `since` (clock time) one begun at or after then, waiting for a relist if
+        need be (a decision that reads the spare GPUs now), instead of the cached one."""
+        if self._fresh(since) or not self._lock.acquire(blocking=self._nodes is None or since is not None):
             return self._nodes
         try:
-            if self._nodes is None or self.clock() - self._at > ttl:
+            if not self._fresh(since):
+                begun = self.clock()
                 used = gpu_requests(self.kube.list_bound_pods())  # spare GPUs for capacity: Auto
                 self._nodes = [
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
                 ]
-                self._at = self.clock()
+                self._at = begun
             return self._nodes
         finally:
             self._lock.release()

@@ -146,3 +146,29 @@ def test_an_auto_capacity_choice_reads_fresh_gpu_usage_not_the_cached_node_list(
     assert kube.get_md(NS, NAME)["status"]["rollout"]["capacity"] == "Replace"
     assert ctrl.nodes.get()[0].requested == 8  # relisted for the decision
     ctrl.forget((NS, NAME))  # its per-object gauges live in the process-wide registry other tests read
+
+
+def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
+    from modeldeploy.operator.observe import NodeCache
+
+    class Counting(FakeKube):
+        lists = 0
+
+        def list_nodes(self) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().list_nodes()
+
+    kube, now = Counting(), [0.0]
+    kube.nodes = [_node(0)]
+    cache = NodeCache(kube, ttl_s=15.0, clock=lambda: now[0])
+    cache.get()
+    now[0] = 1.0
+    cache.get()
+    assert kube.lists == 1  # within the TTL: the cached list
+    cache.get(since=0.5)  # a decision whose reconcile began after that list was: relisted
+    cache.get(since=0.5)  # another one of the same wave: the list begun at 1.0 serves it too
+    cache.get(since=1.0)
+    assert kube.lists == 2
+    now[0] = 2.0
+    cache.get(since=1.5)
+    assert kube.lists == 3
