@@ -103,7 +103,8 @@ def spec_for(digest: str) -> dict[str, Any]:
             "gpuType": "NVIDIA-H200",
             "nodeSelector": {"modeldeploy.dev/node-kind": "process"},
         },
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        # two processes (API server + engine core) each import torch: about 1.4 GB resident on CPU
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
         "readiness": {"loadTimeoutSeconds": 180},
         "rollout": {
             "steps": [{"weight": 50, "pauseSeconds": 5}],
