@@ -242,27 +242,35 @@ void prefill(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t* 
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 template <typename T>
+inline void rotate_row(T* __restrict r, const float* __restrict cf, const float* __restrict sf,
+                       int half) {
+  for (int i = 0; i < half; ++i) {
+    const float x1 = to_f(r[i]), x2 = to_f(r[i + half]);
+    T a, b, e, f;
+    from_f(x1 * cf[i], &a);
+    from_f(-x2 * sf[i], &b);
+    from_f(x2 * cf[i], &e);
+    from_f(x1 * sf[i], &f);
+    from_f(to_f(a) + to_f(b), r + i);
+    from_f(to_f(e) + to_f(f), r + i + half);
+  }
+}
+
+template <typename T>
 void rotary(const int64_t* pos, T* x, int64_t s0, int T_, int H, int D, const float* cs) {
   const int half = D / 2;
+  std::vector<float> cbuf(half), sbuf(half);  // this token's cos / sin as the tensor's dtype
   for (int t = 0; t < T_; ++t) {
     const float* c = cs + pos[t] * D;
-    const float* sn = c + half;
-    for (int h = 0; h < H; ++h) {
-      T* r = x + t * s0 + static_cast<int64_t>(h) * D;
-      for (int i = 0; i < half; ++i) {
-        T cq, sq;
-        from_f(c[i], &cq);
-        from_f(sn[i], &sq);
-        const float cf = to_f(cq), sf = to_f(sq), x1 = to_f(r[i]), x2 = to_f(r[i + half]);
-        T a, b, e, f;
-        from_f(x1 * cf, &a);
-        from_f(-x2 * sf, &b);
-        from_f(x2 * cf, &e);
-        from_f(x1 * sf, &f);
-        from_f(to_f(a) + to_f(b), r + i);
-        from_f(to_f(e) + to_f(f), r + i + half);
-      }
+    for (int i = 0; i < half; ++i) {
+      T cq, sq;
+      from_f(c[i], &cq);
+      from_f(c[half + i], &sq);
+      cbuf[i] = to_f(cq);
+      sbuf[i] = to_f(sq);
     }
+    for (int h = 0; h < H; ++h)
+      rotate_row(x + t * s0 + static_cast<int64_t>(h) * D, cbuf.data(), sbuf.data(), half);
   }
 }
 #pragma GCC pop_options
