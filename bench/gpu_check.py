@@ -20,6 +20,9 @@ stages (bench/gpu_check.sh runs them all, each under its own timeout):
   tp             tensor parallelism over NCCL: TP=2 greedy tokens vs TP=1 and transformers on tiny
                  models, and an 8B-shaped bf16 decode step at batch 32, TP=1 vs TP=2 (dummy weights);
                  skips with the reason when fewer than 2 GPUs are visible
+  serve          the HTTP server with the engine core in its own process (spawned, CUDA) vs the
+                 thread layout: greedy completions identical, and tokens/s of each at 32 streams
+                 against the in-process engine (a 1024-hidden bf16 llama, random weights)
   report OUTDIR  merge the stage JSONs into OUTDIR/gpu_check.json and print the table
 
 Each stage writes WORKDIR/<stage>[-NAME].json, with "error" set if it failed, so a CUDA fault
@@ -55,6 +58,10 @@ def _importable() -> None:
         import modeldeploy_dev  # noqa: F401  (the kernel checks: test infrastructure, not in the product)
     except ImportError:
         sys.path.insert(0, str(ROOT / "devtools"))
+
+
+if __name__ == "__mp_main__":  # a spawned child (TP worker, engine core) imports this file first
+    _importable()
 
 
 def _write(out: Path, name: str, data: dict) -> None:
@@ -430,6 +437,7 @@ def stage_report(out: Path, _arg) -> dict:
     lora = _load(out, "lora")
     grammar = _load(out, "grammar_mask")
     tp = _load(out, "tp")
+    serve = _load(out, "serve")
     merged = {
         "git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
@@ -441,6 +449,7 @@ def stage_report(out: Path, _arg) -> dict:
         "lora": lora,
         "grammar_mask": grammar,
         "tp": tp,
+        "serve": serve,
     }
     lines = [
         f"gpu_check {merged['date']} rev {merged['git_rev']}",
@@ -489,6 +498,7 @@ def stage_report(out: Path, _arg) -> dict:
     lines += ["", "LoRA: " + _lora_line(lora)]
     lines += ["grammar mask: " + _grammar_line(grammar)]
     lines += ["tensor parallel: " + _tp_line(tp)]
+    lines += ["engine core process: " + _serve_line(serve)]
     merged["table"] = lines
     return merged
 
@@ -891,7 +901,67 @@ def stage_tp(out: Path, _arg) -> dict:
     return result
 
 
+def stage_serve(out: Path, _arg) -> dict:
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import server_cpu as sc
+
+    from modeldeploy.runtime import AsyncEngine, EngineConfig
+    from modeldeploy.runtime.server.config import ServerConfig
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+    from modeldeploy_dev.harness import ThreadedServer
+
+    result: dict = {"streams": 32, "requests": 128, "max_tokens": 64}
+    with tempfile.TemporaryDirectory() as tmp:
+        gpu = DEVICE == "cuda"  # the cpu dry run checks the plumbing on the demo-sized model
+        shape = dict(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4) if gpu else {}
+        d = make_tiny_model(Path(tmp) / "m", "llama", seed=0, **shape)
+        dtype = "bfloat16" if gpu else "float32"
+        ecfg = dict(model=str(d), device=DEVICE, dtype=dtype, max_num_seqs=32, bundle_id="gpu-check")
+        eng = AsyncEngine(EngineConfig(**ecfg))
+
+        async def engine_side() -> dict:
+            await eng.start()
+            try:
+                await sc.run_engine(eng, 32, 32, 64, "warm")
+                return await sc.run_engine(eng, 128, 32, 64, "measure")
+            finally:
+                await eng.shutdown()
+
+        result["engine_tok_s"] = asyncio.run(engine_side())["tok_s"]
+        texts = {}
+        for layout in ("process", "thread"):
+            cfg = ServerConfig(
+                engine=EngineConfig(**ecfg), served_model_name="bench", max_queue=256, engine_core=layout
+            )
+            with ThreadedServer(cfg, timeout_s=90) as srv:
+                info = srv.client().get("/v1/bundle").json()["engine_info"]
+                result[f"{layout}_core"] = info["engine_core"]
+                body = {"model": "bench", "prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0}
+                texts[layout] = srv.client().post("/v1/completions", json=body).json()["choices"][0]["text"]
+                asyncio.run(sc.run_server(srv.url, 32, 32, 64))  # warm-up
+                result[f"server_{layout}_tok_s"] = asyncio.run(sc.run_server(srv.url, 128, 32, 64))["tok_s"]
+        result["greedy_equal"] = texts["process"] == texts["thread"]
+    for layout in ("process", "thread"):
+        result[f"server_{layout}_vs_engine"] = result[f"server_{layout}_tok_s"] / result["engine_tok_s"]
+    result["ok"] = result["greedy_equal"] and result["process_core"]["layout"] == "process"
+    return result
+
+
+def _serve_line(r: dict) -> str:
+    if "server_process_tok_s" not in r:
+        return f"ERROR {r.get('error', '?')[:100]}"
+    return (
+        f"greedy process == thread: {'PASS' if r['greedy_equal'] else 'FAIL'}; 32 streams tok/s: engine "
+        f"{r['engine_tok_s']:.0f}, server-process {r['server_process_tok_s']:.0f} "
+        f"({r['server_process_vs_engine']:.2f}x), server-thread {r['server_thread_tok_s']:.0f} "
+        f"({r['server_thread_vs_engine']:.2f}x)"
+    )
+
+
 STAGES = {
+    "serve": stage_serve,
     "tp": stage_tp,
     "grammar_mask": stage_grammar_mask,
     "lora": stage_lora,

@@ -42,5 +42,6 @@ stage 200 decode
 stage 70 kernel_bench
 stage 45 grammar_mask
 stage 120 tp
+stage 75 serve
 "$PY" bench/gpu_check.py "$WORK" report "$OUT" 2>>"$LOG"
 rm -rf "$WORK"
