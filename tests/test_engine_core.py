@@ -12,7 +12,7 @@ import pytest
 
 from modeldeploy.runtime import EngineConfig, SamplingParams
 from modeldeploy.runtime.engine.core_client import EngineCoreClient
-from modeldeploy.runtime.engine.engine_core import DeltaEncoder
+from modeldeploy.runtime.engine.engine_core import DeltaEncoder, usable_cpus
 from modeldeploy.runtime.engine.llm_engine import Engine
 from modeldeploy.runtime.engine.output import EngineDead, RequestMetrics, RequestOutput
 from modeldeploy.runtime.engine.sampling_params import Structured
@@ -37,6 +37,16 @@ def test_deltas_rebuild_the_cumulative_text_even_when_a_stop_string_shortens_it(
     assert [o.text for o in seen] == ["Hel", "Hello wo", "Hello"]
     assert seen[-1].token_ids == [5, 6, 7, 8] and seen[-1].prompt_token_ids == [1, 2]
     assert not client._choices and not enc._sent  # nothing kept for a finished choice
+
+
+def test_usable_cpus_is_capped_by_the_cgroup_quota(tmp_path):
+    """A pod's CPU limit is a CFS quota: 250000/100000 is 3 CPUs (rounded up), "max" is no cap."""
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "q").write_text("250000 100000\n")
+    (tmp_path / "max").write_text("max 100000\n")
+    assert usable_cpus(str(tmp_path / "q")) == min(affinity, 3)
+    assert usable_cpus(str(tmp_path / "max")) == affinity
+    assert usable_cpus(str(tmp_path / "absent")) == affinity
 
 
 async def _collect(client: EngineCoreClient, rid: str, prompt, params: SamplingParams) -> list[RequestOutput]:

@@ -212,9 +212,21 @@ def _reserve_a_core(tp_size: int) -> int:
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), (cpus - 1) // tp_size)))
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), (usable_cpus() - 1) // tp_size)))
     return torch.get_num_threads()
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may use: its affinity, capped by the cgroup's CPU quota (a pod's CPU
+    limit is a quota, not a cpuset: a 4-CPU pod on a 64-core node sees 64 CPUs in its affinity)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def _picklable(e: BaseException) -> BaseException:
