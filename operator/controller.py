@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from modeldeploy.operator import apply as applying
 from modeldeploy.operator import metrics
 from modeldeploy.operator.actions import Action, PatchStatus
 from modeldeploy.operator.apply import apply
@@ -49,6 +50,7 @@ class Controller:
         self.gate = ConformanceRunner()
         self.baselines = Baselines()
         self.observer = Observer(kube, self.nodes, self.probe, self.gate, self.baselines)
+        self.apply_pool = applying.pool()  # a plan's creates and Events go to the API server together
         self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s)
         self.reconciles = 0  # completed, for the liveness probe
         self._guard = threading.Lock()
@@ -95,7 +97,7 @@ class Controller:
             if nodes is not observed.nodes:
                 observed.nodes = nodes
                 actions = plan(md, observed, now)
-        apply(self.kube, md, actions, now, status_written)
+        apply(self.kube, md, actions, now, status_written, self.apply_pool.map)
         status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
         self.object_metrics.record(md, status)
         fresh = observed.analysis if observed.analysis_fresh else None

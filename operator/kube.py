@@ -9,6 +9,7 @@ action to one call without caring which API group serves it. Errors stay `ApiExc
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from types import MappingProxyType
 from typing import Any
 
@@ -19,7 +20,8 @@ from modeldeploy.operator.api import GROUP, PLURAL, VERSION
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
-POOL_SIZE = 32  # above the 16 worker threads plus the resync task
+LIST_PAGE = 250  # nodes or pods per page of a cluster-wide list
+POOL_SIZE = 48  # above the 16 worker threads, apply's 16 and the resync task and ticks
 MERGE = "application/merge-patch+json"
 RAW = MappingProxyType(
     {"_preload_content": False}
@@ -28,6 +30,19 @@ RAW = MappingProxyType(
 
 def _json(resp: Any) -> dict[str, Any]:
     return json.loads(resp.data)
+
+
+def _pages(lister: Callable[..., Any], **kw: Any) -> Iterator[dict[str, Any]]:
+    """The items of a cluster-wide LIST, LIST_PAGE at a time (limit/continue): only one page's body and
+    objects are held at once, not thousands of nodes or pods (tens of MB of JSON at 2,000 nodes)."""
+    token: str | None = None
+    while True:
+        more = {"_continue": token} if token else {}
+        body = _json(lister(limit=LIST_PAGE, **more, **kw, **RAW))
+        yield from body.pop("items")
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return
 
 
 class Kube:
@@ -79,13 +94,14 @@ class Kube:
         }[kind]
         return _json(lister(ns, label_selector=selector, **RAW))["items"]
 
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return _json(self.core.list_node(**RAW))["items"]
+    def list_nodes(self) -> Iterator[dict[str, Any]]:
+        """Every node, a page at a time (see `_pages`)."""
+        return _pages(self.core.list_node)
 
-    def list_bound_pods(self) -> list[dict[str, Any]]:
+    def list_bound_pods(self) -> Iterator[dict[str, Any]]:
         """Every namespace's pods bound to a node and not finished: what holds the nodes' GPUs."""
         sel = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-        return _json(self.core.list_pod_for_all_namespaces(field_selector=sel, **RAW))["items"]
+        return _pages(self.core.list_pod_for_all_namespaces, field_selector=sel)
 
     def create(self, ns: str, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
