@@ -1,12 +1,22 @@
-"""Operator scale bench: N simulated GPU nodes, M ModelDeployments to all-Stable, reconcile latency.
+"""Operator scale bench: N simulated GPU nodes, M ModelDeployments to all-Stable, reconcile latency;
+then (--rollouts K) K ModelDeployments changing bundle at once on a full pool of GPU nodes.
 
-  .venv/bin/python bench/operator_scale.py --nodes 1000 --mds 200 --latency-samples 40
+  .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --latency-samples 60
+  .venv/bin/python bench/operator_scale.py --nodes 0 --mds 0 --rollouts 100 --rollout-replicas 4
 
 Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG). Applies the ModelDeployment
 CRD (generated from the API types, so a cluster without it or with a stale copy works), creates
 kwok nodes `bench-gpu-*` and namespace `bench-operator`, runs `modeldeploy operator` as a subprocess,
 measures from its /proc entry (CPU seconds utime+stime, peak RSS VmHWM), and removes all it
 created. Prints a markdown block for bench/results/operator.md.
+
+Concurrent rollouts (--rollouts K): a pool of kwok nodes `bench-pool-*` with exactly the GPUs of
+K ModelDeployments x R replicas x 1 GPU (labelled and tainted so only they land there: a full
+cluster), steps 25 % and 50 % without pause, analysis every 5 s from the Prometheus stand-in
+(e2e/fake_prometheus.py: kwok pods serve no metrics). Once all K are Stable with R Ready, every
+bundle is patched at once; status is listed every 0.5 s, per object: when its rollout started
+(status leaves Stable), when it was promoted, the capacity mode chosen. Starved: a rollout not
+promoted by --rollout-timeout, or one whose start waited far longer than the others'.
 """
 
 from __future__ import annotations
@@ -24,14 +34,21 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from modeldeploy.operator import api
-from modeldeploy_dev.cluster.nodes import kwok_node
-from modeldeploy_dev.crd_install import apply_crd as install_crd
-from modeldeploy_dev.wait import wait_until
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # e2e/fake_prometheus.py: analysis figures for kwok pods
+
+from e2e.fake_prometheus import FakePrometheus  # noqa: E402
+from modeldeploy.operator import api  # noqa: E402
+from modeldeploy.operator.api import Bundle  # noqa: E402
+from modeldeploy.operator.bundle import bundle_id  # noqa: E402
+from modeldeploy_dev.cluster.nodes import kwok_node  # noqa: E402
+from modeldeploy_dev.crd_install import apply_crd as install_crd  # noqa: E402
+from modeldeploy_dev.wait import wait_until  # noqa: E402
 
 G, V, P = api.GROUP, api.VERSION, api.PLURAL
 NS = "bench-operator"
 METRICS_PORT = 18090
+POLL_S = 2.0  # the all-Stable poll lists every ModelDeployment (3 MB at 1,000): not faster, it loads the API server
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64
 DIGEST = "sha256:" + "b" * 64
 
@@ -68,26 +85,71 @@ def proc_stats(pid: int) -> tuple[float, int]:
     return cpu, hwm
 
 
+POOL = "modeldeploy.dev/pool"
+POOL_NAME = "bench-rollouts"
+
+
+def rollout_md(i: int, replicas: int, prom: str) -> dict:
+    """A ModelDeployment of the full pool: R replicas x 1 GPU, Replace-friendly steps, analysis from `prom`."""
+    obj = md(i)
+    obj["metadata"]["name"] = f"ro-{i:03d}"
+    spec = obj["spec"]
+    spec["replicas"] = replicas
+    spec["bundle"]["config"] = {"maxNumSeqs": 4}
+    spec["topology"]["nodeSelector"] = {POOL: POOL_NAME}
+    spec["topology"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": POOL, "operator": "Equal", "value": POOL_NAME, "effect": "NoSchedule"},
+    ]
+    spec["rollout"] = {
+        "conformanceGate": False,  # kwok pods serve nothing to run the suite against
+        "steps": [{"weight": 25, "pauseSeconds": 0}, {"weight": 50, "pauseSeconds": 0}],
+        "analysis": {"intervalSeconds": 5, "minSamples": 20, "maxTtftP95Ratio": 1.5, "prometheus": {"address": prom}},
+        "progressDeadlineSeconds": 1800,
+    }  # fmt: skip
+    return obj
+
+
+def pool_node(name: str) -> dict:
+    body = kwok_node(name)
+    body["metadata"]["labels"][POOL] = POOL_NAME
+    body["spec"]["taints"].append({"key": POOL, "value": POOL_NAME, "effect": "NoSchedule"})
+    return body
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--mds", type=int, default=200)
     ap.add_argument("--latency-samples", type=int, default=40)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument(
+        "--rollouts", type=int, default=0, help="ModelDeployments changing bundle at once, full pool"
+    )
+    ap.add_argument("--rollout-replicas", type=int, default=4)
+    ap.add_argument("--rollout-timeout", type=float, default=900)
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     a = ap.parse_args()
     if not a.kubeconfig:
         from modeldeploy_dev.cluster.local import LocalCluster
 
-        a.kubeconfig = str(LocalCluster().kubeconfig)
+        a.kubeconfig = str(LocalCluster.existing().kubeconfig)
     config.load_kube_config(a.kubeconfig)
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
     apply_crd(client.ApiextensionsV1Api())
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True)
+    print(f"git {rev.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
+          f"load average {Path('/proc/loadavg').read_text().split()[:3]}, "
+          f"MODELDEPLOY_WORKERS={os.environ.get('MODELDEPLOY_WORKERS', '(default)')}: {' '.join(sys.argv)}")  # fmt: skip
     names = [f"bench-gpu-{i}" for i in range(a.nodes)]
+    pool = [f"bench-pool-{i}" for i in range(-(-a.rollouts * a.rollout_replicas // 8))]
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda n: _ignore_409(lambda: core.create_node(kwok_node(n))), names))
-    print(f"{a.nodes} nodes created in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        list(ex.map(lambda n: _ignore_409(lambda: core.create_node(pool_node(n))), pool))
+    print(
+        f"{a.nodes} nodes + {len(pool)} pool nodes created in {time.monotonic() - t0:.1f}s", file=sys.stderr
+    )
     _ignore_409(lambda: core.create_namespace({"metadata": {"name": NS}}))
     # 3 ClusterIP Services per MD: widen a small local Service range (kwokctl's is a /24)
     net = client.NetworkingV1Api()
@@ -99,29 +161,14 @@ def main() -> int:
     env = {**os.environ, "KUBECONFIG": a.kubeconfig}
     op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", str(METRICS_PORT), "--bind", "127.0.0.1",
                            "--health-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=open("/tmp/bench-operator.log", "wb"))  # fmt: skip
+    ok = True
     try:
         time.sleep(3)
-        cpu0, _ = proc_stats(op.pid)
-        start = time.monotonic()
-        with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda i: custom.create_namespaced_custom_object(G, V, NS, P, md(i)), range(a.mds)))
-        stable = 0
-        while time.monotonic() - start < a.timeout:
-            items = custom.list_namespaced_custom_object(G, V, NS, P, _request_timeout=30)["items"]
-            stable = sum(1 for m in items if (m.get("status") or {}).get("phase") == "Stable")
-            if stable == a.mds:
-                break
-            time.sleep(0.5)
-        wall = time.monotonic() - start
-        cpu1, rss = proc_stats(op.pid)
-        lat = latency(apps, custom, min(a.latency_samples, a.mds))
-        cpu2, rss = proc_stats(op.pid)
-        q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
-        print(f"| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s | samples |\n"
-              f"|---|---|---|---|---|---|---|---|\n"
-              f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
-              f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
-        print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s)")
+        if a.mds:
+            ok = scale(a, op.pid, apps, custom)
+        if a.rollouts:
+            with FakePrometheus() as prom:
+                ok = rollouts(a, op.pid, custom, prom.address) and ok
         text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
         m = {
             ln.split()[0]: float(ln.split()[1])
@@ -132,8 +179,9 @@ def main() -> int:
             m.get("modeldeploy_operator_reconciles_total", 0),
             m.get("modeldeploy_operator_reconcile_seconds_sum", 0),
         )
-        print(f"(reconciles: {n:.0f}, mean reconcile {total / max(n, 1):.3f} s)")
-        return 0 if stable == a.mds else 1
+        print(f"(reconciles: {n:.0f}, mean reconcile {total / max(n, 1):.3f} s; "
+              f"load average at the end {Path('/proc/loadavg').read_text().split()[:3]})")  # fmt: skip
+        return 0 if ok else 1
     finally:
         op.terminate()
         op.wait(timeout=30)
@@ -141,7 +189,123 @@ def main() -> int:
         _wait_gone(core, NS)
         _ignore_404(lambda: net.delete_service_cidr("bench-operator"))
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda n: _ignore_404(lambda: core.delete_node(n)), names))
+            list(ex.map(lambda n: _ignore_404(lambda: core.delete_node(n)), names + pool))
+
+
+def scale(a: argparse.Namespace, pid: int, apps: client.AppsV1Api, custom: client.CustomObjectsApi) -> bool:
+    """M ModelDeployments created at once until all are Stable, then the spec-change latency."""
+    cpu0, _ = proc_stats(pid)
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda i: custom.create_namespaced_custom_object(G, V, NS, P, md(i)), range(a.mds)))
+    stable = 0
+    while time.monotonic() - start < a.timeout:
+        items = custom.list_namespaced_custom_object(G, V, NS, P, _request_timeout=30)["items"]
+        stable = sum(1 for m in items if m["metadata"]["name"].startswith("md-")
+                     and (m.get("status") or {}).get("phase") == "Stable")  # fmt: skip
+        if stable == a.mds:
+            break
+        time.sleep(POLL_S)
+    wall = time.monotonic() - start
+    cpu1, rss = proc_stats(pid)
+    lat = latency(apps, custom, min(a.latency_samples, a.mds))
+    cpu2, rss2 = proc_stats(pid)
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
+    print(f"| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s | samples |\n"
+          f"|---|---|---|---|---|---|---|---|\n"
+          f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
+          f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
+    print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s, peak RSS after it {rss2 / 2**20:.0f} MB)")
+    return stable == a.mds
+
+
+def rollouts(a: argparse.Namespace, pid: int, custom: client.CustomObjectsApi, prom: str) -> bool:
+    """K ModelDeployments filling the pool; every bundle changed at once; per object start and promotion."""
+    k, r = a.rollouts, a.rollout_replicas
+    names = [f"ro-{i:03d}" for i in range(k)]
+    with ThreadPoolExecutor(8) as ex:
+        list(
+            ex.map(
+                lambda i: custom.create_namespaced_custom_object(G, V, NS, P, rollout_md(i, r, prom)),
+                range(k),
+            )
+        )
+
+    def listed() -> dict[str, dict]:
+        items = custom.list_namespaced_custom_object(G, V, NS, P, _request_timeout=30)["items"]
+        return {m["metadata"]["name"]: m for m in items if m["metadata"]["name"].startswith("ro-")}
+
+    def all_ready() -> bool:
+        ms = listed()
+        return len(ms) == k and all(
+            (s := m.get("status") or {}).get("phase") == "Stable" and (s.get("stable") or {}).get("readyReplicas") == r
+            for m in ms.values()
+        )  # fmt: skip
+
+    t = time.monotonic()
+    wait_until(all_ready, a.rollout_timeout, 1.0, f"{k} rollout objects Stable with {r} Ready")
+    print(
+        f"{k} x {r} replicas Stable on {-(-k * r // 8)} full pool nodes in {time.monotonic() - t:.1f}s",
+        file=sys.stderr,
+    )
+    specs = {n: m["spec"] for n, m in listed().items()}
+    new: dict[str, str] = {}
+    for n, spec in specs.items():
+        spec["bundle"]["config"]["maxNumSeqs"] = 2
+        new[n] = bundle_id(Bundle.model_validate(spec["bundle"]))
+    cpu0, _ = proc_stats(pid)
+    sent: dict[str, float] = {}
+    start = time.monotonic()
+
+    def patch(n: str) -> None:
+        custom.patch_namespaced_custom_object(G, V, NS, P, n, {"spec": {"bundle": specs[n]["bundle"]}})
+        sent[n] = time.monotonic()
+
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(patch, names))
+    patched = time.monotonic() - start
+    started: dict[str, float] = {}
+    promoted: dict[str, float] = {}
+    failed: set[str] = set()
+    capacity: dict[str, str] = {}
+    while time.monotonic() - start < a.rollout_timeout and len(promoted) + len(failed) < k:
+        now = time.monotonic()
+        for n, m in listed().items():
+            s = m.get("status") or {}
+            if n not in started and (
+                s.get("phase") != "Stable" or (s.get("canary") or {}).get("bundle") == new[n]
+            ):
+                started[n] = now
+            if (s.get("rollout") or {}).get("capacity"):
+                capacity[n] = s["rollout"]["capacity"]
+            if new[n] in s.get("failedBundles", []):
+                failed.add(n)
+            if (
+                n not in promoted
+                and s.get("phase") == "Stable"
+                and (s.get("stable") or {}).get("bundle") == new[n]
+            ):
+                promoted[n] = now
+                started.setdefault(n, now)
+        time.sleep(0.5)
+    wall = time.monotonic() - start
+    cpu1, rss = proc_stats(pid)
+    took = sorted(promoted[n] - sent[n] for n in promoted)
+    wait = sorted(started[n] - sent[n] for n in started)
+    q = statistics.quantiles(took, n=10) if len(took) > 1 else took * 9
+    late = [n for n in names if n not in promoted]
+    slow_start = [n for n in started if started[n] - sent[n] > max(10.0, 5 * statistics.median(wait))]
+    modes = {m: list(capacity.values()).count(m) for m in sorted(set(capacity.values()))}
+    print(f"| rollouts | replicas each | pool GPUs | patched in s | all promoted wall s | promote p50 s | p90 s | max s | "
+          f"start wait p50 s | max s | capacity | not promoted | rolled back | operator CPU s | peak RSS MB |\n"
+          f"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+          f"| {k} | {r} | {-(-k * r // 8) * 8} | {patched:.1f} | {wall:.1f}{'' if not late else ' (timeout)'} | "
+          f"{statistics.median(took) if took else float('nan'):.1f} | {q[8]:.1f} | {took[-1] if took else float('nan'):.1f} | "
+          f"{statistics.median(wait) if wait else float('nan'):.1f} | {wait[-1] if wait else float('nan'):.1f} | {modes} | "
+          f"{len(late)} | {len(failed)} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} |")  # fmt: skip
+    print(f"(starved: not promoted {late or 'none'}; start waited > max(10 s, 5x median) {slow_start or 'none'}; "
+          f"slowest promotions {sorted(promoted, key=lambda n: promoted[n] - sent[n])[-5:]})")  # fmt: skip
+    return not late and not failed
 
 
 def latency(apps: client.AppsV1Api, custom: client.CustomObjectsApi, n: int) -> list[float]:
