@@ -103,6 +103,11 @@ class Kube:
         sel = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
         return _pages(self.core.list_pod_for_all_namespaces, field_selector=sel)
 
+    def list_unbound_pods(self) -> Iterator[dict[str, Any]]:
+        """Every namespace's Pending pods not yet bound to a node: GPUs about to be taken."""
+        sel = "spec.nodeName=,status.phase=Pending"
+        return _pages(self.core.list_pod_for_all_namespaces, field_selector=sel)
+
     def create(self, ns: str, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
         if kind == ROUTE_KIND:

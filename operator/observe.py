@@ -29,7 +29,7 @@ from modeldeploy.operator.pull import crash_failure, pull_failure
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
-from modeldeploy.operator.topology import NodeInfo, gpu_requests
+from modeldeploy.operator.topology import NodeInfo, claim_pending, gpu_requests
 
 NODE_TTL_S = 15.0
 MAX_PROBES = 8
@@ -67,9 +67,10 @@ class NodeCache:
             if not self._fresh(since):
                 begun = self.clock()
                 used = gpu_requests(self.kube.list_bound_pods())  # spare GPUs for capacity: Auto
-                self._nodes = [
+                nodes = [
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
                 ]
+                self._nodes = claim_pending(nodes, list(self.kube.list_unbound_pods()))
                 self._at = begun
             return self._nodes
         finally:

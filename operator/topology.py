@@ -16,7 +16,7 @@ the weights and its own KV blocks; `Topology.gpu_bytes_needed`), compared with t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from modeldeploy.operator.api import Toleration, Topology
@@ -61,25 +61,43 @@ class NodeInfo:
         return cls(name=meta.get("name", ""), labels=labels, gpus=gpus, taints=taints, requested=requested)
 
 
+def pod_gpus(pod: dict[str, Any]) -> int:
+    """GPUs a pod requests (an extended resource's request is its limit when only the limit is given)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        want = (res.get("requests") or {}).get(GPU_RESOURCE, (res.get("limits") or {}).get(GPU_RESOURCE, 0))
+        try:
+            total += int(str(want))
+        except ValueError:
+            continue
+    return total
+
+
 def gpu_requests(pods: list[dict[str, Any]]) -> dict[str, int]:
-    """GPUs requested per node by bound pods that still hold them (an extended resource's request is its
-    limit when only the limit is given), the way the scheduler counts them."""
+    """GPUs requested per node by bound pods that still hold them, the way the scheduler counts them."""
     out: dict[str, int] = {}
     for p in pods:
         spec, phase = p.get("spec") or {}, (p.get("status") or {}).get("phase")
         node = spec.get("nodeName")
         if not node or phase in ("Succeeded", "Failed"):
             continue
-        for c in spec.get("containers") or []:
-            res = c.get("resources") or {}
-            want = (res.get("requests") or {}).get(
-                GPU_RESOURCE, (res.get("limits") or {}).get(GPU_RESOURCE, 0)
-            )
-            try:
-                out[node] = out.get(node, 0) + int(str(want))
-            except ValueError:
-                continue
+        out[node] = out.get(node, 0) + pod_gpus(p)
     return out
+
+
+def claim_pending(nodes: list[NodeInfo], pending: list[dict[str, Any]]) -> list[NodeInfo]:
+    """The nodes with the GPUs of unscheduled pods counted as taken: a GPU freed for another rollout's
+    Pending canary is not spare (100 concurrent rollouts on a full pool: 22 chose Surge on "7 of 400
+    GPUs spare" that Replace rollouts had freed for their own Pending canaries, and deadlocked). Each
+    pending pod, largest first, claims the node with the most free GPUs that holds it whole, as the
+    scheduler would place it; its selectors are not matched, which errs toward Replace (safe)."""
+    out = {n.name: n for n in nodes}
+    for need in sorted((g for g in map(pod_gpus, pending) if g > 0), reverse=True):
+        best = max((n for n in out.values() if n.free_gpus >= need), key=lambda n: n.free_gpus, default=None)
+        if best is not None:
+            out[best.name] = replace(best, requested=best.requested + need)
+    return [out[n.name] for n in nodes]
 
 
 # Taints the node lifecycle sets from conditions (not-ready, unreachable, pressure, cordon):

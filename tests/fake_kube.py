@@ -67,6 +67,15 @@ class FakeKube:
             if k == "Pod" and o["spec"].get("nodeName")
         ]
 
+    def list_unbound_pods(self) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (k, _, _), o in self.objects.items()
+            if k == "Pod"
+            and not o["spec"].get("nodeName")
+            and (o.get("status") or {}).get("phase") == "Pending"
+        ]
+
     def create(self, ns: str, obj: dict[str, Any]) -> None:
         if (obj["kind"], ns, obj["metadata"]["name"]) in self.objects:
             raise ApiException(status=409, reason="Conflict")

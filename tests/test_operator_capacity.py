@@ -18,7 +18,7 @@ from modeldeploy.operator.capacity import Have, replace_step
 from modeldeploy.operator.plan import Event, Observed
 from modeldeploy.operator.progression import epoch
 from modeldeploy.operator.rollout import Policy, RolloutState, Signals, Step, advance, cohort_replicas
-from modeldeploy.operator.topology import NodeInfo, gpu_requests, spare_fit
+from modeldeploy.operator.topology import NodeInfo, claim_pending, gpu_requests, spare_fit
 
 P = Policy(replicas=16, steps=(Step(25, 0), Step(50, 0)), capacity="Replace", min_available=12)
 
@@ -62,6 +62,24 @@ def test_spare_fit_counts_allocatable_minus_requested_on_matching_nodes() -> Non
     assert gpu_requests(pods) == {"gpu-0": 3, "gpu-1": 0}
     node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
     assert NodeInfo.from_node(node, 5).free_gpus == 3
+
+
+def test_gpus_freed_for_a_pending_canary_are_not_spare() -> None:
+    """The starvation the 100-rollout bench found: GPUs a Replace rollout freed for its own Pending
+    canary pods looked spare to the next Auto decision, which chose Surge and took them."""
+    from modeldeploy.operator.api import Topology
+
+    topo = Topology(gpus_per_replica=1, gpu_type="NVIDIA-H200")
+    freed = [replace(gpu_nodes(2)[0], requested=4), replace(gpu_nodes(2)[1], requested=8)]  # 4 spare GPUs
+    pending = [{"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}] * 4
+    assert spare_fit(topo, freed, 4)[0]  # without the Pending pods: 4 fit
+    claimed = claim_pending(freed, pending)
+    ok, why = spare_fit(topo, claimed, 1)
+    assert not ok and "0 of 16 GPUs spare" in why
+    assert [n.requested for n in claimed] == [8, 8] and [n.name for n in claimed] == [n.name for n in freed]
+    big = [{"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 8}}}]}}]
+    assert [n.requested for n in claim_pending(freed, big)] == [4, 8]  # fits nowhere whole: claims nothing
+    assert claim_pending(freed, [{"spec": {"containers": [{}]}}]) == freed  # no GPUs asked
 
 
 def test_auto_picks_replace_on_a_full_cluster_and_says_why() -> None:

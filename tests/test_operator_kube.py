@@ -41,6 +41,8 @@ def test_cluster_wide_lists_are_paged_and_yield_every_item_once(monkeypatch) -> 
     assert all(c["limit"] == 3 and c["_preload_content"] is False for c in nodes.calls)
     assert [p["metadata"]["name"] for p in k.list_bound_pods()] == ["p0", "p1", "p2"]
     assert len(pods.calls) == 1 and "spec.nodeName!=" in pods.calls[0]["field_selector"]
+    list(k.list_unbound_pods())
+    assert pods.calls[-1]["field_selector"] == "spec.nodeName=,status.phase=Pending"
 
 
 def test_an_empty_cluster_lists_nothing_in_one_call() -> None:
