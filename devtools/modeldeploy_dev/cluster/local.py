@@ -424,7 +424,11 @@ class LocalCluster:
 
             if left := kill_leftovers(self.procnode_dir):  # a crashed node leaves pod processes
                 log(f"[cluster] killed leftover pod processes {left}")
-            Network(self.s.bridge, self.s.pod_cidr).destroy_all()  # ... and namespaces
+            # ... and namespaces, but only of a cluster `up` recorded: a name never brought up (or
+            # already down) has default settings, whose bridge may be another live cluster's (seen: a
+            # manual `down` of a finished test cluster tore down a running CI cluster's pod network)
+            if self.settings_file.exists():
+                Network(self.s.bridge, self.s.pod_cidr).destroy_all()
             if self.cluster_dir.exists() and self.bins.kwokctl.exists():
                 log(f"[cluster] deleting {self.s.name}")
                 pids = self.component_pids()
