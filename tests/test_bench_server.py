@@ -132,8 +132,6 @@ def test_record_has_every_field_and_the_plot_is_written(servers, tmp_path, llama
     assert sum(c["released"] for c in checked) >= 1, (
         "no cancelled stream's release was measured at either rate"
     )
-    # the 0.1 s scrape saw the server busy at least once (a starved scraper can miss one short rate)
-    assert max(c["running_peak"] for c in checked) >= 1 and max(c["kv_usage_peak"] for c in checked) > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
@@ -235,6 +233,12 @@ def test_compare_flags_the_slowed_server_and_not_its_twin(servers, tmp_path):
         (n, r) for r in (3.0, 6.0) for n in ("a", "slow", "twin")
     ]
     verdicts = {(c["b"], c["rate"], v["metric"]): v for c in rec["compare"] for v in c["verdicts"]}
+    # The slowed server holds every request for 16 steps of 250 ms: any scrape during its runs sees
+    # it busy. (A's requests take tens of ms; at rates 2-4 a scraper starved on a loaded machine
+    # missed every one of them, so A's peaks are only bounded, in _check_run.)
+    for run in (r for r in rec["runs"] if r["target"] == "slow"):
+        srv = run["server"]
+        assert srv["samples"] >= 1 and srv["running_peak"] >= 1 and srv["kv_usage_peak"] > 0, srv
     for rate in (3.0, 6.0):
         for metric in ("inter_token_latency_p50_seconds", M.ITL_P95, "tpot_mean_seconds"):
             v = verdicts[("slow", rate, metric)]
