@@ -31,7 +31,7 @@ from .test_operator import (  # noqa: F401  (fixtures)
     get_md,
     operator,
 )
-from .test_rollout import change_bundle, serve_tiny
+from .test_rollout import change_bundle, serve_tiny, wait_phase
 
 pytestmark = pytest.mark.skipif(
     not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build`"
@@ -133,13 +133,7 @@ def test_every_dashboard_query_returns_both_cohorts_during_a_canary(
             _, old = serve_tiny(cluster, ns, tmp_path, name, steps=[{"weight": 50, "pauseSeconds": 900}])
             with Load(cluster.api, ns, name, workers=4):
                 change_bundle(cluster, ns, name, lambda b: b["config"].update(maxNumSeqs=6))
-                md = cluster.wait(
-                    lambda: (lambda m: m if m["status"].get("phase") == "Canary" else None)(
-                        get_md(cluster, ns, name)
-                    ),
-                    300,
-                    "the canary step",
-                )
+                md = wait_phase(cluster, ns, name, ("Canary",), 300)
                 cohorts = {"stable": old, "canary": md["status"]["canary"]["bundle"]}
                 got = cluster.wait(
                     lambda: answers(prom, ns, name, cohorts), 180, "every query with both cohorts"

@@ -13,6 +13,7 @@ import copy
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,18 +97,7 @@ def serve_tiny(
         "keepPrevious": {"replicas": 1, "seconds": 600},
     } | rollout
     create(cluster, ns, manifest(name, **spec))
-    md = cluster.wait(
-        lambda: (
-            lambda m: (
-                m
-                if m.get("status", {}).get("phase") == "Stable"
-                and condition(m, "Ready").get("status") == "True"
-                else None
-            )
-        )(get_md(cluster, ns, name)),
-        240,
-        f"{name} Stable and Ready",
-    )
+    md = wait_md(cluster, ns, name, stable_and_ready, 240, f"{name} Stable and Ready")
     return md, md["status"]["stable"]["bundle"]
 
 
@@ -117,16 +107,60 @@ def change_bundle(cluster: E2ECluster, ns: str, name: str, edit) -> None:
     cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
 
 
+def brief(cluster: E2ECluster, ns: str, md: dict[str, Any] | None) -> str:
+    """What a timed-out wait saw last: the object's phase, conditions and canary, and its pods."""
+    if md is None:
+        return "no object read"
+    st = md.get("status", {})
+    conds = [
+        f"{c['type']}={c['status']}({c.get('reason', '')}: {c.get('message', '')})"
+        for c in st.get("conditions", [])
+    ]
+    pods = [
+        f"{p.metadata.name} {p.status.phase} node={p.spec.node_name} "
+        + ",".join(f"{c.name}:ready={c.ready}" for c in p.status.container_statuses or [])
+        for p in cluster.core.list_namespaced_pod(ns).items
+    ]
+    return f"phase={st.get('phase')} canary={st.get('canary')} conditions={conds} pods={pods}"
+
+
+def wait_md(
+    cluster: E2ECluster, ns: str, name: str, ok: Callable[[dict[str, Any]], bool], timeout: float, what: str
+) -> dict[str, Any]:
+    """The ModelDeployment once `ok(object)` holds; a timeout says what status and pods it saw last."""
+    last: list[dict[str, Any]] = []
+
+    def pred() -> dict[str, Any] | None:
+        m = get_md(cluster, ns, name)
+        last[:] = [m]
+        return m if ok(m) else None
+
+    try:
+        return cluster.wait(pred, timeout, what)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; last seen: {brief(cluster, ns, last[0] if last else None)}") from e
+
+
 def wait_phase(
     cluster: E2ECluster, ns: str, name: str, phases: tuple[str, ...], timeout: float
 ) -> dict[str, Any]:
-    return cluster.wait(
-        lambda: (lambda m: m if m.get("status", {}).get("phase") in phases else None)(
-            get_md(cluster, ns, name)
-        ),
+    return wait_md(
+        cluster,
+        ns,
+        name,
+        lambda m: m.get("status", {}).get("phase") in phases,
         timeout,
         f"{name} phase in {phases}",
     )
+
+
+def stable_and_ready(m: dict[str, Any]) -> bool:
+    return m.get("status", {}).get("phase") == "Stable" and condition(m, "Ready").get("status") == "True"
+
+
+def rolled_back(m: dict[str, Any]) -> bool:
+    """Stable again with a bundle recorded as failed."""
+    return bool(m.get("status", {}).get("failedBundles")) and m["status"].get("phase") == "Stable"
 
 
 def stable_errors(load: Load, stable_ips: set[str]) -> dict[str, Counter]:

@@ -49,7 +49,7 @@ from .test_operator import (  # noqa: F401  (fixtures)
     manifest,
     operator,
 )
-from .test_rollout import events
+from .test_rollout import events, stable_and_ready, wait_md
 
 POOL = "modeldeploy.dev/pool"
 REPLICAS, MIN_AVAILABLE = 16, 12  # 75 % of 16, the default minAvailable
@@ -152,18 +152,7 @@ class ReadyWatch:
 def serve(cluster: E2ECluster, ns: str, name: str, spec: dict[str, Any]) -> str:
     """Create the ModelDeployment, wait for all replicas Ready on the stable bundle; its bundle id."""
     create(cluster, ns, manifest(name, **spec))
-    md = cluster.wait(
-        lambda: (
-            lambda m: (
-                m
-                if m.get("status", {}).get("phase") == "Stable"
-                and condition(m, "Ready").get("status") == "True"
-                else None
-            )
-        )(get_md(cluster, ns, name)),
-        120,
-        f"{name} Stable and Ready",
-    )
+    md = wait_md(cluster, ns, name, stable_and_ready, 120, f"{name} Stable and Ready")
     stable = md["status"]["stable"]["bundle"]
     cluster.wait(lambda: ready_by_bundle(cluster, ns, name)[stable] == spec["replicas"], 60, "all pods Ready")
     return stable

@@ -27,7 +27,17 @@ from .test_operator import (  # noqa: F401  (fixtures)
     get_md,
     operator,
 )
-from .test_rollout import change_bundle, events, pod_ips, serve_tiny, stable_errors, wait_phase
+from .test_rollout import (
+    change_bundle,
+    events,
+    pod_ips,
+    rolled_back,
+    serve_tiny,
+    stable_and_ready,
+    stable_errors,
+    wait_md,
+    wait_phase,
+)
 
 AWAIT = {"steps": [{"weight": 50, "pauseSeconds": 3, "awaitPromotion": True}]}
 
@@ -75,16 +85,11 @@ def test_await_promotion_is_suspended_then_manual_promote_and_abort(
         new = waiting["status"]["canary"]["bundle"]
         out = rollout_cli(cluster, "promote", name, "-n", ns)
         assert "modeldeploy.dev/promote=" in out, out
-        promoted = cluster.wait(
-            lambda: (
-                lambda m: (
-                    m
-                    if m["status"]["phase"] == "Stable"
-                    and m["status"]["stable"]["bundle"] == new
-                    and condition(m, "Ready")["status"] == "True"
-                    else None
-                )
-            )(get_md(cluster, ns, name)),
+        promoted = wait_md(
+            cluster,
+            ns,
+            name,
+            lambda m: stable_and_ready(m) and m["status"]["stable"]["bundle"] == new,
             120,
             "manual promote done",
         )
@@ -95,13 +100,7 @@ def test_await_promotion_is_suspended_then_manual_promote_and_abort(
         change_bundle(cluster, ns, name, lambda b: b["config"].update(maxNumSeqs=5))
         canary = wait_phase(cluster, ns, name, ("Canary",), 240)["status"]["canary"]["bundle"]
         rollout_cli(cluster, "abort", name, "-n", ns)
-        aborted = cluster.wait(
-            lambda: (
-                lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
-            )(get_md(cluster, ns, name)),
-            120,
-            "abort rolled back",
-        )
+        aborted = wait_md(cluster, ns, name, rolled_back, 120, "abort rolled back")
     st = aborted["status"]
     assert st["stable"]["bundle"] == new and st["failedBundles"] == [canary], st
     assert condition(aborted, "Degraded")["reason"] == "Aborted"

@@ -30,7 +30,16 @@ from .test_operator import (  # noqa: F401  (fixtures)
     get_md,
     operator,
 )
-from .test_rollout import change_bundle, events, pod_ips, serve_tiny, stable_errors, wait_phase
+from .test_rollout import (
+    change_bundle,
+    events,
+    pod_ips,
+    rolled_back,
+    serve_tiny,
+    stable_errors,
+    wait_md,
+    wait_phase,
+)
 
 
 def restart(op: Operator, failpoint: str | None = None) -> None:
@@ -121,13 +130,7 @@ def test_operator_killed_in_every_phase_resumes_then_broken_contract_rolls_back_
         ), st
         assert st.get("canaryWeight", 0) == 0
         restart(operator)
-        done = cluster.wait(
-            lambda: (
-                lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
-            )(get_md(cluster, ns, name)),
-            120,
-            "broken bundle rolled back",
-        )
+        done = wait_md(cluster, ns, name, rolled_back, 120, "broken bundle rolled back")
     st = done["status"]
     assert st["stable"]["bundle"] == new and st["failedBundles"] == [broken], st
     deg = condition(done, "Degraded")

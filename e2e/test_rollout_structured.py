@@ -23,7 +23,7 @@ from .test_operator import (  # noqa: F401  (fixtures)
     get_md,
     operator,
 )
-from .test_rollout import change_bundle, events, pod_ips, serve_tiny, wait_phase
+from .test_rollout import change_bundle, events, pod_ips, rolled_back, serve_tiny, wait_md, wait_phase
 
 BROKEN_IMAGE = "registry.local/modeldeploy-runtime-ignores-response-format@sha256:" + "6" * 64
 
@@ -67,10 +67,11 @@ def test_structured_bundle_passes_the_gate_and_a_broken_engine_is_rolled_back(
         # the gate's structured_output check sent constrained requests to the canary: grammars compiled
         ips = pod_ips(cluster, ns, good)
         assert ips and sum(_grammar_compiles(ip) for ip in ips) >= 1
-        md = cluster.wait(
-            lambda: (lambda m: m if m["status"].get("stable", {}).get("bundle") == good else None)(
-                get_md(cluster, ns, name)
-            ),
+        md = wait_md(
+            cluster,
+            ns,
+            name,
+            lambda m: m["status"].get("stable", {}).get("bundle") == good,
             300,
             "the structured-output bundle promoted",
         )
@@ -80,13 +81,7 @@ def test_structured_bundle_passes_the_gate_and_a_broken_engine_is_rolled_back(
         md = wait_phase(cluster, ns, name, ("Verifying", "RollingBack"), 240)
         broken = md["status"]["canary"]["bundle"]
         broken_ips = pod_ips(cluster, ns, broken)
-        done = cluster.wait(
-            lambda: (
-                lambda m: m if m["status"].get("failedBundles") and m["status"]["phase"] == "Stable" else None
-            )(get_md(cluster, ns, name)),
-            300,
-            "broken structured output rolled back",
-        )
+        done = wait_md(cluster, ns, name, rolled_back, 300, "broken structured output rolled back")
     st = done["status"]
     assert st["stable"]["bundle"] == good and st["failedBundles"] == [broken], st
     assert st.get("canaryWeight", 0) == 0, st
