@@ -22,6 +22,7 @@ from modeldeploy.operator import metrics
 from modeldeploy.operator.actions import Action, PatchStatus
 from modeldeploy.operator.apply import apply
 from modeldeploy.operator.children import PORT
+from modeldeploy.operator.claims import Claim
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.object_metrics import ObjectMetrics
@@ -46,6 +47,7 @@ class Controller:
         self.kube = kube
         self.leader = leader  # peering: whether this replica is the active one for a namespace
         self.nodes = NodeCache(kube)
+        self.deciding = threading.Lock()  # capacity decisions, one at a time (claims.py)
         self.probe = LoadProbe(PORT)
         self.gate = ConformanceRunner()
         self.baselines = Baselines()
@@ -93,12 +95,17 @@ class Controller:
         observed_at = time.time()
         actions = plan(md, observed, now)
         if observed.nodes is not None and capacity_decided(md.get("status"), actions):
-            nodes = self.nodes.get(since=began)  # decide on the GPUs held now, not cached ones
-            if nodes is not observed.nodes:
-                observed.nodes = nodes
+            with self.deciding:  # one decision on spare GPUs at a time, each seeing the earlier ones' claims
+                observed.nodes = self.nodes.for_decision(key, since=began)  # GPUs taken now, not cached
                 actions = plan(md, observed, now)
+                status = next(
+                    (a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {}
+                )
+                self.nodes.claim(key, Claim.of(md, status))
+        else:
+            status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
+            self.nodes.claim(key, Claim.of(md, status))
         apply(self.kube, md, actions, now, status_written, self.apply_pool.map)
-        status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
         self.object_metrics.record(md, status)
         fresh = observed.analysis if observed.analysis_fresh else None
         self.tracing.reconcile(md, actions, status, t0, fresh, observed_at)
@@ -150,6 +157,7 @@ class Controller:
         with self._lock(key):
             self.queue.forget(key)
             self.probe.forget(key)
+            self.nodes.claim(key, None)
             self.object_metrics.forget(*key)
             with self._guard:
                 self.known.discard(key)
@@ -170,6 +178,7 @@ class Controller:
         found += ["object_metrics"] if self.object_metrics.holds(*key) else []
         found += ["queue"] if self.queue.holds(key) else []
         found += ["probe"] if self.probe.holds(key) else []
+        found += ["nodes"] if self.nodes.claims(key) else []
         found += ["gate"] if self.gate.holds(uid) else []
         found += ["baselines"] if self.baselines.holds(uid) else []
         return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from modeldeploy.operator import commands, metrics
 from modeldeploy.operator.actions import Observed
 from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec
 from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
+from modeldeploy.operator.claims import Claim, Key, PodCounts, claim_pending, claimed, pod_counts
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
@@ -29,7 +31,7 @@ from modeldeploy.operator.pull import crash_failure, pull_failure
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
-from modeldeploy.operator.topology import NodeInfo, claim_pending, gpu_requests
+from modeldeploy.operator.topology import NodeInfo, gpu_requests
 
 NODE_TTL_S = 15.0
 MAX_PROBES = 8
@@ -45,13 +47,15 @@ class NodeCache:
     instead of queueing behind a slow LIST of a thousand nodes. The GPUs requested on each node
     come with the list, so they can be up to `ttl_s` old: a capacity decision asks for a list
     begun after its reconcile began (`get(since=...)`, see Controller._reconcile); decisions
-    waiting together share one relist.
+    waiting together share one relist, and read it with the other objects' claims on it (claims.py).
     """
 
     def __init__(self, kube: Kube, ttl_s: float = NODE_TTL_S, clock: Callable[[], float] = time.monotonic):
         self.kube, self.ttl_s, self.clock = kube, ttl_s, clock
         self._lock = threading.Lock()
         self._at, self._nodes = 0.0, None  # when the current list was begun (clock)
+        self._seen: PodCounts = Counter()  # pods per (namespace, bundle) the current list counted
+        self._claims: dict[Key, Claim] = {}
 
     def _fresh(self, since: float | None) -> bool:
         if self._nodes is None:
@@ -66,15 +70,32 @@ class NodeCache:
         try:
             if not self._fresh(since):
                 begun = self.clock()
-                used = gpu_requests(self.kube.list_bound_pods())  # spare GPUs for capacity: Auto
+                bound, unbound = list(self.kube.list_bound_pods()), list(self.kube.list_unbound_pods())
+                used = gpu_requests(bound)  # spare GPUs for capacity: Auto
                 nodes = [
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
                 ]
-                self._nodes = claim_pending(nodes, list(self.kube.list_unbound_pods()))
+                self._nodes, self._seen = claim_pending(nodes, unbound), pod_counts(bound + unbound)
                 self._at = begun
             return self._nodes
         finally:
             self._lock.release()
+
+    def for_decision(self, key: Key, since: float) -> list[NodeInfo]:
+        """A list begun at or after `since` with every other object's claim placed on it."""
+        nodes = self.get(since)
+        others = [c for k, c in list(self._claims.items()) if k != key]
+        return claimed(nodes, others, self._seen)
+
+    def claim(self, key: Key, claim: Claim | None) -> None:
+        """Record (None: drop) what this object's last plan wants, for the decisions of the others."""
+        if claim is None or not claim.wants:
+            self._claims.pop(key, None)
+        else:
+            self._claims[key] = claim
+
+    def claims(self, key: Key) -> bool:
+        return key in self._claims
 
 
 class LoadProbe:

@@ -16,7 +16,7 @@ the weights and its own KV blocks; `Topology.gpu_bytes_needed`), compared with t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from modeldeploy.operator.api import Toleration, Topology
@@ -84,20 +84,6 @@ def gpu_requests(pods: list[dict[str, Any]]) -> dict[str, int]:
             continue
         out[node] = out.get(node, 0) + pod_gpus(p)
     return out
-
-
-def claim_pending(nodes: list[NodeInfo], pending: list[dict[str, Any]]) -> list[NodeInfo]:
-    """The nodes with the GPUs of unscheduled pods counted as taken: a GPU freed for another rollout's
-    Pending canary is not spare (100 concurrent rollouts on a full pool: 22 chose Surge on "7 of 400
-    GPUs spare" that Replace rollouts had freed for their own Pending canaries, and deadlocked). Each
-    pending pod, largest first, claims the node with the most free GPUs that holds it whole, as the
-    scheduler would place it; its selectors are not matched, which errs toward Replace (safe)."""
-    out = {n.name: n for n in nodes}
-    for need in sorted((g for g in map(pod_gpus, pending) if g > 0), reverse=True):
-        best = max((n for n in out.values() if n.free_gpus >= need), key=lambda n: n.free_gpus, default=None)
-        if best is not None:
-            out[best.name] = replace(best, requested=best.requested + need)
-    return [out[n.name] for n in nodes]
 
 
 # Taints the node lifecycle sets from conditions (not-ready, unreachable, pressure, cordon):

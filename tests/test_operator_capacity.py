@@ -15,10 +15,11 @@ from operator_fixtures import gpu_nodes, md
 from test_operator_plan import advance_to, analysis, at, converge, sizes
 
 from modeldeploy.operator.capacity import Have, replace_step
+from modeldeploy.operator.claims import claim_pending
 from modeldeploy.operator.plan import Event, Observed
 from modeldeploy.operator.progression import epoch
 from modeldeploy.operator.rollout import Policy, RolloutState, Signals, Step, advance, cohort_replicas
-from modeldeploy.operator.topology import NodeInfo, claim_pending, gpu_requests, spare_fit
+from modeldeploy.operator.topology import NodeInfo, gpu_requests, spare_fit
 
 P = Policy(replicas=16, steps=(Step(25, 0), Step(50, 0)), capacity="Replace", min_available=12)
 

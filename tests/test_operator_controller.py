@@ -102,6 +102,7 @@ def test_delete_leaves_no_state_for_the_object() -> None:
         "object_metrics",
         "queue",
         "probe",
+        "nodes",
         "gate",
         "baselines",
     }
@@ -172,3 +173,50 @@ def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
     now[0] = 2.0
     cache.get(since=1.5)
     assert kube.lists == 3
+
+
+def _stable_pods(kube: FakeKube, name: str, bundle: str, n: int) -> None:
+    """The stable's `n` pods, bound one GPU each (the fake API server has no ReplicaSet controller)."""
+    for i in range(n):
+        kube.put({"kind": "Pod", "metadata": {"name": f"{name}-{i}", "namespace": NS, "labels": {
+            "modeldeploy.dev/bundle": bundle}}, "spec": {"nodeName": f"gpu-{i % 2}", "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": 1}}}]}, "status": {"phase": "Running"}})  # fmt: skip
+
+
+def test_a_wave_of_capacity_decisions_subtracts_each_others_canaries() -> None:
+    """The 100-rollout starvation: two rollouts deciding on one node list both took the same 4 spare
+    GPUs as Surge. The first decision's canary, not yet a pod, is held against the second: Replace."""
+    kube = FakeKube()
+    kube.nodes = [_node(0), _node(1)]
+    ctrl = Controller(kube, tick_s=3600.0)
+    ctrl.probe.port = _closed_port()
+    stable = {}
+    for name in ("a", "b"):
+        obj = md(name, replicas=4)
+        obj["metadata"].pop("uid")
+        kube.put(obj)
+        ctrl.reconcile(NS, name)
+        stable[name] = kube.get_md(NS, name)["status"]["stable"]["bundle"]
+        dep = next(o for (k, ns, n), o in kube.objects.items() if k == "Deployment" and n.startswith(name))
+        kube.patch("Deployment", NS, dep["metadata"]["name"], {"status": {"readyReplicas": 4}})
+        _stable_pods(kube, name, stable[name], 4)
+    kube.put({"kind": "Pod", "metadata": {"name": "filler", "namespace": "other"}, "spec": {
+        "nodeName": "gpu-0", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]}})  # fmt: skip
+    for name in ("a", "b"):  # 12 of 16 GPUs taken: one 4-replica Surge canary fits, not two
+        ctrl.reconcile(NS, name)
+        assert kube.get_md(NS, name)["status"]["phase"] == "Stable"
+    for name in ("a", "b"):
+        kube.patch(MD, NS, name, {"spec": {"bundle": {"config": {"maxNumSeqs": 2}}}})
+    ctrl.reconcile(NS, "a")
+    ctrl.reconcile(NS, "b")  # the same node list: a's canary Deployment has no pod yet
+    modes = {n: kube.get_md(NS, n)["status"]["rollout"]["capacity"] for n in ("a", "b")}
+    assert modes == {"a": "Surge", "b": "Replace"}, modes
+    new = [e["message"] for e in kube.events if e["reason"] == "NewBundle" and "Replace" in e["message"]]
+    assert len(new) == 1 and "0 of 16 GPUs spare" in new[0], new
+    # once a's canary pods exist they are counted as pods, and a's claim no longer: nothing twice
+    canary = kube.get_md(NS, "a")["status"]["canary"]["bundle"]
+    _stable_pods(kube, "a-canary", canary, 4)
+    ctrl.nodes.get(since=ctrl.nodes.clock())
+    assert sum(n.requested for n in ctrl.nodes.for_decision((NS, "b"), ctrl.nodes.clock() - 1)) == 16
+    for name in ("a", "b"):
+        ctrl.forget((NS, name))

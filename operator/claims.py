@@ -1,0 +1,109 @@
+"""GPUs promised but not yet visible: what one ModelDeployment's plan will take, held against the others.
+
+A node list shows the GPUs that pods request. Between a plan scaling a Deployment up and the
+ReplicaSet creating the pods lies a window in which those GPUs look spare, and a rollout deciding
+then (capacity Auto's fit check) takes them: of 100 concurrent rollouts on a full pool 22 promoted,
+the rest starved by Surge canaries landing on GPUs that Replace rollouts had freed for their own
+canaries, decided in waves that shared one node list. So every object's plan leaves a `Claim`: the
+replicas its cohorts want per bundle (and, for a Surge canary, the full size the fit check promised).
+A decision reads the nodes with the other objects' claims placed on them, less the pods of each bundle
+the list already shows, so a claim shrinks to nothing as its pods appear and nothing is counted twice.
+Decisions are taken one at a time (Controller), so each sees the claims of those before it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from modeldeploy.operator.api import Topology
+from modeldeploy.operator.bundle import BUNDLE_LABEL
+from modeldeploy.operator.rollout import UNDER_TEST
+from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus
+
+Key = tuple[str, str]  # (namespace, name)
+PodCounts = Counter[tuple[str, str]]  # (namespace, bundle) -> pods the node list shows
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Replicas one object's cohorts want, per bundle, with the topology that places them."""
+
+    namespace: str
+    wants: Mapping[str, int] = field(default_factory=dict)  # bundle -> replicas
+    topology: Mapping[str, Any] = field(default_factory=dict)  # spec.topology as stored
+    device: str = "auto"
+
+    @classmethod
+    def of(cls, md: dict[str, Any], status: dict[str, Any]) -> Claim:
+        """From the object and the status its plan wrote: stable and canary desired replicas; a Surge
+        canary still before promotion claims spec.replicas, the size Auto checked beside stable."""
+        spec, wants = md.get("spec") or {}, {}
+        for cohort in (status.get("stable"), status.get("canary")):
+            if cohort and cohort.get("bundle"):
+                wants[cohort["bundle"]] = max(
+                    wants.get(cohort["bundle"], 0), int(cohort.get("replicas") or 0)
+                )
+        canary = (status.get("canary") or {}).get("bundle")
+        surge = (status.get("rollout") or {}).get("capacity") == "Surge"
+        if canary and surge and status.get("phase") in ("Deploying", *UNDER_TEST):
+            wants[canary] = max(wants[canary], int(spec.get("replicas") or 0))
+        device = ((spec.get("bundle") or {}).get("config") or {}).get("device") or "auto"
+        return cls(md["metadata"]["namespace"], wants, spec.get("topology") or {}, device)
+
+    def missing(self, seen: PodCounts) -> int:
+        """Replicas wanted that the node list shows no pod of yet."""
+        return sum(max(0, n - seen.get((self.namespace, b), 0)) for b, n in self.wants.items())
+
+
+def pod_counts(pods: Iterable[dict[str, Any]]) -> PodCounts:
+    """Pods per (namespace, bundle label), for the pods a node list was computed from."""
+    out: PodCounts = Counter()
+    for p in pods:
+        meta = p.get("metadata") or {}
+        bundle = (meta.get("labels") or {}).get(BUNDLE_LABEL)
+        if bundle:
+            out[(meta.get("namespace", ""), bundle)] += 1
+    return out
+
+
+def place(nodes: list[NodeInfo], needs: Iterable[int], usable: set[str] | None = None) -> list[NodeInfo]:
+    """The nodes with each need (GPUs of one replica-to-be) counted as taken, largest first, on the node
+    with the most free GPUs that holds it whole, as the scheduler spreads them; `usable` limits the
+    nodes (names) a need may go to. A need no node holds whole takes nothing."""
+    out = {n.name: n for n in nodes}
+    heap = [(-n.free_gpus, n.name) for n in nodes if usable is None or n.name in usable]
+    heapq.heapify(heap)
+    for need in sorted((g for g in needs if g > 0), reverse=True):
+        if not heap or -heap[0][0] < need:
+            continue
+        free, name = heapq.heappop(heap)
+        out[name] = replace(out[name], requested=out[name].requested + need)
+        heapq.heappush(heap, (free + need, name))
+    return [out[n.name] for n in nodes]
+
+
+def claim_pending(nodes: list[NodeInfo], pending: Iterable[dict[str, Any]]) -> list[NodeInfo]:
+    """The nodes with the GPUs of unscheduled Pending pods counted as taken: a GPU freed for another
+    rollout's Pending canary is not spare. Their selectors are not matched (errs toward Replace)."""
+    return place(nodes, map(pod_gpus, pending))
+
+
+def claimed(nodes: list[NodeInfo], claims: Iterable[Claim], seen: PodCounts) -> list[NodeInfo]:
+    """`nodes` with the missing replicas of every claim placed on the nodes its topology accepts."""
+    out, usable = nodes, {}  # (topology, device) -> names of the nodes fit accepts
+    for c in claims:
+        missing = c.missing(seen)
+        if not missing:
+            continue
+        topo = Topology.model_validate(c.topology)
+        if not topo.gpus_per_replica:
+            continue
+        shape = (topo.model_dump_json(), c.device)
+        if shape not in usable:
+            usable[shape] = {n.name for n in nodes if fit(topo, [n], c.device) is None}
+        out = place(out, [topo.gpus_per_replica] * missing, usable[shape])
+    return out

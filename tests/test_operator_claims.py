@@ -1,0 +1,61 @@
+"""claims.py: the GPUs an object's plan wants that its pods do not show yet, placed on the nodes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from operator_fixtures import gpu_nodes, md
+
+from modeldeploy.operator.claims import Claim, claimed, place, pod_counts
+
+TOPO = {
+    "gpusPerReplica": 1,
+    "gpuType": "NVIDIA-H200",
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+}
+
+
+def _status(phase: str, capacity: str, canary: int) -> dict:
+    return {
+        "phase": phase,
+        "stable": {"bundle": "s", "replicas": 4},
+        "canary": {"bundle": "c", "replicas": canary},
+        "rollout": {"capacity": capacity},
+    }
+
+
+def test_a_surge_canary_claims_the_full_size_auto_checked_and_a_replace_canary_its_step() -> None:
+    obj = md("a", replicas=4)
+    assert Claim.of(obj, _status("Canary", "Surge", 1)).wants == {"s": 4, "c": 4}
+    assert Claim.of(obj, _status("Canary", "Replace", 1)).wants == {"s": 4, "c": 1}
+    assert Claim.of(obj, _status("RollingBack", "Surge", 1)).wants == {"s": 4, "c": 1}  # being removed
+    assert Claim.of(obj, {"phase": "Stable", "stable": {"bundle": "s", "replicas": 4}}).wants == {"s": 4}
+    assert Claim.of(obj, {}).wants == {}
+
+
+def test_place_puts_each_need_on_the_node_with_most_free_that_holds_it_whole() -> None:
+    a, b = gpu_nodes(2)
+    nodes = [a, b]
+    out = place(nodes, [1, 1, 1, 4])
+    assert [n.requested for n in out] == [4, 3]  # 4 first, on gpu-0 (a tie: by name), then the 1s on gpu-1
+    assert [n.name for n in out] == ["gpu-0", "gpu-1"]
+    assert [n.requested for n in place(nodes, [9])] == [0, 0]  # held whole nowhere: takes nothing
+    assert [n.requested for n in place(nodes, [2, 2], usable={"gpu-1"})] == [0, 4]
+
+
+def test_a_claim_shrinks_by_the_pods_the_list_already_shows() -> None:
+    nodes = gpu_nodes(2)
+    c = Claim("ns", {"s": 4, "c": 4}, TOPO)
+    pods = [
+        {"metadata": {"namespace": "ns", "labels": {"modeldeploy.dev/bundle": b}}} for b in ["s"] * 4 + ["c"]
+    ]
+    seen = pod_counts(
+        pods + [{"metadata": {"namespace": "other", "labels": {"modeldeploy.dev/bundle": "c"}}}]
+    )
+    assert seen == Counter({("ns", "s"): 4, ("ns", "c"): 1, ("other", "c"): 1})
+    assert c.missing(seen) == 3
+    assert sum(n.requested for n in claimed(nodes, [c], seen)) == 3
+    wrong_type = Claim("ns", {"c": 4}, {**TOPO, "gpuType": "NVIDIA-A100"})
+    assert sum(n.requested for n in claimed(nodes, [wrong_type], seen)) == 0  # fit accepts no node
+    cpu = Claim("ns", {"c": 4}, {**TOPO, "gpusPerReplica": 0})
+    assert claimed(nodes, [cpu], seen) == nodes
