@@ -14,15 +14,18 @@ Decisions are taken one at a time (Controller), so each sees the claims of those
 from __future__ import annotations
 
 import heapq
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from modeldeploy.operator.api import Topology
+from pydantic import ValidationError
+
+from modeldeploy.operator.api import Toleration, Topology
 from modeldeploy.operator.bundle import BUNDLE_LABEL
 from modeldeploy.operator.rollout import UNDER_TEST
-from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus
+from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus, tolerates
 
 Key = tuple[str, str]  # (namespace, name)
 PodCounts = Counter[tuple[str, str]]  # (namespace, bundle) -> pods the node list shows
@@ -88,8 +91,66 @@ def place(nodes: list[NodeInfo], needs: Iterable[int], usable: set[str] | None =
 
 def claim_pending(nodes: list[NodeInfo], pending: Iterable[dict[str, Any]]) -> list[NodeInfo]:
     """The nodes with the GPUs of unscheduled Pending pods counted as taken: a GPU freed for another
-    rollout's Pending canary is not spare. Their selectors are not matched (errs toward Replace)."""
-    return place(nodes, map(pod_gpus, pending))
+    rollout's Pending canary is not spare. A pod claims only nodes it could be scheduled on (its node
+    selector, required node affinity and tolerations): a pod that fits no node takes nothing, and one
+    pinned elsewhere must not make this pool look full (CI: another test's unschedulable pods made a
+    1-replica rollout pick Replace, which its minAvailable never lets move)."""
+    groups: dict[str, tuple[dict[str, Any], list[int]]] = {}  # placement constraints -> (spec, needs)
+    for p in pending:
+        spec, need = p.get("spec") or {}, pod_gpus(p)
+        if need > 0:
+            where = {k: spec.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
+            groups.setdefault(json.dumps(where, sort_keys=True), (spec, []))[1].append(need)
+    out = nodes
+    for spec, needs in groups.values():
+        out = place(out, needs, {n.name for n in nodes if schedulable(spec, n)})
+    return out
+
+
+def schedulable(spec: dict[str, Any], node: NodeInfo) -> bool:
+    """Whether a pod with this spec may be scheduled on the node, for its labels and taints."""
+    if any(node.labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    tolerations = []
+    for t in spec.get("tolerations") or []:
+        try:
+            tolerations.append(Toleration.model_validate(t))
+        except ValidationError:
+            continue  # an operator this subset does not model: tolerates nothing here (errs toward Replace)
+    if not all(tolerates(tolerations, t) for t in node.taints if t[2] in ("NoSchedule", "NoExecute")):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(_term(t, node) for t in terms)
+
+
+def _term(term: dict[str, Any], node: NodeInfo) -> bool:
+    """A nodeSelectorTerm: all its expressions hold (labels; matchFields on metadata.name)."""
+    pairs = [(e, node.labels.get(e.get("key", ""))) for e in term.get("matchExpressions") or []]
+    pairs += [
+        (e, node.name if e.get("key") == "metadata.name" else None) for e in term.get("matchFields") or []
+    ]
+    return all(_holds(e.get("operator"), have, e.get("values") or []) for e, have in pairs)
+
+
+def _holds(op: str | None, have: str | None, values: list[str]) -> bool:
+    if op == "In":
+        return have in values
+    if op == "NotIn":
+        return have not in values
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and values:
+        try:
+            a, b = int(have), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
 
 
 def claimed(nodes: list[NodeInfo], claims: Iterable[Claim], seen: PodCounts) -> list[NodeInfo]:

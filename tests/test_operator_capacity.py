@@ -72,15 +72,44 @@ def test_gpus_freed_for_a_pending_canary_are_not_spare() -> None:
 
     topo = Topology(gpus_per_replica=1, gpu_type="NVIDIA-H200")
     freed = [replace(gpu_nodes(2)[0], requested=4), replace(gpu_nodes(2)[1], requested=8)]  # 4 spare GPUs
-    pending = [{"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}] * 4
+    gpu_pod = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    pending = [{"spec": {**gpu_pod, "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}] * 4
     assert spare_fit(topo, freed, 4)[0]  # without the Pending pods: 4 fit
     claimed = claim_pending(freed, pending)
     ok, why = spare_fit(topo, claimed, 1)
     assert not ok and "0 of 16 GPUs spare" in why
     assert [n.requested for n in claimed] == [8, 8] and [n.name for n in claimed] == [n.name for n in freed]
-    big = [{"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 8}}}]}}]
+    big = [{"spec": {**gpu_pod, "containers": [{"resources": {"limits": {"nvidia.com/gpu": 8}}}]}}]
     assert [n.requested for n in claim_pending(freed, big)] == [4, 8]  # fits nowhere whole: claims nothing
     assert claim_pending(freed, [{"spec": {"containers": [{}]}}]) == freed  # no GPUs asked
+    # CI: unschedulable pods of another test, pinned elsewhere, made this pool look full
+    pinned = [{"spec": {**p["spec"], "nodeSelector": {"pool": "other"}}} for p in pending]
+    untolerated = [{"spec": {"containers": p["spec"]["containers"]}} for p in pending]
+    assert claim_pending(freed, pinned) == freed and claim_pending(freed, untolerated) == freed
+
+
+def test_a_pending_pod_claims_only_nodes_its_affinity_and_tolerations_allow() -> None:
+    from modeldeploy.operator.claims import schedulable
+
+    node = replace(gpu_nodes(1)[0], labels={"pool": "a", "gen": "5"})
+    tol = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+    def aff(*exprs: dict, fields: tuple = ()) -> dict:
+        term = {"matchExpressions": list(exprs), "matchFields": list(fields)}
+        return {"tolerations": tol, "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}}  # fmt: skip
+
+    assert schedulable({"tolerations": tol}, node) and not schedulable({}, node)  # the GPU taint
+    assert schedulable(aff({"key": "pool", "operator": "In", "values": ["a", "b"]}), node)
+    assert not schedulable(aff({"key": "pool", "operator": "NotIn", "values": ["a"]}), node)
+    assert schedulable(
+        aff({"key": "gen", "operator": "Gt", "values": ["4"]}, {"key": "x", "operator": "DoesNotExist"}), node
+    )
+    assert not schedulable(aff({"key": "gen", "operator": "Lt", "values": ["4"]}), node)
+    assert not schedulable(
+        aff(fields=({"key": "metadata.name", "operator": "In", "values": ["gpu-9"]},)), node
+    )
+    assert schedulable({"tolerations": [{"operator": "Exists"}]}, node)  # tolerates every taint
 
 
 def test_auto_picks_replace_on_a_full_cluster_and_says_why() -> None:
