@@ -23,6 +23,8 @@ stages (bench/gpu_check.sh runs them all, each under its own timeout):
   serve          the HTTP server with the engine core in its own process (spawned, CUDA) vs the
                  thread layout: greedy completions identical, and tokens/s of each at 32 streams
                  against the in-process engine (a 1024-hidden bf16 llama, random weights)
+  graphs         --cuda-graphs decode vs eager: greedy tokens identical (tiny fp32 llama), and the
+                 pure-decode step time at batch 1/8/32 of a 1024-hidden bf16 llama, context 256
   report OUTDIR  merge the stage JSONs into OUTDIR/gpu_check.json and print the table
 
 Each stage writes WORKDIR/<stage>[-NAME].json, with "error" set if it failed, so a CUDA fault
@@ -438,6 +440,7 @@ def stage_report(out: Path, _arg) -> dict:
     grammar = _load(out, "grammar_mask")
     tp = _load(out, "tp")
     serve = _load(out, "serve")
+    graphs = _load(out, "graphs")
     merged = {
         "git_rev": os.environ.get("GPU_CHECK_GIT_REV", "unknown"),
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
@@ -450,6 +453,7 @@ def stage_report(out: Path, _arg) -> dict:
         "grammar_mask": grammar,
         "tp": tp,
         "serve": serve,
+        "graphs": graphs,
     }
     lines = [
         f"gpu_check {merged['date']} rev {merged['git_rev']}",
@@ -499,6 +503,7 @@ def stage_report(out: Path, _arg) -> dict:
     lines += ["grammar mask: " + _grammar_line(grammar)]
     lines += ["tensor parallel: " + _tp_line(tp)]
     lines += ["engine core process: " + _serve_line(serve)]
+    lines += ["cuda graphs: " + _graphs_line(graphs)]
     merged["table"] = lines
     return merged
 
@@ -960,7 +965,80 @@ def _serve_line(r: dict) -> str:
     )
 
 
+def stage_graphs(out: Path, _arg) -> dict:
+    """CUDA graph decode (--cuda-graphs) vs eager: greedy tokens identical on tiny fp32 llamas, and the
+    pure-decode step time at batch 1/8/32 of a 1024-hidden bf16 llama (random weights, context 256)."""
+    import torch
+
+    from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    if DEVICE != "cuda" or not torch.cuda.is_available():
+        return {"skipped": "no CUDA device", "ok": False}
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (1, 7, 16, 33, 100, 250)]
+    result: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = make_tiny_model(Path(tmp) / "tiny", "llama", seed=0, hidden_size=256, num_heads=4, num_kv_heads=2)
+        tokens = {}
+        for graphs in (False, True):
+            llm = LLM(d, dtype="float32", device=DEVICE, max_num_seqs=8, cuda_graphs=graphs)
+            outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+            tokens[graphs] = [o.token_ids for o in outs]
+            if graphs:
+                result["replays"] = llm.engine.runner.graphs.replays
+                result["buckets"] = llm.engine.runner.graphs.buckets
+            del llm
+            gc.collect()
+        result["greedy_mismatches"] = sum(a != b for a, b in zip(tokens[False], tokens[True], strict=True))
+        big = make_tiny_model(
+            Path(tmp) / "big", "llama", seed=0, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4
+        )
+        rows = []
+        for graphs in (False, True):
+            llm = LLM(big, dtype="bfloat16", device=DEVICE, max_num_seqs=32, cuda_graphs=graphs,
+                      enable_prefix_caching=False, max_model_len=512)  # fmt: skip
+            eng = llm.engine
+            for b in (1, 8, 32):
+                params = SamplingParams(temperature=0, max_tokens=33, ignore_eos=True)
+                for j in range(b):
+                    eng.add_request(
+                        f"g{graphs}-{b}-{j}", torch.randint(10, 500, (256,), generator=gen).tolist(), params
+                    )
+                spent, steps = 0.0, 0
+                while eng.has_work():
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    outs = eng.step()
+                    torch.cuda.synchronize()
+                    if len(outs) == b and all(len(o.token_ids) >= 2 for o in outs):  # a pure decode step
+                        spent, steps = spent + time.perf_counter() - t0, steps + 1
+                rows.append(
+                    {"graphs": graphs, "batch": b, "step_ms": 1000 * spent / max(1, steps), "steps": steps}
+                )
+            del llm, eng
+            gc.collect()
+            torch.cuda.empty_cache()
+    eager = {r["batch"]: r["step_ms"] for r in rows if not r["graphs"]}
+    for r in rows:
+        r["speedup"] = eager[r["batch"]] / r["step_ms"] if r["graphs"] else 1.0
+    result["rows"] = rows
+    result["ok"] = result["greedy_mismatches"] == 0 and result["replays"] > 0
+    return result
+
+
+def _graphs_line(r: dict) -> str:
+    if "rows" not in r:
+        return f"ERROR {r.get('error', r.get('skipped', '?'))[:100]}"
+    steps = ", ".join(
+        f"b{x['batch']} {x['step_ms']:.2f} ms ({x['speedup']:.2f}x)" for x in r["rows"] if x["graphs"]
+    )
+    verdict = "PASS" if r["greedy_mismatches"] == 0 else f"FAIL ({r['greedy_mismatches']} prompts differ)"
+    return f"greedy graphs == eager: {verdict}, {r['replays']} replays; decode step with graphs: {steps}"
+
+
 STAGES = {
+    "graphs": stage_graphs,
     "serve": stage_serve,
     "tp": stage_tp,
     "grammar_mask": stage_grammar_mask,

@@ -37,6 +37,7 @@ for k in $("$PY" bench/gpu_check.py "$WORK" list-kernels); do
   case $k in paged_attention_*) stage 90 kernels "$k" ;; *) stage 45 kernels "$k" ;; esac
 done
 stage 75 greedy
+stage 90 graphs
 stage 90 lora
 stage 200 decode
 stage 70 kernel_bench

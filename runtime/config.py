@@ -45,6 +45,9 @@ class EngineConfig:
     # processes that only run the model); gloo on cpu, NCCL on cuda (one GPU per rank).
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 30.0  # a collective waiting longer than this fails the engine (a hung rank)
+    # Pure-decode steps replay CUDA graphs captured at load, one per batch-size bucket (engine/graphs.py);
+    # cuda only, without tensor parallelism. Off by default until the GPU check has measured it.
+    cuda_graphs: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -87,6 +90,12 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size: must be an integer >= 1, got {tp!r}")
         if not self.tp_timeout_s > 0:
             raise ValueError(f"tp_timeout_s: must be > 0, got {self.tp_timeout_s}")
+        if self.cuda_graphs and tp > 1:
+            raise ValueError(
+                f"cuda_graphs: not supported with tensor parallelism yet (tensor_parallel_size {tp})"
+            )
+        if self.cuda_graphs and self.device == "cpu":
+            raise ValueError("cuda_graphs: needs a CUDA device (device is cpu)")
         if tp > 1 and self.adapters:
             raise ValueError(
                 f"tensor_parallel_size: LoRA adapters are not supported with tensor parallelism yet "

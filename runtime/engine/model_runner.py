@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from modeldeploy.runtime.engine.graphs import DecodeGraphs
 from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.scheduler import ScheduledBatch
 from modeldeploy.runtime.engine.sequence import Sequence
@@ -68,6 +69,13 @@ class ModelRunner:
             )
             for _ in range(a.num_layers)
         ]
+        self.graphs: DecodeGraphs | None = None  # capture_graphs(): pure-decode steps replay (graphs.py)
+
+    def capture_graphs(self, max_batch: int, capture: bool = True) -> None:
+        """Capture decode steps up to `max_batch` sequences (capture=False: the static buffers, eager)."""
+        self.graphs = DecodeGraphs(
+            self.model, self.kv_caches, max_batch, self.max_blocks_per_seq, self.device, capture
+        )
 
     @staticmethod
     def block_bytes(loaded: Loaded, block_size: int) -> int:
@@ -142,6 +150,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan, lora: LoraBatch | None = None) -> torch.Tensor:
         """The forward over this rank's shard: final hidden states [T, E]."""
+        g = self.graphs
+        if g is not None and g.eligible(len(plan.ids), len(plan.decode_lens), lora is not None):
+            return g.run(plan.ids, plan.positions, plan.slots, plan.decode_tables, plan.decode_lens)
         meta = AttnMeta(
             slot_mapping=self._tensor(plan.slots, torch.int64),
             num_decode=len(plan.decode_lens),

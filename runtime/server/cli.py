@@ -89,6 +89,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="ranks the model is split over: one process and one GPU each (gloo on cpu)",
     )
     p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay pure-decode steps from CUDA graphs captured at load (cuda only, no tensor parallelism)",
+    )
+    p.add_argument(
         "--tp-timeout",
         type=float,
         default=30.0,
@@ -166,7 +171,12 @@ def build_config(args: argparse.Namespace):
         grammar_cache_size=args.grammar_cache_size,
         tensor_parallel_size=args.tensor_parallel_size,
         tp_timeout_s=args.tp_timeout,
+        cuda_graphs=args.cuda_graphs,
     )
+    if args.cuda_graphs and args.device == "cpu":
+        raise ValueError("--cuda-graphs: needs a CUDA device (--device is cpu)")
+    if args.cuda_graphs and args.tensor_parallel_size > 1:
+        raise ValueError("--cuda-graphs: not supported with --tensor-parallel-size > 1 yet")
     if args.tp_timeout <= 0:
         raise ValueError(f"--tp-timeout must be > 0, got {args.tp_timeout}")
     if args.tensor_parallel_size > 1 and adapters:
