@@ -1,0 +1,218 @@
+"""What a ModelDeployment serves (spec.bundle): engine image, model, tokenizer, adapters, config.
+
+Everything here is hashed into the bundle id, so changing any of it is a canaried rollout; the
+pins (image by digest, artifacts by manifest digest) and their CEL rules live next to the types.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from modeldeploy.operator._model import _Model
+from modeldeploy.operator.api_common import _cel, _matches
+
+PINNED_IMAGE_RE = r"^[^@ ]+@sha256:[0-9a-f]{64}$"
+DIGEST_RE = r"^sha256:[0-9a-f]{64}$"
+URI_RE = r"^(pvc|file|https?)://.+$"
+MSG_IMAGE = "engine.image must be pinned by digest: <repo>@sha256:<64 hex>, tags alone are not accepted"
+MSG_DIGEST = "digest must be 'sha256:' followed by 64 lowercase hex characters"
+MSG_URI = "uri must start with pvc://, file://, http:// or https://"
+MSG_TOKENIZER = "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
+ADAPTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_ADAPTERS = 16
+MSG_ADAPTER_NAME = (
+    "adapter name must be a DNS label: lowercase letters, digits and '-', at most 63 characters"
+)
+MSG_ADAPTER_UNIQUE = "adapters: every adapter name must be unique"
+MSG_ADAPTER_MODEL = (
+    "adapters: an adapter name must differ from the served model name "
+    "(config.servedModelName, default 'model'): clients select either by that name"
+)
+DEFAULT_SERVED_NAME = "model"  # the runtime's default: the model directory's name (children.MODEL_DIR)
+
+
+PinnedImage = Annotated[
+    str,
+    _matches(PINNED_IMAGE_RE, MSG_IMAGE),
+    Field(max_length=512, json_schema_extra=_cel(f"self.matches('{PINNED_IMAGE_RE}')", MSG_IMAGE)),
+]
+Digest = Annotated[
+    str,
+    _matches(DIGEST_RE, MSG_DIGEST),
+    Field(max_length=71, json_schema_extra=_cel(f"self.matches('{DIGEST_RE}')", MSG_DIGEST)),
+]
+Uri = Annotated[
+    str,
+    _matches(URI_RE, MSG_URI),
+    Field(max_length=2048, json_schema_extra=_cel(f"self.matches('{URI_RE}')", MSG_URI)),
+]
+
+
+class EngineRef(_Model):
+    image: PinnedImage = Field(description="Runtime image, pinned by digest (repo@sha256:...).")
+
+
+class Artifact(_Model):
+    uri: Uri = Field(
+        description="Where the files are: pvc://CLAIM[/SUBPATH], file:///HOST/PATH (hostPath, dev clusters), "
+        "or http(s)://URL (fetched by an init container that verifies the digest)."
+    )
+    revision: str = Field(
+        max_length=256, description="Human revision (git sha, tag) recorded in status and metrics."
+    )
+    digest: Digest = Field(
+        description="sha256 over the sorted path:sha256 manifest (`modeldeploy digest DIR`)."
+    )
+
+
+class TokenizerRef(_Model):
+    uri: Uri | None = Field(
+        default=None, description="Omit (or set equal to model.uri): read from the model directory."
+    )
+    revision: str = Field(max_length=256, description="Tokenizer revision.")
+    digest: Digest = Field(description="sha256 manifest digest of the tokenizer files.")
+
+
+class AdapterRef(_Model):
+    """A LoRA adapter (PEFT directory), pinned like the model; clients select it with `model: <name>`."""
+
+    name: Annotated[
+        str,
+        _matches(ADAPTER_NAME_RE, MSG_ADAPTER_NAME),
+        Field(
+            max_length=63,
+            description="The model name clients send to select this adapter (a DNS label).",
+            json_schema_extra=_cel(f"self.matches('{ADAPTER_NAME_RE}')", MSG_ADAPTER_NAME),
+        ),
+    ]
+    uri: Uri = Field(description="Where the adapter files are (same schemes as model.uri).")
+    revision: str = Field(max_length=256, description="Human revision, recorded in /v1/bundle.")
+    digest: Digest = Field(description="sha256 manifest digest of the adapter directory (required).")
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(max_length=253, description="Secret name in the same namespace.")
+    key: str = Field(max_length=253, description="Key within the Secret.")
+
+
+class ServingConfig(_Model):
+    max_num_seqs: int = Field(
+        default=16, ge=1, le=4096, description="Sequences batched at once (--max-num-seqs)."
+    )
+    max_queue: int = Field(
+        default=64, ge=0, le=100000, description="Admission queue length before 429 (--max-queue)."
+    )
+    max_queued_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000_000,
+        description="Prompt tokens that may wait together before a 429 (--max-queued-tokens); a request "
+        "alone in the queue always enters. Unset or 0: no bound.",
+    )
+    queue_budget_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="Seconds a request may be expected to wait for a running slot; beyond, a 429 with "
+        "Retry-After at once instead of a late answer (--queue-budget; a client's x-request-deadline-ms "
+        "header sets its own). Unset: spec.rollout.analysis.slo.ttftSeconds, the TTFT SLO the canary "
+        "analysis judges goodput by. 0: no server budget.",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=1048576, description="Context length cap (--max-model-len)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        le=1048576,
+        description="Token budget per engine step (--max-num-batched-tokens).",
+    )
+    kv_cache_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of free device memory for KV blocks (--kv-cache-fraction).",
+    )
+    num_kv_blocks: int | None = Field(
+        default=None, ge=1, description="Fixed KV block count (--num-kv-blocks)."
+    )
+    chunked_prefill: bool = Field(
+        default=True, description="Split long prompts across steps (off: --no-chunked-prefill)."
+    )
+    structured_output: bool = Field(
+        default=False,
+        description="The bundle serves response_format json_schema: the conformance gate then checks "
+        "that constrained outputs validate and that unsupported schema features get a 400.",
+    )
+    served_model_name: str | None = Field(
+        default=None, max_length=256, description="Model name clients send (--served-model-name)."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto", description="Weight dtype (--dtype)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device (--device).")
+    drain_timeout_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="SIGTERM drain budget (--drain-timeout); grace period is longer.",
+    )
+    max_loras: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ADAPTERS,
+        description="LoRA adapters held on the device at once (--max-loras); the rest wait in host memory.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, never read by the operator.",
+    )
+
+
+class Bundle(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.tokenizer.uri) || self.tokenizer.uri == self.model.uri",
+                    "message": MSG_TOKENIZER,
+                },
+                {
+                    "rule": "!has(self.adapters) || self.adapters.all(a, a.name != "
+                    f"(has(self.config.servedModelName) ? self.config.servedModelName : '{DEFAULT_SERVED_NAME}'))",
+                    "message": MSG_ADAPTER_MODEL,
+                },
+            ]
+        }
+    )
+    engine: EngineRef = Field(description="The serving runtime image.")
+    model: Artifact = Field(description="Model weights and config.")
+    tokenizer: TokenizerRef = Field(description="Tokenizer pin.")
+    config: ServingConfig = Field(
+        default_factory=ServingConfig, description="Serving configuration (runtime flags)."
+    )
+    adapters: list[AdapterRef] | None = Field(
+        default=None,
+        max_length=MAX_ADAPTERS,
+        description="LoRA adapters served beside the base model, each pinned by digest; part of the bundle id, "
+        "so changing one is a canaried rollout.",
+        json_schema_extra=_cel("self.all(a, self.exists_one(b, b.name == a.name))", MSG_ADAPTER_UNIQUE),
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _no_adapters_is_none(cls, v: list[AdapterRef] | None) -> list[AdapterRef] | None:
+        return v or None  # `adapters: []` and no adapters are the same bundle (and bundle id)
+
+    @model_validator(mode="after")
+    def _tokenizer_same_dir(self) -> Bundle:
+        if self.tokenizer.uri is not None and self.tokenizer.uri != self.model.uri:
+            raise ValueError(MSG_TOKENIZER)
+        names = [a.name for a in self.adapters or []]
+        if len(set(names)) != len(names):
+            raise ValueError(MSG_ADAPTER_UNIQUE)
+        if (self.config.served_model_name or DEFAULT_SERVED_NAME) in names:
+            raise ValueError(MSG_ADAPTER_MODEL)
+        return self

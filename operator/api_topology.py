@@ -1,0 +1,119 @@
+"""Where and on what one replica runs (spec.topology, spec.resources): GPUs, tensor parallelism, placement.
+
+Also the sizes the capacity fit check reads (weightsMemory, kvCachePerGpu) and /dev/shm.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from modeldeploy.operator._model import _Model
+from modeldeploy.operator.api_common import ByteQuantity, Quantity, _cel, quantity_bytes
+
+MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica"
+# Default /dev/shm per tensor-parallel rank: 1Gi at TP=1 (the value before TP, so those pods keep
+# their template), N Gi for N ranks (TGI runs sharded models with --shm-size 1g; vLLM asks for more
+# or --ipc=host). A memory-backed emptyDir only charges what is written, to the pod's memory limit.
+SHM_PER_RANK_GI = 1
+
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration subset)."""
+
+    key: str | None = Field(default=None, max_length=317, description="Taint key.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Effect."
+    )
+    toleration_seconds: int | None = Field(default=None, description="NoExecute grace.")
+
+
+def _gpu_toleration() -> list[Toleration]:
+    return [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+
+
+class Topology(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            "self.gpusPerReplica == 0 || self.gpusPerReplica % self.tensorParallel == 0",
+            MSG_TP,
+            fieldPath=".tensorParallel",
+        )
+    )
+    gpus_per_replica: int = Field(
+        default=1, ge=0, le=64, description="nvidia.com/gpu per replica (0: CPU only)."
+    )
+    tensor_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Tensor-parallel ranks in each pod (--tensor-parallel-size): one GPU per rank, so it "
+        "divides gpusPerReplica; with gpusPerReplica 0 only CPU ranks (bundle.config.device: cpu). "
+        "Not combinable with bundle.adapters yet.",
+    )
+    gpu_type: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Node label nvidia.com/gpu.product the replica needs (e.g. NVIDIA-H200).",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra node labels a replica needs (merged with the GPU-type selector).",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=_gpu_toleration,
+        max_length=32,
+        description="Pod tolerations (default: nvidia.com/gpu Exists).",
+    )
+    shm_size: ByteQuantity | None = Field(
+        default=None,
+        description="Size limit of the memory-backed /dev/shm (tensor-parallel ranks exchange data "
+        f"through it); default {SHM_PER_RANK_GI}Gi per tensor-parallel rank.",
+    )
+    weights_memory: ByteQuantity | None = Field(
+        default=None,
+        description="Device memory the model's weights take at the serving dtype, all ranks together "
+        "(e.g. 140Gi for a 70B model in bfloat16). When set, the fit check needs a node whose GPUs "
+        "each hold weightsMemory / tensorParallel + kvCachePerGpu (node label nvidia.com/gpu.memory, "
+        "MiB; a node without it is not ruled out), else the replica is Unschedulable.",
+    )
+    kv_cache_per_gpu: ByteQuantity | None = Field(
+        default=None,
+        description="KV cache (plus any headroom) each GPU must hold beside its weight shard, for the fit "
+        "check with weightsMemory (default 0).",
+    )
+
+    @model_validator(mode="after")
+    def _tp_divides(self) -> Topology:
+        if self.gpus_per_replica and self.gpus_per_replica % self.tensor_parallel:
+            raise ValueError(MSG_TP)
+        return self
+
+    def shm_size_limit(self) -> Quantity:
+        """The /dev/shm sizeLimit: shmSize when set, else SHM_PER_RANK_GI Gi per tensor-parallel rank."""
+        return self.shm_size if self.shm_size is not None else f"{SHM_PER_RANK_GI * self.tensor_parallel}Gi"
+
+    def gpu_bytes_needed(self) -> int | None:
+        """Bytes one GPU of a replica needs: weightsMemory / tensorParallel + kvCachePerGpu (None: unknown).
+
+        Each rank holds 1/N of the weights (column/row-parallel shards) and its own KV blocks, so a
+        model too large for one GPU fits N of them; the runtime's activations and CUDA context come
+        on top, so this is a lower bound: a replica it rejects can never load."""
+        if self.weights_memory is None:
+            return None
+        weights = quantity_bytes(self.weights_memory)
+        kv = quantity_bytes(self.kv_cache_per_gpu) if self.kv_cache_per_gpu is not None else 0
+        return -(-weights // self.tensor_parallel) + kv
+
+
+class Resources(_Model):
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: {"cpu": "1", "memory": "4Gi"},
+        description="Container requests (GPUs come from topology).",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=lambda: {"memory": "16Gi"}, description="Container limits (nvidia.com/gpu is added)."
+    )
