@@ -134,6 +134,8 @@ __all__ = (  # a tuple: operator/ modules keep no mutable module state (tests/te
     "MSG_STEPS",
     "MSG_TOKENIZER",
     "MSG_TP",
+    "MSG_GRAPHS_CPU",
+    "MSG_GRAPHS_TP",
     "MSG_TP_ADAPTERS",
     "MSG_TP_CPU",
     "MSG_URI",
@@ -191,6 +193,8 @@ MSG_TP_CPU = (
     "topology.tensorParallel > 1 with topology.gpusPerReplica 0 needs bundle.config.device: cpu "
     "(CPU ranks over gloo); give GPU ranks a GPU each with gpusPerReplica"
 )
+MSG_GRAPHS_CPU = "bundle.config.cudaGraphs needs a CUDA device: bundle.config.device cpu has no CUDA graphs"
+MSG_GRAPHS_TP = "bundle.config.cudaGraphs cannot be combined with topology.tensorParallel > 1 yet"
 MSG_TP_ADAPTERS = (
     "topology.tensorParallel > 1 cannot be combined with bundle.adapters: "
     "the runtime does not serve LoRA adapters under tensor parallelism yet"
@@ -231,6 +235,18 @@ class ModelDeploymentSpec(_Model):
                     "message": MSG_TP_CPU,
                     "fieldPath": ".topology.tensorParallel",
                 },
+                {
+                    "rule": "!has(self.bundle.config.cudaGraphs) || !self.bundle.config.cudaGraphs "
+                    "|| !has(self.bundle.config.device) || self.bundle.config.device != 'cpu'",
+                    "message": MSG_GRAPHS_CPU,
+                    "fieldPath": ".bundle.config.cudaGraphs",
+                },
+                {
+                    "rule": "!has(self.bundle.config.cudaGraphs) || !self.bundle.config.cudaGraphs "
+                    "|| self.topology.tensorParallel == 1",
+                    "message": MSG_GRAPHS_TP,
+                    "fieldPath": ".bundle.config.cudaGraphs",
+                },
             ]
         }
     )
@@ -255,6 +271,11 @@ class ModelDeploymentSpec(_Model):
                 raise ValueError(MSG_TP_ADAPTERS)
             if self.topology.gpus_per_replica == 0 and self.bundle.config.device != "cpu":
                 raise ValueError(MSG_TP_CPU)
+        if self.bundle.config.cuda_graphs:
+            if self.bundle.config.device == "cpu":
+                raise ValueError(MSG_GRAPHS_CPU)
+            if self.topology.tensor_parallel > 1:
+                raise ValueError(MSG_GRAPHS_TP)
         return self
 
 

@@ -149,6 +149,11 @@ class ServingConfig(_Model):
     served_model_name: str | None = Field(
         default=None, max_length=256, description="Model name clients send (--served-model-name)."
     )
+    cuda_graphs: bool | None = Field(
+        default=None,
+        description="Replay pure-decode steps from CUDA graphs captured at load (--cuda-graphs); needs a "
+        "CUDA device, not with tensorParallel > 1. Unset: off (and the bundle id of a bundle without it).",
+    )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         default="auto", description="Weight dtype (--dtype)."
     )

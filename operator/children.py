@@ -85,6 +85,8 @@ def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
         args += ["--adapter-revision", f"{a.name}={a.revision}"]
     if c.max_loras is not None:
         args += ["--max-loras", str(c.max_loras)]
+    if c.cuda_graphs:
+        args += ["--cuda-graphs"]
     if spec.topology.tensor_parallel > 1:  # only then: a TP=1 pod keeps the args (and template) it had
         args += ["--tensor-parallel-size", str(spec.topology.tensor_parallel)]
     return args  # the API key arrives as env MODELDEPLOY_API_KEY, never on the command line

@@ -237,3 +237,28 @@ def test_tensor_parallel_rejections(kwargs: dict[str, Any], needle: str) -> None
 def test_tensor_parallel_accepted(kwargs: dict[str, Any]) -> None:
     spec = api.ModelDeploymentSpec.model_validate(_tp_spec(**kwargs))
     assert spec.topology.tensor_parallel == kwargs["tp"]
+
+
+def test_cuda_graphs_rules_name_the_field_and_leave_old_bundle_ids_alone() -> None:
+    from modeldeploy.operator.bundle import bundle_id
+    from modeldeploy.operator.children import serve_args
+
+    by_message = {r["message"]: r for r in spec_rules()}
+    for msg in (api.MSG_GRAPHS_CPU, api.MSG_GRAPHS_TP):
+        assert by_message[msg]["fieldPath"] == ".bundle.config.cudaGraphs" and "cudaGraphs" in msg
+    for kwargs, needle in (({"gpus": 1, "tp": 1, "device": "cpu"}, api.MSG_GRAPHS_CPU),
+                           ({"gpus": 2, "tp": 2, "device": "cuda"}, api.MSG_GRAPHS_TP)):  # fmt: skip
+        obj = _tp_spec(**kwargs)
+        obj["bundle"]["config"]["cudaGraphs"] = True
+        with pytest.raises(ValidationError) as e:
+            api.ModelDeploymentSpec.model_validate(obj)
+        assert needle in str(e.value)
+    plain = _tp_spec(1, 1, "cuda")
+    graphs = _tp_spec(1, 1, "cuda")
+    graphs["bundle"]["config"]["cudaGraphs"] = True
+    a, b = api.ModelDeploymentSpec.model_validate(plain), api.ModelDeploymentSpec.model_validate(graphs)
+    assert "--cuda-graphs" in serve_args(b, "x") and "--cuda-graphs" not in serve_args(a, "x")
+    assert bundle_id(a.bundle) != bundle_id(b.bundle)  # turning it on is a canaried rollout
+    off = _tp_spec(1, 1, "cuda")
+    off["bundle"]["config"]["cudaGraphs"] = None
+    assert bundle_id(api.ModelDeploymentSpec.model_validate(off).bundle) == bundle_id(a.bundle)
