@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,15 +62,23 @@ class Claim:
         return sum(max(0, n - seen.get((self.namespace, b), 0)) for b, n in self.wants.items())
 
 
-def pod_counts(pods: Iterable[dict[str, Any]]) -> PodCounts:
-    """Pods per (namespace, bundle label), for the pods a node list was computed from."""
-    out: PodCounts = Counter()
+def counted(pods: Iterable[dict[str, Any]], seen: PodCounts) -> Iterator[dict[str, Any]]:
+    """The pods, one at a time (a paged list stays paged), each counted into `seen` by
+    (namespace, bundle label) as it passes."""
     for p in pods:
         meta = p.get("metadata") or {}
         bundle = (meta.get("labels") or {}).get(BUNDLE_LABEL)
         if bundle:
-            out[(meta.get("namespace", ""), bundle)] += 1
-    return out
+            seen[(meta.get("namespace", ""), bundle)] += 1
+        yield p
+
+
+def pod_counts(pods: Iterable[dict[str, Any]]) -> PodCounts:
+    """Pods per (namespace, bundle label), for the pods a node list was computed from."""
+    seen: PodCounts = Counter()
+    for _ in counted(pods, seen):
+        pass
+    return seen
 
 
 def place(nodes: list[NodeInfo], needs: Iterable[int], usable: set[str] | None = None) -> list[NodeInfo]:

@@ -21,7 +21,7 @@ from modeldeploy.operator import commands, metrics
 from modeldeploy.operator.actions import Observed
 from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec
 from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
-from modeldeploy.operator.claims import Claim, Key, PodCounts, claim_pending, claimed, pod_counts
+from modeldeploy.operator.claims import Claim, Key, PodCounts, claim_pending, claimed, counted
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
@@ -70,12 +70,13 @@ class NodeCache:
         try:
             if not self._fresh(since):
                 begun = self.clock()
-                bound, unbound = list(self.kube.list_bound_pods()), list(self.kube.list_unbound_pods())
-                used = gpu_requests(bound)  # spare GPUs for capacity: Auto
+                seen: PodCounts = Counter()
+                used = gpu_requests(counted(self.kube.list_bound_pods(), seen))  # spare GPUs for Auto
+                unbound = list(counted(self.kube.list_unbound_pods(), seen))  # Pending ones only: few
                 nodes = [
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
                 ]
-                self._nodes, self._seen = claim_pending(nodes, unbound), pod_counts(bound + unbound)
+                self._nodes, self._seen = claim_pending(nodes, unbound), seen
                 self._at = begun
             return self._nodes
         finally:

@@ -16,6 +16,7 @@ the weights and its own KV blocks; `Topology.gpu_bytes_needed`), compared with t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +75,7 @@ def pod_gpus(pod: dict[str, Any]) -> int:
     return total
 
 
-def gpu_requests(pods: list[dict[str, Any]]) -> dict[str, int]:
+def gpu_requests(pods: Iterable[dict[str, Any]]) -> dict[str, int]:
     """GPUs requested per node by bound pods that still hold them, the way the scheduler counts them."""
     out: dict[str, int] = {}
     for p in pods:
