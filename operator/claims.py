@@ -28,7 +28,8 @@ from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus, tolerates
 
 Key = tuple[str, str]  # (namespace, name)
-PodCounts = Counter[tuple[str, str]]  # (namespace, bundle) -> pods the node list shows
+PodCounts = Counter[tuple[str, str, str]]  # (namespace, instance, bundle) -> pods the node list shows
+INSTANCE_LABEL = "app.kubernetes.io/instance"  # the owning ModelDeployment's name (bundle.instance_labels)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Claim:
     """Replicas one object's cohorts want, per bundle, with the topology that places them."""
 
     namespace: str
+    name: str
     wants: Mapping[str, int] = field(default_factory=dict)  # bundle -> replicas
     topology: Mapping[str, Any] = field(default_factory=dict)  # spec.topology as stored
     device: str = "auto"
@@ -55,26 +57,28 @@ class Claim:
         if canary and surge and status.get("phase") in ("Deploying", *UNDER_TEST):
             wants[canary] = max(wants[canary], int(spec.get("replicas") or 0))
         device = ((spec.get("bundle") or {}).get("config") or {}).get("device") or "auto"
-        return cls(md["metadata"]["namespace"], wants, spec.get("topology") or {}, device)
+        meta = md["metadata"]
+        return cls(meta["namespace"], meta["name"], wants, spec.get("topology") or {}, device)
 
     def missing(self, seen: PodCounts) -> int:
         """Replicas wanted that the node list shows no pod of yet."""
-        return sum(max(0, n - seen.get((self.namespace, b), 0)) for b, n in self.wants.items())
+        return sum(max(0, n - seen.get((self.namespace, self.name, b), 0)) for b, n in self.wants.items())
 
 
 def counted(pods: Iterable[dict[str, Any]], seen: PodCounts) -> Iterator[dict[str, Any]]:
     """The pods, one at a time (a paged list stays paged), each counted into `seen` by
-    (namespace, bundle label) as it passes."""
+    (namespace, ModelDeployment, bundle) as it passes: one bundle id is often served by many objects."""
     for p in pods:
         meta = p.get("metadata") or {}
-        bundle = (meta.get("labels") or {}).get(BUNDLE_LABEL)
+        labels = meta.get("labels") or {}
+        bundle = labels.get(BUNDLE_LABEL)
         if bundle:
-            seen[(meta.get("namespace", ""), bundle)] += 1
+            seen[(meta.get("namespace", ""), labels.get(INSTANCE_LABEL, ""), bundle)] += 1
         yield p
 
 
 def pod_counts(pods: Iterable[dict[str, Any]]) -> PodCounts:
-    """Pods per (namespace, bundle label), for the pods a node list was computed from."""
+    """Pods per (namespace, ModelDeployment, bundle), for the pods a node list was computed from."""
     seen: PodCounts = Counter()
     for _ in counted(pods, seen):
         pass

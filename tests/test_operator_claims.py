@@ -43,19 +43,25 @@ def test_place_puts_each_need_on_the_node_with_most_free_that_holds_it_whole() -
     assert [n.requested for n in place(nodes, [2, 2], usable={"gpu-1"})] == [0, 4]
 
 
-def test_a_claim_shrinks_by_the_pods_the_list_already_shows() -> None:
+def _pod(ns: str, name: str, bundle: str) -> dict:
+    labels = {"modeldeploy.dev/bundle": bundle, "app.kubernetes.io/instance": name}
+    return {"metadata": {"namespace": ns, "labels": labels}}
+
+
+def test_a_claim_shrinks_by_its_own_objects_pods_the_list_already_shows() -> None:
     nodes = gpu_nodes(2)
-    c = Claim("ns", {"s": 4, "c": 4}, TOPO)
-    pods = [
-        {"metadata": {"namespace": "ns", "labels": {"modeldeploy.dev/bundle": b}}} for b in ["s"] * 4 + ["c"]
-    ]
-    seen = pod_counts(
-        pods + [{"metadata": {"namespace": "other", "labels": {"modeldeploy.dev/bundle": "c"}}}]
+    c = Claim("ns", "a", {"s": 4, "c": 4}, TOPO)
+    pods = [_pod("ns", "a", b) for b in ["s"] * 4 + ["c"]]
+    # another object serving the same bundle ids (the 100-rollout bench: every object one bundle) and
+    # another namespace: their pods are not this claim's, or no claim would ever count
+    others = [_pod("ns", "b", "c")] * 3 + [_pod("other", "a", "c")]
+    seen = pod_counts(pods + others)
+    assert seen == Counter(
+        {("ns", "a", "s"): 4, ("ns", "a", "c"): 1, ("ns", "b", "c"): 3, ("other", "a", "c"): 1}
     )
-    assert seen == Counter({("ns", "s"): 4, ("ns", "c"): 1, ("other", "c"): 1})
     assert c.missing(seen) == 3
     assert sum(n.requested for n in claimed(nodes, [c], seen)) == 3
-    wrong_type = Claim("ns", {"c": 4}, {**TOPO, "gpuType": "NVIDIA-A100"})
+    wrong_type = Claim("ns", "a", {"c": 4}, {**TOPO, "gpuType": "NVIDIA-A100"})
     assert sum(n.requested for n in claimed(nodes, [wrong_type], seen)) == 0  # fit accepts no node
-    cpu = Claim("ns", {"c": 4}, {**TOPO, "gpusPerReplica": 0})
+    cpu = Claim("ns", "a", {"c": 4}, {**TOPO, "gpusPerReplica": 0})
     assert claimed(nodes, [cpu], seen) == nodes

@@ -175,12 +175,15 @@ def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
     assert kube.lists == 3
 
 
-def _stable_pods(kube: FakeKube, name: str, bundle: str, n: int) -> None:
-    """The stable's `n` pods, bound one GPU each (the fake API server has no ReplicaSet controller)."""
+def _stable_pods(
+    kube: FakeKube, name: str, bundle: str, n: int, owner: str | None = None, gpus: int = 1
+) -> None:
+    """`n` pods of a bundle, bound `gpus` GPUs each (the fake API server has no ReplicaSet controller)."""
     for i in range(n):
         kube.put({"kind": "Pod", "metadata": {"name": f"{name}-{i}", "namespace": NS, "labels": {
-            "modeldeploy.dev/bundle": bundle}}, "spec": {"nodeName": f"gpu-{i % 2}", "containers": [
-            {"resources": {"limits": {"nvidia.com/gpu": 1}}}]}, "status": {"phase": "Running"}})  # fmt: skip
+            "modeldeploy.dev/bundle": bundle, "app.kubernetes.io/instance": owner or name}}, "spec": {
+            "nodeName": f"gpu-{i % 2}", "containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+            "status": {"phase": "Running"}})  # fmt: skip
 
 
 def test_a_wave_of_capacity_decisions_subtracts_each_others_canaries() -> None:
@@ -208,14 +211,17 @@ def test_a_wave_of_capacity_decisions_subtracts_each_others_canaries() -> None:
     for name in ("a", "b"):
         kube.patch(MD, NS, name, {"spec": {"bundle": {"config": {"maxNumSeqs": 2}}}})
     ctrl.reconcile(NS, "a")
-    ctrl.reconcile(NS, "b")  # the same node list: a's canary Deployment has no pod yet
+    canary = kube.get_md(NS, "a")["status"]["canary"]["bundle"]
+    # another object already serves a's new bundle id (ids hash the bundle only: the 100-rollout
+    # bench's objects all share one): its pods are not a's, so a's claim still holds 4 GPUs
+    _stable_pods(kube, "z", canary, 4, gpus=0)
+    ctrl.reconcile(NS, "b")  # a's canary Deployment has no pod yet
     modes = {n: kube.get_md(NS, n)["status"]["rollout"]["capacity"] for n in ("a", "b")}
     assert modes == {"a": "Surge", "b": "Replace"}, modes
     new = [e["message"] for e in kube.events if e["reason"] == "NewBundle" and "Replace" in e["message"]]
     assert len(new) == 1 and "0 of 16 GPUs spare" in new[0], new
     # once a's canary pods exist they are counted as pods, and a's claim no longer: nothing twice
-    canary = kube.get_md(NS, "a")["status"]["canary"]["bundle"]
-    _stable_pods(kube, "a-canary", canary, 4)
+    _stable_pods(kube, "a-canary", canary, 4, owner="a")
     ctrl.nodes.get(since=ctrl.nodes.clock())
     assert sum(n.requested for n in ctrl.nodes.for_decision((NS, "b"), ctrl.nodes.clock() - 1)) == 16
     for name in ("a", "b"):
