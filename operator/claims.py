@@ -6,8 +6,9 @@ then (capacity Auto's fit check) takes them: of 100 concurrent rollouts on a ful
 the rest starved by Surge canaries landing on GPUs that Replace rollouts had freed for their own
 canaries, decided in waves that shared one node list. So every object's plan leaves a `Claim`: the
 replicas its cohorts want per bundle (and, for a Surge canary, the full size the fit check promised).
-A decision reads the nodes with the other objects' claims placed on them, less the pods of each bundle
-the list already shows, so a claim shrinks to nothing as its pods appear and nothing is counted twice.
+A decision reads the nodes with the other objects' claims placed on them, less the pods the list
+already shows of that object and bundle (bundle ids hash the bundle alone, so many objects can share
+one), so a claim shrinks to nothing as its pods appear and nothing is counted twice.
 Decisions are taken one at a time (Controller), so each sees the claims of those before it.
 """
 
