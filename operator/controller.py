@@ -12,6 +12,7 @@ apply (apply.py: actions and Events) -> schedule the next tick while a rollout m
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -94,15 +95,12 @@ class Controller:
         observed = self.observer.observe(md)
         observed_at = time.time()
         actions = plan(md, observed, now)
-        if observed.nodes is not None and capacity_decided(md.get("status"), actions):
-            with self.deciding:  # one decision on spare GPUs at a time, each seeing the earlier ones' claims
+        decided = observed.nodes is not None and capacity_decided(md.get("status"), actions)
+        # one decision on spare GPUs at a time, each seeing the claims the earlier ones recorded
+        with self.deciding if decided else contextlib.nullcontext():
+            if decided:
                 observed.nodes = self.nodes.for_decision(key, since=began)  # GPUs taken now, not cached
                 actions = plan(md, observed, now)
-                status = next(
-                    (a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {}
-                )
-                self.nodes.claim(key, Claim.of(md, status))
-        else:
             status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
             self.nodes.claim(key, Claim.of(md, status))
         apply(self.kube, md, actions, now, status_written, self.apply_pool.map)

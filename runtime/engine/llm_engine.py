@@ -114,9 +114,7 @@ class Engine:
         self.steps_total = 0
         progress("warming up", 0.95)
         self._warmup()
-        if config.cuda_graphs:
-            if loaded.device.type != "cuda":
-                raise ValueError(f"cuda_graphs: needs a CUDA device (device is {loaded.device.type})")
+        if config.cuda_graphs:  # config.validate() above refused it on the resolved device cpu
             progress("capturing cuda graphs", 0.97)
             self.runner.capture_graphs(config.max_num_seqs)
         progress("ready", 1.0)
