@@ -8,7 +8,8 @@ the engine's step count and running sequences and these CPU clocks (CPU time: wh
 not how long it waited, so robust to the machine's other load):
 
 - the server process (CLOCK_PROCESS_CPUTIME_ID): everything, tracing included;
-- the engine step thread (its pthread CPU clock): the step loop's own work;
+- the step loop's own work: its thread's pthread CPU clock (thread layout), or every thread of the
+  engine core process from /proc/<pid>/task/*/schedstat (process layout, what `modeldeploy serve` runs);
 - tracing, in place under the load: thread CPU inside `Tracing.record` (spans built on the event
   loop when a request ends) plus the span exporter thread's CPU clock (OTLP encoding and sending).
 
@@ -38,6 +39,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SECTION = "## Tracing on vs off (issue 19)"
+LAYOUTS = {
+    "process": "the step loop in an engine core process of its own (`modeldeploy serve`'s default); the API "
+    "server, and with it all tracing, in the bench process",
+    "thread": "the step loop on a thread of the server process (`--engine-core thread`)",
+}
+PINNED = (
+    "; pinned: the bench process (the API servers), the load client and the OTLP receiver on CPU 0, "
+    "the engine cores on CPU 1"
+)
 CLIENT = (
     "import asyncio, json, sys; sys.path.insert(0, {here!r}); import server_cpu as b; "
     "r = asyncio.run(b.run_server({url!r}, {n}, {c}, {tokens})); "
@@ -45,7 +55,7 @@ CLIENT = (
 )
 
 
-def server(model: str, traced: bool, endpoint: str) -> object:
+def server(model: str, traced: bool, endpoint: str, layout: str) -> object:
     from modeldeploy.runtime import EngineConfig
     from modeldeploy.runtime.server.config import ServerConfig
     from modeldeploy_dev.harness import ThreadedServer
@@ -55,13 +65,24 @@ def server(model: str, traced: bool, endpoint: str) -> object:
     else:
         os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     ecfg = EngineConfig(model=model, device="cpu", dtype="float32", max_num_seqs=32, bundle_id="bench")
-    # the thread layout: the step loop's thread CPU clock is read in this process (the process layout
-    # runs no tracing code in the step loop's process at all)
+    # "process" is what `modeldeploy serve` runs: the step loop in an engine core process of its own,
+    # which runs no tracing code at all; "thread" puts the step loop on a thread of this process
     s = ThreadedServer(
-        ServerConfig(engine=ecfg, served_model_name="bench", max_queue=256, engine_core="thread")
+        ServerConfig(engine=ecfg, served_model_name="bench", max_queue=256, engine_core=layout)
     )
     os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     return s
+
+
+def switch(s: object, tracing: object) -> None:
+    """Set the running server's EvidenceMiddleware's tracer: None is tracing off exactly as a server
+    built without OTEL_EXPORTER_OTLP_ENDPOINT runs it (`record` is never called)."""
+    from modeldeploy.runtime.server.evidence import EvidenceMiddleware
+
+    app = s.app.middleware_stack  # type: ignore[attr-defined]  # built at the first request (the warm-up)
+    while not isinstance(app, EvidenceMiddleware):
+        app = app.app
+    app.tracing = tracing
 
 
 def tracer(s: object) -> object:
@@ -74,6 +95,39 @@ def tracer(s: object) -> object:
 def _thread_clock(t: threading.Thread) -> Callable[[], float]:
     cid = time.pthread_getcpuclockid(t.ident)  # type: ignore[arg-type]
     return lambda: time.clock_gettime(cid)
+
+
+def _process_clock(pid: int) -> Callable[[], float]:
+    """CPU seconds of another process, all its threads: the first field of each task's schedstat
+    (nanoseconds on the CPU), finer than /proc/<pid>/stat's clock ticks."""
+
+    def read() -> float:
+        total = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended between the listing and the read
+        return total / 1e9
+
+    return read
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (sched_setaffinity acts on one thread; new threads inherit)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (OSError, ValueError):
+            pass
+
+
+def engine_clock(s: object) -> Callable[[], float]:
+    """The step loop's CPU clock: its thread here (thread layout) or its core process (process layout)."""
+    eng = s.ctx.engine  # type: ignore[attr-defined]
+    if getattr(eng, "pid", None) is not None:
+        return _process_clock(eng.pid)
+    return _thread_clock(eng._thread)
 
 
 class TracingClock:
@@ -120,7 +174,7 @@ def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -
     """Load from another process while a thread here samples the engine and the CPU clocks every
     20 ms; only intervals that begin and end with all `c` sequences running count (batch 32)."""
     eng = s.ctx.engine  # type: ignore[attr-defined]
-    engine_cpu = _thread_clock(eng._thread)
+    engine_cpu = engine_clock(s)
     code = CLIENT.format(here=str(HERE), url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
     samples: list[tuple[float, ...]] = []
     done = threading.Event()
@@ -184,6 +238,128 @@ def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -
     }
 
 
+def toggled(
+    s: object, tr: object, tc: TracingClock | None, n: int, c: int, tokens: int, period: float
+) -> dict:
+    """One long load on one server whose tracer is switched every `period` seconds: off, on, off...
+    (with `tr` None, the A/A control, only the labels change). The machine's slow swings (the step time
+    moves by a third between minutes here) are then shared by each "on" window and the "off" windows
+    on both sides of it, which a window is compared with: diff_k = on_k / mean(off_k-1, off_k+1) - 1."""
+    eng = s.ctx.engine  # type: ignore[attr-defined]
+    loop_cpu = engine_clock(s)
+    code = CLIENT.format(here=str(HERE), url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
+    window = [0]
+    samples: list[tuple[float, int, int, float, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            st = eng.stats()
+            samples.append((time.perf_counter(), st.steps_total, st.num_running, loop_cpu(), window[0]))
+            time.sleep(0.02)
+
+    def toggle() -> None:
+        while not done.wait(period):
+            window[0] += 1
+            if tr is not None:
+                switch(s, tr if window[0] % 2 else None)
+
+    if tr is not None:
+        switch(s, None)
+    threads = [threading.Thread(target=f, daemon=True) for f in (sample, toggle)]
+    trace0, records0 = (tc.total_s(), tc.records) if tc else (0.0, 0)
+    for t in threads:
+        t.start()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True
+        )
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    if tc:
+        tc.flush()
+    per: dict[int, list[float]] = {}  # window -> [wall s, steps, step-loop CPU s] over full-batch intervals
+    for a, b in zip(samples, samples[1:], strict=False):
+        if a[4] == b[4] and a[2] == c and b[2] == c and b[1] > a[1]:
+            w = per.setdefault(a[4], [0.0, 0.0, 0.0])
+            w[0], w[1], w[2] = w[0] + b[0] - a[0], w[1] + b[1] - a[1], w[2] + b[3] - a[3]
+    ok = {k: v for k, v in per.items() if v[1] >= 20}  # a window that saw a few full-batch steps
+    ms = {k: 1000 * v[0] / v[1] for k, v in ok.items()}
+    cpu = {k: 1000 * v[2] / v[1] for k, v in ok.items()}
+
+    def diffs(m: dict[int, float]) -> list[float]:
+        return [
+            100 * (m[k] / ((m[k - 1] + m[k + 1]) / 2) - 1)
+            for k in sorted(m)
+            if k % 2 and k - 1 in m and k + 1 in m
+        ]
+
+    def pooled(side: int) -> tuple[float, float, int]:
+        vs = [v for k, v in ok.items() if k % 2 == side]
+        steps = sum(v[1] for v in vs)
+        return 1000 * sum(v[0] for v in vs) / steps, 1000 * sum(v[2] for v in vs) / steps, int(steps)
+
+    traced = (tc.records - records0) if tc else 0
+    return {
+        "wall_diffs": diffs(ms),
+        "cpu_diffs": diffs(cpu),
+        "off": pooled(0),
+        "on": pooled(1),
+        "windows": len(ok),
+        "traced": traced,
+        "trace_request_us": 1e6 * (tc.total_s() - trace0) / max(traced, 1) if tc else 0.0,
+        "tok_s": json.loads(out.stdout.strip().splitlines()[-1])["tokens"]
+        / json.loads(out.stdout.strip().splitlines()[-1])["wall_s"],
+    }
+
+
+def toggled_text(
+    r: dict, heading: str, cmd: str, elapsed: float, layout: str, c: int, tokens: int, period: float
+) -> str:
+    """The markdown section for a toggled run."""
+    from statistics import mean, median, quantiles
+
+    w, u = r["wall_diffs"], r["cpu_diffs"]
+    q = quantiles(w, n=4) if len(w) >= 2 else [float("nan")] * 3
+    se = statistics.stdev(w) / len(w) ** 0.5 if len(w) >= 2 else float("nan")
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    (off_ms, off_cpu, off_steps), (on_ms, on_cpu, on_steps) = r["off"], r["on"]
+    return f"""{heading}
+
+- date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
+- command: `{cmd}` ({elapsed:.0f} s)
+- machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs: noisy), Python {platform.python_version()}
+- workload: tiny llama, float32, cpu, max_num_seqs={c}; one load of streamed requests x {tokens} tokens,
+  {c} in flight (load client in its own process), spans exported over OTLP/HTTP to a receiver in its
+  own process
+- layout: {layout}
+- method: one server; its tracer switched every {period:g} s (off, on, off, ...; "off" is the tracer
+  unset, `record` never called, as in a server built without OTEL_EXPORTER_OTLP_ENDPOINT). A thread
+  samples every 20 ms the engine (steps_total, num_running) and the step loop's CPU clock; only
+  intervals inside one window with all {c} sequences running count. Each "on" window is compared with
+  the mean of the "off" windows before and after it, so the machine's slow swings cancel.
+
+| | step ms wall (pooled) | step-loop CPU ms / step (pooled) | full-batch steps |
+|---|---|---|---|
+| tracing off | {off_ms:.3f} | {off_cpu:.3f} | {off_steps} |
+| tracing on | {on_ms:.3f} | {on_cpu:.3f} | {on_steps} |
+
+**Step time, tracing on vs off at batch {c}: {median(w):+.2f} %** (median over {len(w)} on-windows, each
+against its neighbours; mean {mean(w):+.2f} % +/- {se:.2f} % standard error; quartiles {q[0]:+.2f} / {q[2]:+.2f} %).
+Step-loop CPU per step: median {median(u):+.2f} %, mean {mean(u):+.2f} %. Pooled: step wall
+{100 * (on_ms / off_ms - 1):+.2f} %, step-loop CPU {100 * (on_cpu / off_cpu - 1):+.2f} %.
+Requests traced: {r["traced"]} ({r["trace_request_us"]:.0f} us of tracing CPU each, in the API server process).
+Client: {r["tok_s"]:.0f} tok/s over the whole load. Windows with full-batch steps: {r["windows"]}.
+
+- per on-window step wall %: {[round(x, 1) for x in w]}
+- load average at the end: {os.getloadavg()[0]:.1f} (1 min)
+"""
+
+
 def record_cost(endpoint: str, n: int = 2000) -> float:
     """Process CPU seconds per traced request: building its 4 spans and exporting them (OTLP/HTTP,
     batch processor flushed), measured over n completed-request records while the servers idle."""
@@ -218,6 +394,46 @@ def record_cost(endpoint: str, n: int = 2000) -> float:
     return ((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)) / n
 
 
+def replace_section(old: str, heading: str, text: str) -> str:
+    """`old` with the section under exactly `heading` (up to the next "## " heading) replaced by
+    `text`, or `text` appended: each layout's run keeps its own section."""
+    lines = old.rstrip().splitlines()
+    if heading in lines:
+        i = lines.index(heading)
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+        return "\n".join(lines[:i] + text.rstrip().splitlines() + [""] + lines[j:]).rstrip() + "\n"
+    return "\n".join(lines).rstrip() + "\n\n" + text
+
+
+def run_toggled(
+    args: argparse.Namespace, s: object, tr: object, tc: TracingClock | None, servers: list, rx: object
+) -> int:
+    t_start = time.monotonic()
+    try:
+        one_round(s, args.concurrency, args.concurrency, 16, None)  # warm-up (builds the middleware stack)
+        r = toggled(s, tr, tc, args.toggle_requests, args.concurrency, args.max_tokens, args.toggle)
+    finally:
+        for x in servers:
+            x.stop()  # type: ignore[attr-defined]
+        rx.kill()  # type: ignore[attr-defined]
+    where = f"{args.layout} layout" + (", pinned" if args.pin else "") + f", toggled every {args.toggle:g} s"
+    heading = f"{SECTION}: {where}" + (" -- A/A CONTROL: tracer never set" if args.control else "")
+    layout = LAYOUTS[args.layout] + (PINNED if args.pin else "")
+    cmd = (
+        f"python bench/tracing_cpu.py --toggle {args.toggle:g} --toggle-requests {args.toggle_requests} "
+        f"--layout {args.layout}"
+        + (" --pin" if args.pin else "")
+        + (" --control" if args.control else f" --out {args.out}")
+    )
+    text = toggled_text(
+        r, heading, cmd, time.monotonic() - t_start, layout, args.concurrency, args.max_tokens, args.toggle
+    )
+    print(text)
+    if args.out:
+        args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "", heading, text))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -230,38 +446,90 @@ def main() -> int:
         action="store_true",
         help="A/A: both servers untraced (the 'on' one too), to see the noise of the paired differences",
     )
+    ap.add_argument(
+        "--layout",
+        choices=("process", "thread"),
+        default="process",
+        help="where the step loop runs: its own engine core process (what `modeldeploy serve` runs) or a thread here",
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="process layout: this process, the load client and the OTLP receiver on CPU 0, the engine cores on "
+        "CPU 1 (a serving node gives the engine core a core of its own; here it keeps the other jobs' scheduling "
+        "out of the step time)",
+    )
+    ap.add_argument(
+        "--servers",
+        choices=("one", "two"),
+        default="one",
+        help="one: a single server whose tracer is switched on and off between rounds (same engine core, "
+        "same memory); two: a server built untraced beside one built traced",
+    )
+    ap.add_argument(
+        "--toggle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="instead of rounds: one load of --toggle-requests on one server, its tracer switched every SECONDS",
+    )
+    ap.add_argument("--toggle-requests", type=int, default=4096)
     args = ap.parse_args()
+    if args.toggle and args.servers != "one":
+        ap.error("--toggle needs --servers one")
     if args.control and args.out:
         ap.error("--control prints the A/A figures only: no --out")
+    if args.pin and (args.layout != "process" or len(os.sched_getaffinity(0)) < 2):
+        ap.error("--pin needs --layout process and at least 2 CPUs")
+    if args.pin:
+        pin(os.getpid(), {0})  # children (the cores, the client, the receiver) inherit CPU 0
     tmp = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
     model = str(tmp / "tiny")
     subprocess.run([sys.executable, "-m", "modeldeploy", "tiny-model", model, "--arch", "llama", "--seed", "0"],
                    check=True, capture_output=True)  # fmt: skip
     rx = subprocess.Popen([sys.executable, "-m", "modeldeploy_dev.otlp"], stdout=subprocess.PIPE, text=True)
     endpoint = rx.stdout.readline().strip()  # type: ignore[union-attr]
-    off, on = server(model, False, endpoint), server(model, not args.control, endpoint)
-    assert (tracer(on) is None) == args.control and tracer(off) is None
-    tc = None if args.control else TracingClock(tracer(on))
+    if args.servers == "two":
+        off, on = (
+            server(model, False, endpoint, args.layout),
+            server(model, not args.control, endpoint, args.layout),
+        )
+        assert (tracer(on) is None) == args.control and tracer(off) is None
+    else:  # one server, its tracer switched off and on between rounds
+        off = on = server(model, not args.control, endpoint, args.layout)
+        assert (tracer(on) is None) == args.control
+    servers = [off] if on is off else [off, on]
+    if args.pin:
+        for s in servers:
+            pin(s.ctx.engine.pid, {1})  # type: ignore[attr-defined]
+    tr = tracer(on)
+    tc = None if args.control else TracingClock(tr)
+
+    def go(name: str, s: object, n: int, tokens: int) -> dict:
+        if on is off and tr is not None:
+            switch(s, tr if name == "on" else None)
+        return one_round(s, n, args.concurrency, tokens, tc if name == "on" else None)
+
+    if args.toggle:
+        return run_toggled(args, on, tr, tc, servers, rx)
     res: dict[str, list[dict]] = {"off": [], "on": []}
     t_start = time.monotonic()
     try:
         for name, s in (("off", off), ("on", on)):  # warm-up, not recorded
-            one_round(s, args.concurrency, args.concurrency, 16, tc if name == "on" else None)
+            go(name, s, args.concurrency, 16)
         for i in range(args.rounds):
             for name, s in (("off", off), ("on", on)) if i % 2 == 0 else (("on", on), ("off", off)):
-                r = one_round(
-                    s, args.requests, args.concurrency, args.max_tokens, tc if name == "on" else None
-                )
+                r = go(name, s, args.requests, args.max_tokens)
                 res[name].append(r)
                 print(
                     f"round {i} {name}: step {r['step_ms']:.3f} ms wall, process CPU {r['proc_cpu_ms']:.3f}"
-                    f" ms, engine thread CPU {r['engine_cpu_ms']:.3f} ms, tracing CPU {r['trace_cpu_ms']:.4f}"
+                    f" ms, step loop CPU {r['engine_cpu_ms']:.3f} ms, tracing CPU {r['trace_cpu_ms']:.4f}"
                     f" ms per step over {r['steps']} full-batch steps; {r['tok_s']:.0f} tok/s",
                     flush=True,
                 )
         per_request = record_cost(endpoint)
     finally:
-        for s in (off, on):
+        for s in servers:
             s.stop()  # type: ignore[attr-defined]
         rx.kill()
     elapsed = time.monotonic() - t_start
@@ -286,8 +554,10 @@ def main() -> int:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     load = os.getloadavg()[0]
-    cmd = f"python bench/tracing_cpu.py --rounds {args.rounds}" + (
-        " --control" if args.control else f" --out {args.out}"
+    cmd = (
+        f"python bench/tracing_cpu.py --rounds {args.rounds} --layout {args.layout} --servers {args.servers}"
+        + (" --pin" if args.pin else "")
+        + (" --control" if args.control else f" --out {args.out}")
     )
     c = args.concurrency
 
@@ -302,7 +572,22 @@ def main() -> int:
     def listed(key: str, side: str, nd: int = 3) -> list[float]:
         return [round(r[key], nd) for r in res[side]]
 
-    heading = SECTION + (" -- A/A CONTROL: both servers untraced" if args.control else "")
+    where = (
+        f"{args.layout} layout"
+        + (", pinned" if args.pin else "")
+        + (", one server" if args.servers == "one" else "")
+    )
+    heading = f"{SECTION}: {where}" + (" -- A/A CONTROL: both servers untraced" if args.control else "")
+    layout = LAYOUTS[args.layout] + (PINNED if args.pin else "")
+    off_is = (
+        "is the same server with its tracer switched off between rounds (`record` never called, as in a "
+        "server built without OTEL_EXPORTER_OTLP_ENDPOINT)"
+        if args.servers == "one"
+        else "is a second server built with OTEL_EXPORTER_OTLP_ENDPOINT unset (no tracer built)"
+    )
+    loop_clock = (
+        "the core process's threads' schedstat" if args.layout == "process" else "its thread's CPU clock"
+    )
     text = f"""{heading}
 
 - date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
@@ -310,13 +595,14 @@ def main() -> int:
 - machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs: noisy), Python {platform.python_version()}
 - workload: tiny llama, float32, cpu, max_num_seqs={c}; {args.requests} streamed requests x {args.max_tokens} tokens,
   {c} in flight (load client in its own process); "on" exports every request's spans over
-  OTLP/HTTP to a receiver in its own process, "off" has OTEL_EXPORTER_OTLP_ENDPOINT unset (no tracer built)
+  OTLP/HTTP to a receiver in its own process, "off" {off_is}
+- layout: {layout}
 - method: a thread in the server process samples every 20 ms the engine (steps_total, num_running) and
-  CPU clocks: the process, the engine step thread, and tracing in place (thread CPU inside
+  CPU clocks: the server process, the step loop ({loop_clock}), and tracing in place (thread CPU inside
   `Tracing.record` + the span exporter thread); only intervals with all {c} sequences running at both
   ends count; rounds alternate off/on, {args.rounds} each; medians over rounds
 
-| | step ms wall | process CPU ms / step | engine-thread CPU ms / step | tracing CPU ms / step | full-batch steps | client tok/s |
+| | step ms wall | process CPU ms / step | step-loop CPU ms / step | tracing CPU ms / step | full-batch steps | client tok/s |
 |---|---|---|---|---|---|---|
 {row("off")}
 {row("on")}
@@ -333,22 +619,20 @@ the worst round's tracing CPU over the fastest off step ({min(r["step_ms"] for r
 **{bound_worst:.2f} %**. Target: under 2 %.
 
 Paired on-vs-off differences per round (median; all rounds listed below):
-step wall {statistics.median(pairs["step_ms"]):+.2f} %, process CPU per step {statistics.median(pairs["proc_cpu_ms"]):+.2f} %,
-engine-thread CPU per step {statistics.median(pairs["engine_cpu_ms"]):+.2f} %.
+step wall {statistics.median(pairs["step_ms"]):+.2f} %, server process CPU per step {statistics.median(pairs["proc_cpu_ms"]):+.2f} %,
+step-loop CPU per step {statistics.median(pairs["engine_cpu_ms"]):+.2f} %.
 Noise: the off rounds' wall step time spreads over {spread["off"]:.0f} % of its median (on: {spread["on"]:.0f} %).
 
 - step ms wall: off {listed("step_ms", "off")}, on {listed("step_ms", "on")}
 - process CPU ms/step: off {listed("proc_cpu_ms", "off")}, on {listed("proc_cpu_ms", "on")}
-- engine-thread CPU ms/step: off {listed("engine_cpu_ms", "off")}, on {listed("engine_cpu_ms", "on")}
+- step-loop CPU ms/step: off {listed("engine_cpu_ms", "off")}, on {listed("engine_cpu_ms", "on")}
 - tracing CPU ms/step (on): {listed("trace_cpu_ms", "on", 4)}; us per request: {listed("trace_request_us", "on", 0)}
-- paired on/off %: step wall {[round(x, 1) for x in pairs["step_ms"]]}, process CPU {[round(x, 1) for x in pairs["proc_cpu_ms"]]}, engine-thread CPU {[round(x, 1) for x in pairs["engine_cpu_ms"]]}
+- paired on/off %: step wall {[round(x, 1) for x in pairs["step_ms"]]}, server process CPU {[round(x, 1) for x in pairs["proc_cpu_ms"]]}, step-loop CPU {[round(x, 1) for x in pairs["engine_cpu_ms"]]}
 - load average at the end: {load:.1f} (1 min)
 """
     print(text)
     if args.out:
-        old = args.out.read_text() if args.out.exists() else ""
-        keep = old.split(SECTION)[0].rstrip() if SECTION in old else old.rstrip()
-        args.out.write_text(keep + "\n\n" + text)
+        args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "", heading, text))
     return 0
 
 
