@@ -170,6 +170,21 @@ class TracingClock:
         return self._export()
 
 
+def loaded(code: str, threads: list[threading.Thread], done: threading.Event, timeout_s: float) -> dict:
+    """Run the load client (another process) while `threads` sample, stop them, return its JSON line."""
+    for t in threads:
+        t.start()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True
+        )
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -> dict:
     """Load from another process while a thread here samples the engine and the CPU clocks every
     20 ms; only intervals that begin and end with all `c` sequences running count (batch 32)."""
@@ -196,16 +211,8 @@ def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -
             )
             time.sleep(0.02)
 
-    t = threading.Thread(target=sample, daemon=True)
     trace0, records0, steps0 = (tc.total_s(), tc.records, eng.stats().steps_total) if tc else (0.0, 0, 0)
-    t.start()
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, check=True
-        )
-    finally:
-        done.set()
-        t.join()
+    client = loaded(code, [threading.Thread(target=sample, daemon=True)], done, 900)
     if tc:
         tc.flush()
     # Tracing per request over the whole round (spans built at each request's end, exported in
@@ -222,7 +229,6 @@ def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -
         if a[2] == c and b[2] == c and b[1] > a[1]:
             sums = [x + (v1 - v0) for x, v0, v1 in zip(sums, a, b, strict=True)]
     wall, steps, _, proc, engine, record, export, _records = sums
-    client = json.loads(out.stdout.strip().splitlines()[-1])
     per = 1000 / steps if steps else float("nan")
     return {
         "step_ms": wall * per,
@@ -266,18 +272,8 @@ def toggled(
 
     if tr is not None:
         switch(s, None)
-    threads = [threading.Thread(target=f, daemon=True) for f in (sample, toggle)]
     trace0, records0 = (tc.total_s(), tc.records) if tc else (0.0, 0)
-    for t in threads:
-        t.start()
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True
-        )
-    finally:
-        done.set()
-        for t in threads:
-            t.join()
+    client = loaded(code, [threading.Thread(target=f, daemon=True) for f in (sample, toggle)], done, 1800)
     if tc:
         tc.flush()
     per: dict[int, list[float]] = {}  # window -> [wall s, steps, step-loop CPU s] over full-batch intervals
@@ -310,8 +306,7 @@ def toggled(
         "windows": len(ok),
         "traced": traced,
         "trace_request_us": 1e6 * (tc.total_s() - trace0) / max(traced, 1) if tc else 0.0,
-        "tok_s": json.loads(out.stdout.strip().splitlines()[-1])["tokens"]
-        / json.loads(out.stdout.strip().splitlines()[-1])["wall_s"],
+        "tok_s": client["tokens"] / client["wall_s"],
     }
 
 
@@ -416,6 +411,13 @@ def run_toggled(
         for x in servers:
             x.stop()  # type: ignore[attr-defined]
         rx.kill()  # type: ignore[attr-defined]
+    if len(r["wall_diffs"]) < 2:
+        print(
+            f"only {len(r['wall_diffs'])} on-windows with full-batch steps on both sides: the load was too short "
+            "for --toggle; raise --toggle-requests or --max-tokens",
+            file=sys.stderr,
+        )
+        return 1
     where = f"{args.layout} layout" + (", pinned" if args.pin else "") + f", toggled every {args.toggle:g} s"
     heading = f"{SECTION}: {where}" + (" -- A/A CONTROL: tracer never set" if args.control else "")
     layout = LAYOUTS[args.layout] + (PINNED if args.pin else "")
