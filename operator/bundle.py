@@ -14,6 +14,7 @@ import json
 from modeldeploy.operator.api import Bundle
 
 BUNDLE_LABEL = "modeldeploy.dev/bundle"
+INSTANCE_LABEL = "app.kubernetes.io/instance"  # the owning ModelDeployment's name
 COHORT_LABEL = "modeldeploy.dev/cohort"
 MANAGED_BY = "modeldeploy-operator"
 APP_NAME = "modeldeploy-serve"
@@ -33,7 +34,7 @@ def instance_labels(name: str) -> dict[str, str]:
     """Labels shared by every object of one ModelDeployment (the `<name>` Service selects these)."""
     return {
         "app.kubernetes.io/name": APP_NAME,
-        "app.kubernetes.io/instance": name,
+        INSTANCE_LABEL: name,
         "app.kubernetes.io/component": "serving",
         "app.kubernetes.io/part-of": "modeldeploy",
         "app.kubernetes.io/managed-by": MANAGED_BY,
@@ -41,7 +42,7 @@ def instance_labels(name: str) -> dict[str, str]:
 
 
 def selector_labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/instance": name}
+    return {"app.kubernetes.io/name": APP_NAME, INSTANCE_LABEL: name}
 
 
 def bundle_labels(name: str, bid: str, revision: str | None = None) -> dict[str, str]:

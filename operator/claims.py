@@ -24,13 +24,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from modeldeploy.operator.api import Toleration, Topology
-from modeldeploy.operator.bundle import BUNDLE_LABEL
+from modeldeploy.operator.bundle import BUNDLE_LABEL, INSTANCE_LABEL
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus, tolerates
 
 Key = tuple[str, str]  # (namespace, name)
 PodCounts = Counter[tuple[str, str, str]]  # (namespace, instance, bundle) -> pods the node list shows
-INSTANCE_LABEL = "app.kubernetes.io/instance"  # the owning ModelDeployment's name (bundle.instance_labels)
 
 
 @dataclass(frozen=True)

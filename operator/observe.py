@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from modeldeploy.operator import commands, metrics
 from modeldeploy.operator.actions import Observed
 from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec
-from modeldeploy.operator.bundle import BUNDLE_LABEL, MANAGED_BY
+from modeldeploy.operator.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
 from modeldeploy.operator.claims import Claim, Key, PodCounts, claim_pending, claimed, counted
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
@@ -187,7 +187,7 @@ class Observer:
     def observe(self, md: dict[str, Any]) -> Observed:
         meta = md["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
+        sel = f"{INSTANCE_LABEL}={name},app.kubernetes.io/managed-by={MANAGED_BY}"
         deps = [d for d in self.kube.list("Deployment", ns, sel) if _owned(d, uid)]
         svcs = [s for s in self.kube.list("Service", ns, sel) if _owned(s, uid)]
         loading, errors = {}, {}
