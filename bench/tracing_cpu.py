@@ -319,9 +319,7 @@ def toggled_text(
     w, u = r["wall_diffs"], r["cpu_diffs"]
     q = quantiles(w, n=4) if len(w) >= 2 else [float("nan")] * 3
     se = statistics.stdev(w) / len(w) ** 0.5 if len(w) >= 2 else float("nan")
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    rev = git_rev()
     (off_ms, off_cpu, off_steps), (on_ms, on_cpu, on_steps) = r["off"], r["on"]
     return f"""{heading}
 
@@ -389,6 +387,12 @@ def record_cost(endpoint: str, n: int = 2000) -> float:
     return ((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)) / n
 
 
+def git_rev() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
+
 def replace_section(old: str, heading: str, text: str) -> str:
     """`old` with the section under exactly `heading` (up to the next "## " heading) replaced by
     `text`, or `text` appended: each layout's run keeps its own section."""
@@ -400,17 +404,37 @@ def replace_section(old: str, heading: str, text: str) -> str:
     return "\n".join(lines).rstrip() + "\n\n" + text
 
 
-def run_toggled(
-    args: argparse.Namespace, s: object, tr: object, tc: TracingClock | None, servers: list, rx: object
-) -> int:
-    t_start = time.monotonic()
-    try:
-        one_round(s, args.concurrency, args.concurrency, 16, None)  # warm-up (builds the middleware stack)
-        r = toggled(s, tr, tc, args.toggle_requests, args.concurrency, args.max_tokens, args.toggle)
-    finally:
-        for x in servers:
-            x.stop()  # type: ignore[attr-defined]
-        rx.kill()  # type: ignore[attr-defined]
+def describe(args: argparse.Namespace) -> tuple[str, str, str]:
+    """A run's section heading (one per setup: --out replaces only that one), its command line, and
+    the sentence saying where the step loop and the tracing ran."""
+    if args.toggle:
+        flags, how = (
+            f"--toggle {args.toggle:g} --toggle-requests {args.toggle_requests}",
+            f", toggled every {args.toggle:g} s",
+        )
+    else:
+        flags, how = (
+            f"--rounds {args.rounds} --servers {args.servers}",
+            ", one server" if args.servers == "one" else "",
+        )
+    where = f"{args.layout} layout" + (", pinned" if args.pin else "") + how
+    heading = f"{SECTION}: {where}" + (" -- A/A CONTROL: never traced" if args.control else "")
+    cmd = (
+        f"python bench/tracing_cpu.py {flags} --layout {args.layout}"
+        + (" --pin" if args.pin else "")
+        + (" --control" if args.control else "")
+        + (f" --out {args.out}" if args.out else "")
+    )
+    return heading, cmd, LAYOUTS[args.layout] + (PINNED if args.pin else "")
+
+
+def publish(args: argparse.Namespace, heading: str, text: str) -> None:
+    print(text)
+    if args.out:
+        args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "", heading, text))
+
+
+def report_toggled(args: argparse.Namespace, r: dict, elapsed: float) -> int:
     if len(r["wall_diffs"]) < 2:
         print(
             f"only {len(r['wall_diffs'])} on-windows with full-batch steps on both sides: the load was too short "
@@ -418,21 +442,9 @@ def run_toggled(
             file=sys.stderr,
         )
         return 1
-    where = f"{args.layout} layout" + (", pinned" if args.pin else "") + f", toggled every {args.toggle:g} s"
-    heading = f"{SECTION}: {where}" + (" -- A/A CONTROL: tracer never set" if args.control else "")
-    layout = LAYOUTS[args.layout] + (PINNED if args.pin else "")
-    cmd = (
-        f"python bench/tracing_cpu.py --toggle {args.toggle:g} --toggle-requests {args.toggle_requests} "
-        f"--layout {args.layout}"
-        + (" --pin" if args.pin else "")
-        + (" --control" if args.control else f" --out {args.out}")
-    )
-    text = toggled_text(
-        r, heading, cmd, time.monotonic() - t_start, layout, args.concurrency, args.max_tokens, args.toggle
-    )
-    print(text)
-    if args.out:
-        args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "", heading, text))
+    heading, cmd, layout = describe(args)
+    text = toggled_text(r, heading, cmd, elapsed, layout, args.concurrency, args.max_tokens, args.toggle)
+    publish(args, heading, text)
     return 0
 
 
@@ -512,13 +524,14 @@ def main() -> int:
             switch(s, tr if name == "on" else None)
         return one_round(s, n, args.concurrency, tokens, tc if name == "on" else None)
 
-    if args.toggle:
-        return run_toggled(args, on, tr, tc, servers, rx)
     res: dict[str, list[dict]] = {"off": [], "on": []}
     t_start = time.monotonic()
     try:
-        for name, s in (("off", off), ("on", on)):  # warm-up, not recorded
+        for name, s in (("off", off), ("on", on)):  # warm-up, not recorded (builds the middleware stack)
             go(name, s, args.concurrency, 16)
+        if args.toggle:
+            r = toggled(on, tr, tc, args.toggle_requests, args.concurrency, args.max_tokens, args.toggle)
+            return report_toggled(args, r, time.monotonic() - t_start)
         for i in range(args.rounds):
             for name, s in (("off", off), ("on", on)) if i % 2 == 0 else (("on", on), ("off", off)):
                 r = go(name, s, args.requests, args.max_tokens)
@@ -552,15 +565,8 @@ def main() -> int:
     spread = {k: 100 * (max(r["step_ms"] for r in v) - min(r["step_ms"] for r in v)) / med("step_ms", k)
               for k, v in res.items()}  # fmt: skip
     rps = args.concurrency / args.max_tokens
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    rev = git_rev()
     load = os.getloadavg()[0]
-    cmd = (
-        f"python bench/tracing_cpu.py --rounds {args.rounds} --layout {args.layout} --servers {args.servers}"
-        + (" --pin" if args.pin else "")
-        + (" --control" if args.control else f" --out {args.out}")
-    )
     c = args.concurrency
 
     def row(side: str) -> str:
@@ -574,13 +580,7 @@ def main() -> int:
     def listed(key: str, side: str, nd: int = 3) -> list[float]:
         return [round(r[key], nd) for r in res[side]]
 
-    where = (
-        f"{args.layout} layout"
-        + (", pinned" if args.pin else "")
-        + (", one server" if args.servers == "one" else "")
-    )
-    heading = f"{SECTION}: {where}" + (" -- A/A CONTROL: both servers untraced" if args.control else "")
-    layout = LAYOUTS[args.layout] + (PINNED if args.pin else "")
+    heading, cmd, layout = describe(args)
     off_is = (
         "is the same server with its tracer switched off between rounds (`record` never called, as in a "
         "server built without OTEL_EXPORTER_OTLP_ENDPOINT)"
@@ -632,9 +632,7 @@ Noise: the off rounds' wall step time spreads over {spread["off"]:.0f} % of its 
 - paired on/off %: step wall {[round(x, 1) for x in pairs["step_ms"]]}, server process CPU {[round(x, 1) for x in pairs["proc_cpu_ms"]]}, step-loop CPU {[round(x, 1) for x in pairs["engine_cpu_ms"]]}
 - load average at the end: {load:.1f} (1 min)
 """
-    print(text)
-    if args.out:
-        args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "", heading, text))
+    publish(args, heading, text)
     return 0
 
 
