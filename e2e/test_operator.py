@@ -8,6 +8,7 @@ the test cluster's kubeconfig, exactly as a user would run it outside the cluste
 from __future__ import annotations
 
 import copy
+import re
 import signal
 import urllib.request
 from collections.abc import Iterator
@@ -231,6 +232,15 @@ def test_tiny_model_served_in_restricted_namespace(
             "modeldeploy_operator_reconciles_total" in metrics
             and "modeldeploy_operator_decisions_total" in metrics
         )
+        asked = {  # what asked for reconciles: the create, then the Deployment turning Ready
+            src: float(n)
+            for src, n in re.findall(
+                r'^modeldeploy_operator_reconcile_requests_total\{outcome="run",source="(\w+)"\} (\S+)$',
+                metrics,
+                re.M,
+            )
+        }
+        assert asked.get("modeldeployment", 0) >= 1 and asked.get("child", 0) >= 1, asked
         assert operator.get("/healthz", operator.health_port)
     finally:
         cluster.core.delete_persistent_volume(f"{namespace}-models")

@@ -29,7 +29,7 @@ from modeldeploy.operator.bundle import MANAGED_BY
 from modeldeploy.operator.kube import Kube
 
 FAILPOINT_ENV = "MODELDEPLOY_FAILPOINT"
-APPLY_THREADS = 16  # concurrent creates/Events of all reconciles together (kube.POOL_SIZE covers them)
+APPLY_THREADS = 16  # creates, Events and observe's LISTs of all reconciles (kube.POOL_SIZE covers them)
 Together = Callable[[Callable[[Action], str | None], list[Action]], Iterator[str | None]]
 
 
@@ -49,9 +49,11 @@ def apply(
     now: str,
     status_written: Callable[[str], None],
     together: Together = map,
+    created: Callable[[dict[str, Any]], None] = lambda obj: None,
 ) -> None:
     """Apply every action; `status_written(resourceVersion)` as soon as our status write lands.
-    `together(fn, batch)`: how a batch of Creates and Events runs (a pool's map; default one by one)."""
+    `together(fn, batch)`: how a batch of Creates and Events runs (a pool's map; default one by one).
+    `created(obj)` with each child as the API server stored it (the Controller's child signatures)."""
     ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
 
     def one(a: Action) -> str | None:
@@ -63,7 +65,7 @@ def apply(
             elif isinstance(a, Event):
                 post_event(kube, md, a, now)
             else:
-                _child(kube, ns, name, a)
+                _child(kube, ns, name, a, created)
         except ApiException as e:
             if e.status in (404, 409):  # raced with GC, another writer or a restarted operator
                 return None
@@ -96,11 +98,11 @@ def batches(actions: list[Action]) -> Iterator[list[Action]]:
         yield run
 
 
-def _child(kube: Kube, ns: str, name: str, a: Action) -> None:
+def _child(kube: Kube, ns: str, name: str, a: Action, created: Callable[[dict[str, Any]], None]) -> None:
     if isinstance(a, Annotate):
         kube.annotate_md(ns, name, a.annotations)
     elif isinstance(a, Create):
-        kube.create(ns, a.obj)
+        created(kube.create(ns, a.obj))
         metrics.DECISIONS.labels("create", a.obj["kind"]).inc()
     elif isinstance(a, Patch):
         kube.patch(a.kind, ns, a.name, a.body)

@@ -24,6 +24,7 @@ from modeldeploy.operator.actions import Action, PatchStatus
 from modeldeploy.operator.apply import apply
 from modeldeploy.operator.children import PORT
 from modeldeploy.operator.claims import Claim
+from modeldeploy.operator.drift import DESIRED_HASH
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.object_metrics import ObjectMetrics
@@ -52,8 +53,8 @@ class Controller:
         self.probe = LoadProbe(PORT)
         self.gate = ConformanceRunner()
         self.baselines = Baselines()
-        self.observer = Observer(kube, self.nodes, self.probe, self.gate, self.baselines)
-        self.apply_pool = applying.pool()  # a plan's creates and Events go to the API server together
+        self.apply_pool = applying.pool()  # a plan's creates and Events (and observe's LISTs) go together
+        self.observer = Observer(kube, self.nodes, self.probe, self.gate, self.baselines, self.apply_pool.map)
         self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s)
         self.reconciles = 0  # completed, for the liveness probe
         self._guard = threading.Lock()
@@ -66,9 +67,10 @@ class Controller:
         self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
         self.tracing = OperatorTracing()  # reconcile/analysis spans when OTEL_EXPORTER_OTLP_ENDPOINT is set
 
-    def request(self, namespace: str, name: str) -> None:
-        """Reconcile now or, when a reconcile of this object is running, once more after it."""
-        self.queue.request((namespace, name))
+    def request(self, namespace: str, name: str, source: str = "modeldeployment") -> None:
+        """Reconcile now or, when a reconcile of this object is running, once more after it.
+        `source`: what asked (modeldeployment, child, resync), counted per source in the metrics."""
+        self.queue.request((namespace, name), source)
 
     def reconcile(self, namespace: str, name: str) -> list[Action]:
         """Observe, plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
@@ -103,7 +105,9 @@ class Controller:
                 actions = plan(md, observed, now)
             status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
             self.nodes.claim(key, Claim.of(md, status))
-        apply(self.kube, md, actions, now, status_written, self.apply_pool.map)
+        apply(
+            self.kube, md, actions, now, status_written, self.apply_pool.map, lambda c: self._created(key, c)
+        )
         self.object_metrics.record(md, status)
         fresh = observed.analysis if observed.analysis_fresh else None
         self.tracing.reconcile(md, actions, status, t0, fresh, observed_at)
@@ -145,6 +149,13 @@ class Controller:
             else:
                 self.children[uid] = seen
         return owner
+
+    def _created(self, owner: Key, child: Mapping[str, Any]) -> None:
+        """Remember what plan() reads of a child we just created, so that its first watch events (the
+        Deployment controller's revision annotation and first status, none of which plan() reads) do not
+        each cost the owner a reconcile; readiness changing later does."""
+        with self._guard:
+            self.children[child["metadata"]["uid"]] = (owner, signature(child))
 
     def due(self, key: Key, period_s: float) -> bool:
         """Whether the periodic resync should reconcile `key` (not reconciled through an event lately)."""
@@ -192,7 +203,9 @@ class Controller:
 
 
 def signature(body: Mapping[str, Any]) -> tuple:
-    """What plan() reads of a child: spec (via generation), labels, annotations, readiness, failures."""
+    """What plan() reads of a child: spec (via generation), labels, our desired-hash annotation, readiness,
+    failures. Other annotations are left out: the Deployment controller's `deployment.kubernetes.io/revision`
+    lands right after every create and would cost each new object a reconcile that changes nothing."""
     meta, status, spec = body.get("metadata") or {}, body.get("status") or {}, body.get("spec") or {}
     failure = [
         c.get("message")
@@ -203,7 +216,7 @@ def signature(body: Mapping[str, Any]) -> tuple:
         meta.get("generation"),
         repr(spec) if body.get("kind") == "Service" else None,  # Services have no generation
         repr(sorted((meta.get("labels") or {}).items())),
-        repr(sorted((meta.get("annotations") or {}).items())),
+        (meta.get("annotations") or {}).get(DESIRED_HASH),
         status.get("readyReplicas"),
         tuple(failure),
     )

@@ -38,11 +38,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     memo.resync = asyncio.create_task(_resync_forever(memo.controller))
 
 
-def _run(ctrl: Controller, namespace: str | None, name: str | None) -> None:
+def _run(ctrl: Controller, namespace: str | None, name: str | None, source: str) -> None:
     if not namespace or not name:
         return
     try:
-        ctrl.request(namespace, name)
+        ctrl.request(namespace, name, source)
     except Exception as e:
         metrics.ERRORS.labels(type(e).__name__).inc()
         raise kopf.TemporaryError(f"reconcile {namespace}/{name}: {e}", delay=5) from e
@@ -53,7 +53,7 @@ def modeldeployment_changed(
     type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_
 ) -> None:
     if memo.controller.md_event(type, namespace, name, body):
-        _run(memo.controller, namespace, name)
+        _run(memo.controller, namespace, name, "modeldeployment")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD)
@@ -61,7 +61,7 @@ def modeldeployment_changed(
 def child_changed(type: str | None, body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None:
     owner = memo.controller.child_event(type, body)
     if owner is not None:
-        _run(memo.controller, namespace, owner)
+        _run(memo.controller, namespace, owner, "child")
 
 
 async def _resync_forever(ctrl: Controller) -> None:
@@ -76,7 +76,7 @@ async def _resync_forever(ctrl: Controller) -> None:
             if not ctrl.due((namespace, name), RESYNC_S):
                 continue  # reconciled recently through an event
             try:
-                await asyncio.to_thread(ctrl.request, namespace, name)
+                await asyncio.to_thread(ctrl.request, namespace, name, "resync")
             except Exception as e:  # one object's failure must not stop the others' resync
                 metrics.ERRORS.labels(type(e).__name__).inc()
                 log.warning("resync %s/%s: %s", namespace, name, e)

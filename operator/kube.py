@@ -108,14 +108,16 @@ class Kube:
         sel = "spec.nodeName=,status.phase=Pending"
         return _pages(self.core.list_pod_for_all_namespaces, field_selector=sel)
 
-    def create(self, ns: str, obj: dict[str, Any]) -> None:
+    def create(self, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create a child; returns the object as stored (uid, generation, a Service's clusterIP)."""
         kind = obj["kind"]
         if kind == ROUTE_KIND:
-            self.custom.create_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], obj, **RAW)
+            resp = self.custom.create_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], obj, **RAW)
         elif kind == "Deployment":
-            self.apps.create_namespaced_deployment(ns, obj, **RAW)
+            resp = self.apps.create_namespaced_deployment(ns, obj, **RAW)
         else:
-            self.core.create_namespaced_service(ns, obj, **RAW)
+            resp = self.core.create_namespaced_service(ns, obj, **RAW)
+        return _json(resp)
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> None:
         """JSON merge patch of a child."""

@@ -5,6 +5,12 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 RECONCILES = Counter("modeldeploy_operator_reconciles_total", "ModelDeployment reconciles completed")
+REQUESTS = Counter(
+    "modeldeploy_operator_reconcile_requests_total",
+    "Reconciles asked for, by what asked (modeldeployment, child, tick, resync) and whether the ask ran a"
+    " pass or was folded into one already running (run, coalesced): where the reconciles come from",
+    ["source", "outcome"],
+)
 ERRORS = Counter("modeldeploy_operator_reconcile_errors_total", "Reconciles that raised", ["error"])
 DECISIONS = Counter(
     "modeldeploy_operator_decisions_total", "Child objects created, patched or deleted", ["action", "kind"]

@@ -180,16 +180,25 @@ class Observer:
     """Reads one ModelDeployment's world into `Observed`, using the Controller's caches and runners."""
 
     def __init__(
-        self, kube: Kube, nodes: NodeCache, probe: LoadProbe, gate: ConformanceRunner, baselines: Baselines
+        self,
+        kube: Kube,
+        nodes: NodeCache,
+        probe: LoadProbe,
+        gate: ConformanceRunner,
+        baselines: Baselines,
+        together: Callable[[Callable[[str], Any], list[str]], Any] = map,
     ) -> None:
         self.kube, self.nodes, self.probe, self.gate, self.baselines = kube, nodes, probe, gate, baselines
+        self.together = together  # a pool's map: the Deployment and Service LISTs in one round trip's time
 
     def observe(self, md: dict[str, Any]) -> Observed:
         meta = md["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         sel = f"{INSTANCE_LABEL}={name},app.kubernetes.io/managed-by={MANAGED_BY}"
-        deps = [d for d in self.kube.list("Deployment", ns, sel) if _owned(d, uid)]
-        svcs = [s for s in self.kube.list("Service", ns, sel) if _owned(s, uid)]
+        deps, svcs = (
+            [o for o in listed if _owned(o, uid)]
+            for listed in self.together(lambda kind: self.kube.list(kind, ns, sel), ["Deployment", "Service"])
+        )
         loading, errors = {}, {}
         if any(_not_ready(d) for d in deps):
             loading, errors = self.probe.probe((ns, name), self.kube.list("Pod", ns, sel))

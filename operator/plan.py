@@ -125,7 +125,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     weight = canary_weight(state, x.policy)
     route_problem, routes = plan_routes(x, weight, canary_id is not None)
     out += deployments + plan_services(x, state, live, canary_id) + routes
-    cohorts = plan_cohorts(x, state, sizes, canary_id)
+    cohorts = plan_cohorts(x, state, sizes, canary_id, live)
     degraded = plan_degraded(x, state, unfit, route_problem)
     waiting = capacity_wait(state, x.policy, x.have)
     conditions = plan_conditions(x, state, degraded, cohorts, waiting)
@@ -249,12 +249,22 @@ def plan_routes(x: Inputs, weight: int, has_canary: bool) -> tuple[str | None, l
     return None, reconcile_child(want, have.get(want["metadata"]["name"]))
 
 
-def plan_cohorts(x: Inputs, state: RolloutState, sizes: dict[str, int], canary_id: str | None) -> Cohorts:
-    """Replica and load-progress figures of the stable and (while in flight) canary cohorts."""
+def plan_cohorts(
+    x: Inputs,
+    state: RolloutState,
+    sizes: dict[str, int],
+    canary_id: str | None,
+    live: dict[str, dict[str, Any]],
+) -> Cohorts:
+    """Replica and load-progress figures of the stable and (while in flight) canary cohorts.
+
+    A Deployment this plan creates is named in status already (`live`, no status: 0 ready), so the
+    create needs no second reconcile just to record its name."""
     revisions = revisions_of(x)
 
     def figures(b: str | None) -> CohortStatus:
-        return cohort(b, revisions.get(b), x.by_bundle.get(b), sizes.get(b, 0), x.observed.loading.get(b, []))
+        dep = x.by_bundle.get(b) or live.get(b)
+        return cohort(b, revisions.get(b), dep, sizes.get(b, 0), x.observed.loading.get(b, []))
 
     stable = figures(state.stable)
     stable_ready = stable.ready_replicas >= x.spec.replicas

@@ -22,12 +22,14 @@ class WorkQueue:
         self._running: dict[Hashable, bool] = {}  # keys being worked on -> another pass requested meanwhile
         self._timers: dict[Hashable, threading.Timer] = {}
 
-    def request(self, key: Hashable) -> None:
+    def request(self, key: Hashable, source: str = "request") -> None:
+        """`source` (what asked) labels modeldeploy_operator_reconcile_requests_total."""
         with self._guard:
-            if key in self._running:
-                self._running[key] = True
-                return
-            self._running[key] = False
+            coalesced = key in self._running
+            self._running[key] = coalesced  # running: one more pass after it; else this call runs it
+        metrics.REQUESTS.labels(source, "coalesced" if coalesced else "run").inc()
+        if coalesced:
+            return
         try:
             while True:
                 self.work(key)
@@ -55,7 +57,7 @@ class WorkQueue:
         with self._guard:
             self._timers.pop(key, None)
         try:
-            self.request(key)
+            self.request(key, "tick")
         except Exception as e:  # noqa: BLE001 - the next watch event or resync retries
             metrics.ERRORS.labels(type(e).__name__).inc()
 

@@ -76,10 +76,11 @@ class FakeKube:
             and (o.get("status") or {}).get("phase") == "Pending"
         ]
 
-    def create(self, ns: str, obj: dict[str, Any]) -> None:
+    def create(self, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         if (obj["kind"], ns, obj["metadata"]["name"]) in self.objects:
             raise ApiException(status=409, reason="Conflict")
-        self.put({**obj, "metadata": {**obj["metadata"], "namespace": ns}})
+        stored = self.put({**obj, "metadata": {**obj["metadata"], "namespace": ns, "generation": 1}})
+        return copy.deepcopy(stored)
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> None:
         obj = copy.deepcopy(self._get(kind, ns, name))

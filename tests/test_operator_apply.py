@@ -61,10 +61,10 @@ def test_a_refused_create_in_a_batch_does_not_stop_the_others() -> None:
     kube, obj = _world()
     real = kube.create
 
-    def create(ns: str, o: dict[str, Any]) -> None:
+    def create(ns: str, o: dict[str, Any]) -> dict[str, Any]:
         if o["metadata"]["name"] == "bad":
             raise ApiException(status=422, reason="Invalid")
-        real(ns, o)
+        return real(ns, o)
 
     kube.create = create
     with pytest.raises(ApplyError, match="create Service bad"):

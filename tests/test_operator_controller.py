@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import socket
 from typing import Any
 
@@ -11,6 +12,7 @@ from operator_fixtures import md
 from modeldeploy.operator.analysis import CohortSample
 from modeldeploy.operator.bundle import MANAGED_BY
 from modeldeploy.operator.controller import Controller
+from modeldeploy.operator.drift import DESIRED_HASH
 from modeldeploy.operator.scrape import CohortScrape
 
 NS, NAME = "ns", "chat"
@@ -59,8 +61,8 @@ def test_reconcile_creates_children_and_recognises_its_own_status_echo() -> None
     assert stored["status"]["phase"] == "Deploying" and ctrl.reconciles == 1
     assert ctrl.md_event("MODIFIED", NS, NAME, stored) is False  # the echo of our own status write
     assert {e["reason"] for e in kube.events} >= {"Created", "Initial"}
-    ctrl.reconcile(NS, NAME)  # status now names the Deployment created by the first pass
-    assert ctrl.reconcile(NS, NAME) == []  # converged: idempotent
+    assert stored["status"]["stable"]["deployment"] in {n for (k, _, n) in kube.objects if k == "Deployment"}
+    assert ctrl.reconcile(NS, NAME) == []  # converged in one pass (status named what it created): idempotent
 
 
 def test_child_events_name_the_owner_only_when_plan_reads_the_change() -> None:
@@ -68,8 +70,17 @@ def test_child_events_name_the_owner_only_when_plan_reads_the_change() -> None:
     ctrl.request(NS, NAME)
     dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
     assert ctrl.child_event("ADDED", dep) is None  # our own create
-    assert ctrl.child_event("MODIFIED", dep) == NAME
-    assert ctrl.child_event("MODIFIED", {**dep, "status": {"observedGeneration": 7}}) is None
+    # the Deployment controller's first writes after our create: nothing plan() reads changed
+    revised = copy.deepcopy(dep)
+    revised["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "1"
+    assert ctrl.child_event("MODIFIED", revised) is None
+    assert (
+        ctrl.child_event("MODIFIED", {**revised, "status": {"observedGeneration": 1, "replicas": 2}}) is None
+    )
+    hashed = copy.deepcopy(revised)
+    hashed["metadata"]["annotations"][DESIRED_HASH] = "edited"  # someone changed what we applied
+    assert ctrl.child_event("MODIFIED", hashed) == NAME
+    assert ctrl.child_event("MODIFIED", revised) == NAME  # and back
     dep["status"] = {"readyReplicas": 2}
     assert ctrl.child_event("MODIFIED", dep) == NAME
     assert ctrl.child_event("DELETED", dep) == NAME and dep["metadata"]["uid"] not in ctrl.children
@@ -88,7 +99,8 @@ def test_delete_leaves_no_state_for_the_object() -> None:
     ctrl.gate.ensure((uid, bundle), f"http://127.0.0.1:{_closed_port()}")
     assert ctrl.gate.wait((uid, bundle), 60) is not None
     dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
-    assert ctrl.child_event("MODIFIED", dep) == NAME  # remembered: what plan() reads of the child
+    assert ctrl.children[dep["metadata"]["uid"]][0] == (NS, NAME)  # remembered when it was created
+    assert ctrl.child_event("MODIFIED", {**dep, "status": {"readyReplicas": 1}}) == NAME
     other = {**dep, "metadata": {**dep["metadata"], "uid": "u-other", "ownerReferences": []}}
     assert ctrl.child_event("MODIFIED", other) is None  # owned by no ModelDeployment: kept regardless
     held = ctrl.holds(NS, NAME, uid)

@@ -146,11 +146,21 @@ def test_cohorts_figures_and_readiness() -> None:
     x = inputs()
     x = replace(x, by_bundle={x.bid: dep(x.bid, 2, 2), "c": dep("c", 1, 1)})
     state = RolloutState(phase="Canary", stable=x.bid, canary="c", step=0)
-    c = p.plan_cohorts(x, state, {x.bid: 2, "c": 1}, "c")
+    c = p.plan_cohorts(x, state, {x.bid: 2, "c": 1}, "c", {})
     assert (c.stable.ready_replicas, c.canary.ready_replicas, c.ready_total) == (2, 1, 3)
     assert c.stable_ready and not c.all_ready  # a canary is in flight
-    c = p.plan_cohorts(x, RolloutState(stable=x.bid), {x.bid: 2}, None)
+    c = p.plan_cohorts(x, RolloutState(stable=x.bid), {x.bid: 2}, None, {})
     assert c.all_ready and c.canary is None and c.stable.revision == "r1"
+
+
+def test_a_deployment_being_created_is_named_with_nothing_ready() -> None:
+    x = inputs()  # no Deployment observed yet: this plan creates it
+    created = {x.bid: {"metadata": {"name": "chat-new"}, "spec": {"replicas": 2}}}
+    c = p.plan_cohorts(x, RolloutState(stable=x.bid), {x.bid: 2}, None, created)
+    assert (c.stable.deployment, c.stable.ready_replicas, c.stable.load_progress) == ("chat-new", 0, 0.0)
+    assert not c.stable_ready and not c.all_ready
+    c = p.plan_cohorts(x, RolloutState(stable=x.bid), {x.bid: 2}, None, {})
+    assert c.stable.deployment is None  # not created (an impossible placement): nothing named
 
 
 # plan_degraded
