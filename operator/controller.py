@@ -36,6 +36,7 @@ from modeldeploy.operator.scrape import Baselines
 from modeldeploy.operator.tracing import OperatorTracing
 from modeldeploy.operator.workqueue import WorkQueue
 
+OWN_WRITES = 4  # status writes per object whose watch events are recognised as our own echoes
 ROLLOUT_TICK_S = 2.0  # while a rollout is active, reconcile again this soon (gate, pauses)
 Key = tuple[str, str]  # (namespace, name)
 
@@ -61,7 +62,9 @@ class Controller:
         self._locks: dict[Key, threading.Lock] = {}  # one reconcile per object at a time
         self.known: set[Key] = set()  # ModelDeployments seen by the watch, for the periodic resync
         self.uids: dict[Key, str] = {}
-        self.own_writes: dict[Key, str] = {}  # resourceVersion of our last status write
+        self.own_writes: dict[
+            Key, tuple[str, ...]
+        ] = {}  # resourceVersions of our last OWN_WRITES status writes
         self.last_done: dict[Key, float] = {}  # monotonic time of the last completed reconcile
         self.children: dict[str, tuple[Key, tuple]] = {}  # child uid -> (owner, what plan() reads of it)
         self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
@@ -91,7 +94,10 @@ class Controller:
         now, uid, t0 = now_iso(), md["metadata"]["uid"], time.time()
 
         def status_written(resource_version: str) -> None:
-            self.own_writes[key] = resource_version  # its watch event is an echo, not news
+            # its watch event is an echo, not news; the last few are kept because a busy operator can
+            # write status twice before the first write's event is handled
+            with self._guard:
+                self.own_writes[key] = (*self.own_writes.get(key, ()), resource_version)[-OWN_WRITES:]
 
         began = self.nodes.clock()
         observed = self.observer.observe(md)
@@ -130,7 +136,9 @@ class Controller:
             return False
         with self._guard:
             self.known.add(key)
-        return meta.get("resourceVersion") != self.own_writes.get(key)  # else: the echo of our status write
+        return meta.get("resourceVersion") not in self.own_writes.get(
+            key, ()
+        )  # else: our status write's echo
 
     def child_event(self, kind: str | None, body: Mapping[str, Any]) -> str | None:
         """The owning ModelDeployment's name when a child's change matters to plan(), else None."""

@@ -65,6 +65,22 @@ def test_reconcile_creates_children_and_recognises_its_own_status_echo() -> None
     assert ctrl.reconcile(NS, NAME) == []  # converged in one pass (status named what it created): idempotent
 
 
+def test_echoes_of_two_status_writes_in_a_row_are_both_recognised() -> None:
+    kube, ctrl, _ = _world()
+    ctrl.request(NS, NAME)
+    first = kube.get_md(NS, NAME)
+    dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    dep["status"] = {"readyReplicas": dep["spec"]["replicas"]}
+    ctrl.request(NS, NAME, "child")  # the Deployment turned Ready: status written again
+    second = kube.get_md(NS, NAME)
+    assert second["status"]["phase"] == "Stable" != first["status"]["phase"]
+    # the first write's event handled only after the second write: still our own echo
+    assert ctrl.md_event("MODIFIED", NS, NAME, first) is False
+    assert ctrl.md_event("MODIFIED", NS, NAME, second) is False
+    kube.patch(MD, NS, NAME, {"spec": {"replicas": 3}})  # someone else's write is news
+    assert ctrl.md_event("MODIFIED", NS, NAME, kube.get_md(NS, NAME)) is True
+
+
 def test_child_events_name_the_owner_only_when_plan_reads_the_change() -> None:
     kube, ctrl, _ = _world()
     ctrl.request(NS, NAME)
