@@ -62,9 +62,7 @@ class Controller:
         self._locks: dict[Key, threading.Lock] = {}  # one reconcile per object at a time
         self.known: set[Key] = set()  # ModelDeployments seen by the watch, for the periodic resync
         self.uids: dict[Key, str] = {}
-        self.own_writes: dict[
-            Key, tuple[str, ...]
-        ] = {}  # resourceVersions of our last OWN_WRITES status writes
+        self.own_writes: dict[Key, tuple[str, ...]] = {}  # resourceVersions of our last status writes
         self.last_done: dict[Key, float] = {}  # monotonic time of the last completed reconcile
         self.children: dict[str, tuple[Key, tuple]] = {}  # child uid -> (owner, what plan() reads of it)
         self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
@@ -136,9 +134,8 @@ class Controller:
             return False
         with self._guard:
             self.known.add(key)
-        return meta.get("resourceVersion") not in self.own_writes.get(
-            key, ()
-        )  # else: our status write's echo
+        echo = meta.get("resourceVersion") in self.own_writes.get(key, ())  # of one of our status writes
+        return not echo
 
     def child_event(self, kind: str | None, body: Mapping[str, Any]) -> str | None:
         """The owning ModelDeployment's name when a child's change matters to plan(), else None."""
