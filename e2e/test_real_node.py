@@ -476,12 +476,28 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
             t.join(240)
         assert results == [(200, True)] * STREAMS, results
         assert max(ended) > deleted, "every stream ended before the deletion: the test proved nothing"
-        k.wait(lambda: md_ready(k, ns, "tiny"), 600, "tiny Ready again after the pod deletion")
+
+        # status read right after the deletion can still be the one from before it (the operator has
+        # not seen the drop yet): wait for the replacement pod, then for status to say Ready with it
+        def replacement():  # noqa: ANN202
+            return next(
+                (
+                    p
+                    for p in k.core.list_namespaced_pod(ns).items
+                    if p.metadata.name.startswith("tiny-")
+                    and p.metadata.name != pod.metadata.name
+                    and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+                ),
+                None,
+            )
+
+        k.wait(replacement, 600, "a replacement pod Ready after the pod deletion")
+        k.wait(lambda: md_ready(k, ns, "tiny"), 120, "tiny Ready again after the pod deletion")
         k.wait(models, 60, "the replacement pod through the ClusterIP")
 
         # a wrong engine digest: the pod cannot pull it, so those bits never run, and the rollout
         # rolls back to the bundle that serves, naming the image
-        stable = md_ready(k, ns, "tiny")["status"]["stable"]["bundle"]
+        stable = k.wait(lambda: md_ready(k, ns, "tiny"), 120, "tiny Ready")["status"]["stable"]["bundle"]
         wrong = runtime.split("@")[0] + "@sha256:" + "0" * 64
         patch = {"spec": {"bundle": {"engine": {"image": wrong}}}}
         k.kubectl("patch", "md", "tiny", "-n", ns, "--type=merge", "-p", json.dumps(patch))
