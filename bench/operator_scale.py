@@ -76,6 +76,8 @@ def apply_crd(ext: client.ApiextensionsV1Api, timeout: float = 60) -> None:
 
 
 def all_nodes_ready(core: client.CoreV1Api, names: set[str]) -> bool:
+    """Raw JSON, not the client's models (nodes.node_ready): decoding 2,000 nodes each poll would load
+    the machine the bench measures."""
     ready = set()
     for n in json.loads(core.list_node(_preload_content=False, _request_timeout=60).data)["items"]:
         conds = (n.get("status") or {}).get("conditions") or []

@@ -39,6 +39,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -179,9 +180,13 @@ def probe_pod(name: str, image: str, args: list[str], labels: dict[str, str] | N
     }  # fmt: skip
 
 
+def is_ready(p: Any) -> bool:  # a kubernetes V1Pod
+    return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+
+
 def pod_ready(k: E2ECluster, ns: str, name: str):  # noqa: ANN201
     p = k.core.read_namespaced_pod(name, ns)
-    return p if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) else None
+    return p if is_ready(p) else None
 
 
 def test_pod_pulled_by_digest_runs_restricted_and_serves_through_a_cluster_ip(rn, ns, probe_ref) -> None:
@@ -486,7 +491,7 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
                     for p in k.core.list_namespaced_pod(ns).items
                     if p.metadata.name.startswith("tiny-")
                     and p.metadata.name != pod.metadata.name
-                    and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+                    and is_ready(p)
                 ),
                 None,
             )
