@@ -5,7 +5,8 @@ ReplicaSet creating the pods lies a window in which those GPUs look spare, and a
 then (capacity Auto's fit check) takes them: of 100 concurrent rollouts on a full pool 22 promoted,
 the rest starved by Surge canaries landing on GPUs that Replace rollouts had freed for their own
 canaries, decided in waves that shared one node list. So every object's plan leaves a `Claim`: the
-replicas its cohorts want per bundle (and, for a Surge canary, the full size the fit check promised).
+replicas its cohorts want per bundle (and, for a Surge canary, the full size the fit check promised;
+after a promotion, the prior bundle's warm replicas, which a Replace rollout scales back up).
 A decision reads the nodes with the other objects' claims placed on them, less the pods the list
 already shows of that object and bundle (bundle ids hash the bundle alone, so many objects can share
 one), so a claim shrinks to nothing as its pods appear and nothing is counted twice.
@@ -23,8 +24,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modeldeploy.operator.api import Toleration, Topology
+from modeldeploy.operator.api import ModelDeploymentSpec, Toleration, Topology
 from modeldeploy.operator.bundle import BUNDLE_LABEL, INSTANCE_LABEL
+from modeldeploy.operator.progression import warm_budget
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus, tolerates
 
@@ -45,7 +47,8 @@ class Claim:
     @classmethod
     def of(cls, md: dict[str, Any], status: dict[str, Any]) -> Claim:
         """From the object and the status its plan wrote: stable and canary desired replicas; a Surge
-        canary still before promotion claims spec.replicas, the size Auto checked beside stable."""
+        canary still before promotion claims spec.replicas, the size Auto checked beside stable; a prior
+        bundle kept warm claims its warm replicas (keepPrior within maxGPUs), until status drops it."""
         spec, wants = md.get("spec") or {}, {}
         for cohort in (status.get("stable"), status.get("canary")):
             if cohort and cohort.get("bundle"):
@@ -56,6 +59,10 @@ class Claim:
         surge = (status.get("rollout") or {}).get("capacity") == "Surge"
         if canary and surge and status.get("phase") in ("Deploying", *UNDER_TEST):
             wants[canary] = max(wants[canary], int(spec.get("replicas") or 0))
+        rollout = status.get("rollout") or {}
+        if rollout.get("previous") and rollout.get("prior") == "Warm":
+            warm = _warm_replicas(spec)
+            wants[rollout["previous"]] = max(wants.get(rollout["previous"], 0), warm)
         device = ((spec.get("bundle") or {}).get("config") or {}).get("device") or "auto"
         meta = md["metadata"]
         return cls(meta["namespace"], meta["name"], wants, spec.get("topology") or {}, device)
@@ -63,6 +70,15 @@ class Claim:
     def missing(self, seen: PodCounts) -> int:
         """Replicas wanted that the node list shows no pod of yet."""
         return sum(max(0, n - seen.get((self.namespace, self.name, b), 0)) for b, n in self.wants.items())
+
+
+def _warm_replicas(spec: dict[str, Any]) -> int:
+    """The warm prior's replicas as the plan sizes them; 0 for a spec the plan rejects too. Parsed only
+    for an object with a warm prior, so the rare case pays for the validation."""
+    try:
+        return warm_budget(ModelDeploymentSpec.model_validate(spec))
+    except ValidationError:
+        return 0
 
 
 def counted(pods: Iterable[dict[str, Any]], seen: PodCounts) -> Iterator[dict[str, Any]]:

@@ -33,6 +33,20 @@ def test_a_surge_canary_claims_the_full_size_auto_checked_and_a_replace_canary_i
     assert Claim.of(obj, {}).wants == {}
 
 
+def test_a_warm_prior_claims_its_warm_replicas_within_the_gpu_budget() -> None:
+    """A Replace rollout's prior bundle is scaled back up to its warm size after promotion: those GPUs
+    are taken before its pods show them."""
+    obj = md("a", replicas=4, rollout={"keepPrior": {"replicas": 3, "maxGPUs": 4}},
+             topology={"gpusPerReplica": 2, "gpuType": "NVIDIA-H200"})  # fmt: skip
+    warm = {"phase": "Stable", "stable": {"bundle": "c", "replicas": 4},
+            "rollout": {"previous": "s", "prior": "Warm"}}  # fmt: skip
+    assert Claim.of(obj, warm).wants == {"c": 4, "s": 2}  # 3 replicas asked, 4 GPUs / 2 per replica
+    cold = {**warm, "rollout": {"prior": "Cold"}}
+    assert Claim.of(obj, cold).wants == {"c": 4}
+    seen = Counter({("ns", "a", "c"): 4, ("ns", "a", "s"): 1})
+    assert Claim.of(obj, warm).missing(seen) == 1  # one warm replica already there, one to come
+
+
 def test_place_puts_each_need_on_the_node_with_most_free_that_holds_it_whole() -> None:
     a, b = gpu_nodes(2)
     nodes = [a, b]
