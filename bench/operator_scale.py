@@ -3,6 +3,13 @@ then (--rollouts K) K ModelDeployments changing bundle at once on a full pool of
 
   .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --latency-samples 60
   .venv/bin/python bench/operator_scale.py --nodes 0 --mds 0 --rollouts 100 --rollout-replicas 4
+  .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --floor 3
+
+The floor (--floor S): no operator. The bench creates each ModelDeployment and then, itself, the
+children the operator would (its Deployment, built by operator/children.py, and S of its 3 Services)
+and times them to all Deployments Ready. That is the control plane's own cost for the same objects:
+no operator can reach all-Stable faster on the same machine, so the operator's wall time is read as a
+ratio to it. (It leaves out what only an operator does: status writes, Events, reads.)
 
 Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG). Applies the ModelDeployment
 CRD (generated from the API types, so a cluster without it or with a stale copy works), creates
@@ -39,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # e2e/fake_prometheus.py: analysis figures for kwok pods
 
 from e2e.fake_prometheus import FakePrometheus  # noqa: E402
-from modeldeploy.operator import api  # noqa: E402
+from modeldeploy.operator import api, children  # noqa: E402
 from modeldeploy.operator.api import Bundle  # noqa: E402
 from modeldeploy.operator.bundle import bundle_id  # noqa: E402
 from modeldeploy_dev.cluster.nodes import kwok_node  # noqa: E402
@@ -141,8 +148,14 @@ def main() -> int:
     )
     ap.add_argument("--rollout-replicas", type=int, default=4)
     ap.add_argument("--rollout-timeout", type=float, default=900)
+    ap.add_argument(
+        "--floor", type=int, choices=(1, 2, 3), default=None, metavar="SERVICES",
+        help="no operator: create each object's Deployment and this many of its Services directly",
+    )  # fmt: skip
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     a = ap.parse_args()
+    if a.floor is not None and (a.rollouts or a.mds <= 0):
+        ap.error("--floor times --mds objects (at least 1) to all Ready; it takes no --rollouts")
     if not a.kubeconfig:
         from modeldeploy_dev.cluster.local import LocalCluster
 
@@ -179,6 +192,15 @@ def main() -> int:
             {"metadata": {"name": "bench-operator"}, "spec": {"cidrs": ["10.96.0.0/16"]}}
         )
     )
+    if a.floor is not None:
+        try:
+            return 0 if floor(a, apps, custom, core) else 1
+        finally:
+            _ignore_404(lambda: core.delete_namespace(NS))
+            _wait_gone(core, NS)
+            _ignore_404(lambda: net.delete_service_cidr("bench-operator"))
+            with ThreadPoolExecutor(8) as ex:
+                list(ex.map(lambda n: _ignore_404(lambda: core.delete_node(n)), names + pool))
     env = {**os.environ, "KUBECONFIG": a.kubeconfig}
     op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", str(METRICS_PORT), "--bind", "127.0.0.1",
                            "--health-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=open("/tmp/bench-operator.log", "wb"))  # fmt: skip
@@ -246,6 +268,42 @@ def scale(a: argparse.Namespace, pid: int, apps: client.AppsV1Api, custom: clien
           f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
     print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s, peak RSS after it {rss2 / 2**20:.0f} MB)")
     return stable == a.mds
+
+
+def floor(
+    a: argparse.Namespace, apps: client.AppsV1Api, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> bool:
+    """--floor: each object created, then its Deployment and `a.floor` Services by the bench itself
+    (owned by the object, as the operator's are, so the garbage collector keeps them), until every
+    Deployment has its replica Ready. The same 8 client threads and 2 s poll as `scale`."""
+    suffixes = ("", "stable", "canary")[: a.floor]
+
+    def one(i: int) -> None:
+        obj = custom.create_namespaced_custom_object(G, V, NS, P, md(i))
+        spec = api.ModelDeploymentSpec.model_validate(obj["spec"])
+        bid = bundle_id(spec.bundle)
+        apps.create_namespaced_deployment(NS, children.deployment(obj, spec, bid, spec.replicas))
+        for s in suffixes:
+            core.create_namespaced_service(NS, children.service(obj, s, bid if s == "stable" else None))
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(one, range(a.mds)))
+    created = time.monotonic() - start
+    ready = 0
+    while time.monotonic() - start < a.timeout:
+        body = json.loads(
+            apps.list_namespaced_deployment(NS, _preload_content=False, _request_timeout=30).data
+        )
+        ready = sum(1 for d in body["items"] if ((d.get("status") or {}).get("readyReplicas") or 0) >= 1)
+        if ready == a.mds:
+            break
+        time.sleep(POLL_S)
+    wall = time.monotonic() - start
+    print(f"| nodes | objects | Services each | created in s | all Ready wall s |\n|---|---|---|---|---|\n"
+          f"| {a.nodes} | {ready}/{a.mds} | {a.floor} | {created:.1f} | {wall:.1f} |")  # fmt: skip
+    print(f"(load average at the end {Path('/proc/loadavg').read_text().split()[:3]})")
+    return ready == a.mds
 
 
 def rollouts(a: argparse.Namespace, pid: int, custom: client.CustomObjectsApi, prom: str) -> bool:
