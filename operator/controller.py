@@ -45,7 +45,11 @@ class Controller:
     """Reconciles ModelDeployments; all of the operator's in-memory state lives here."""
 
     def __init__(
-        self, kube: Kube, tick_s: float = ROLLOUT_TICK_S, leader: Callable[[str], bool] | None = None
+        self,
+        kube: Kube,
+        tick_s: float = ROLLOUT_TICK_S,
+        leader: Callable[[str], bool] | None = None,
+        workers: int = 0,
     ) -> None:
         self.kube = kube
         self.leader = leader  # peering: whether this replica is the active one for a namespace
@@ -56,7 +60,7 @@ class Controller:
         self.baselines = Baselines()
         self.apply_pool = applying.pool()  # a plan's creates and Events (and observe's LISTs) go together
         self.observer = Observer(kube, self.nodes, self.probe, self.gate, self.baselines, self.apply_pool.map)
-        self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s)
+        self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s, workers)  # workers: see enqueue
         self.reconciles = 0  # completed, for the liveness probe
         self._guard = threading.Lock()
         self._locks: dict[Key, threading.Lock] = {}  # one reconcile per object at a time
@@ -72,6 +76,11 @@ class Controller:
         """Reconcile now or, when a reconcile of this object is running, once more after it.
         `source`: what asked (modeldeployment, child, resync), counted per source in the metrics."""
         self.queue.request((namespace, name), source)
+
+    def enqueue(self, namespace: str, name: str, source: str = "modeldeployment") -> None:
+        """`request` on one of the queue's worker threads, without waiting: what watch handlers and the
+        resync call, so that kopf's threads never wait on a reconcile (workqueue.py says why)."""
+        self.queue.add((namespace, name), source)
 
     def reconcile(self, namespace: str, name: str) -> list[Action]:
         """Observe, plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""

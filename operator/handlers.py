@@ -22,6 +22,7 @@ from modeldeploy.operator.kube import Kube
 
 RESYNC_S = float(os.environ.get("MODELDEPLOY_RESYNC_SECONDS", "30"))
 log = logging.getLogger("modeldeploy.operator")
+WORKERS = int(os.environ.get("MODELDEPLOY_WORKERS", "16"))  # reconciles at a time (the Controller's threads)
 CHILD = MappingProxyType({"app.kubernetes.io/managed-by": MANAGED_BY})
 
 
@@ -31,21 +32,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="modeldeploy.dev")
     settings.posting.level = logging.WARNING  # our own Events carry the decisions
     settings.watching.server_timeout = 300
-    settings.execution.max_workers = int(os.environ.get("MODELDEPLOY_WORKERS", "16"))
     kube = Kube.connect()
     leader = peering.Peering(kube.custom, peering.CONFIG).active if peering.CONFIG else None
-    memo.controller = Controller(kube, leader=leader)
+    memo.controller = Controller(kube, leader=leader, workers=WORKERS)
     memo.resync = asyncio.create_task(_resync_forever(memo.controller))
 
 
 def _run(ctrl: Controller, namespace: str | None, name: str | None, source: str) -> None:
-    if not namespace or not name:
-        return
-    try:
-        ctrl.request(namespace, name, source)
-    except Exception as e:
-        metrics.ERRORS.labels(type(e).__name__).inc()
-        raise kopf.TemporaryError(f"reconcile {namespace}/{name}: {e}", delay=5) from e
+    if namespace and name:
+        ctrl.enqueue(namespace, name, source)  # returns at once: the Controller's workers reconcile
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -75,7 +70,7 @@ async def _resync_forever(ctrl: Controller) -> None:
         for namespace, name in sorted(ctrl.known):
             if not ctrl.due((namespace, name), RESYNC_S):
                 continue  # reconciled recently through an event
-            try:
+            try:  # one at a time, on a thread of its own: a sweep never queues ahead of watch events
                 await asyncio.to_thread(ctrl.request, namespace, name, "resync")
             except Exception as e:  # one object's failure must not stop the others' resync
                 metrics.ERRORS.labels(type(e).__name__).inc()

@@ -1,26 +1,50 @@
-"""Per-object coalescing of reconcile requests, and the delayed re-run while a rollout moves.
+"""Per-object coalescing of reconcile requests, the workers that serve them, and the delayed re-run
+while a rollout moves.
 
 Bursts of watch events (a child created, its status updated, ...) collapse into at most one
 extra pass instead of one full reconcile each, as controller-runtime's work queue does.
+
+Watch handlers only `add` a key and return: the Controller's own worker threads run the passes.
+A handler that ran the pass itself held kopf's thread for the whole reconcile (seconds of API round
+trips), so at scale kopf's queue of waiting handler calls kept every watch event body decoded in
+memory until a thread came free; a waiting key costs a few bytes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from modeldeploy.operator import metrics
 
+RETRY_S = 5.0  # a pass that raised is asked for again this soon (the next event or resync may come first)
+log = logging.getLogger("modeldeploy.operator")
+
 
 class WorkQueue:
-    """Runs `work(key)` for a key now or, when it is already running, once more right after it."""
+    """Runs `work(key)` for a key now or, when it is already running, once more right after it.
 
-    def __init__(self, work: Callable[[Any], Any], tick_s: float) -> None:
+    With `workers` > 0, `add` queues a key (once: a key already waiting folds in) for one of that
+    many daemon threads. A rollout tick's timer thread runs its pass itself, as before: the in-flight
+    rollouts do not wait behind a burst of watch events.
+    """
+
+    def __init__(self, work: Callable[[Any], Any], tick_s: float, workers: int = 0) -> None:
         self.work, self.tick_s = work, tick_s
         self._guard = threading.Lock()
         self._running: dict[Hashable, bool] = {}  # keys being worked on -> another pass requested meanwhile
         self._timers: dict[Hashable, threading.Timer] = {}
+        self._waiting: dict[Hashable, str] = {}  # added, not yet taken by a worker -> what asked first
+        self._order: deque[Hashable] = deque()  # the same keys, first added first
+        self._wake = threading.Condition(self._guard)
+        self.workers = [
+            threading.Thread(target=self._serve, name=f"reconcile-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in self.workers:
+            t.start()
 
     def request(self, key: Hashable, source: str = "request") -> None:
         """`source` (what asked) labels modeldeploy_operator_reconcile_requests_total."""
@@ -40,6 +64,35 @@ class WorkQueue:
         finally:
             with self._guard:
                 self._running.pop(key, None)
+
+    def add(self, key: Hashable, source: str = "request") -> None:
+        """Ask for a pass without waiting for it; a key already waiting for a worker folds into that ask."""
+        with self._guard:
+            waiting = key in self._waiting
+            if not waiting:
+                self._waiting[key] = source
+                self._order.append(key)
+                self._wake.notify()
+        if waiting:
+            metrics.REQUESTS.labels(source, "coalesced").inc()
+
+    def _serve(self) -> None:
+        while True:
+            with self._guard:
+                while not self._order:
+                    self._wake.wait()
+                key = self._order.popleft()
+                source = self._waiting.pop(key, None)
+            if source is None:
+                continue  # forgotten while it waited
+            try:
+                self.request(key, source)
+            except Exception as e:  # noqa: BLE001 - one object's failure must not stop a worker
+                metrics.ERRORS.labels(type(e).__name__).inc()
+                log.warning("reconcile %s: %s: %s (again in %.0f s)", key, type(e).__name__, e, RETRY_S)
+                retry = threading.Timer(RETRY_S, self.add, (key, "retry"))
+                retry.daemon = True
+                retry.start()
 
     def tick(self, key: Hashable) -> None:
         """One delayed `request` per key at a time (a daemon timer; lost on restart, as status is not).
@@ -62,13 +115,14 @@ class WorkQueue:
             metrics.ERRORS.labels(type(e).__name__).inc()
 
     def forget(self, key: Hashable) -> None:
-        """Cancel a pending tick (the object is gone); a pass already running ends by itself."""
+        """Cancel a pending tick and a waiting ask (the object is gone); a pass already running ends by itself."""
         with self._guard:
             timer = self._timers.pop(key, None)
+            self._waiting.pop(key, None)  # its entry in _order is skipped when a worker reaches it
         if timer is not None:
             timer.cancel()
 
     def holds(self, key: Hashable) -> bool:
-        """Whether any entry for `key` is kept (a pending tick or a running pass)."""
+        """Whether any entry for `key` is kept (a pending tick, a waiting ask or a running pass)."""
         with self._guard:
-            return key in self._timers or key in self._running
+            return key in self._timers or key in self._running or key in self._waiting

@@ -1,11 +1,14 @@
-"""WorkQueue: asks during a running pass fold into one more pass, and each ask is counted by its source."""
+"""WorkQueue: asks during a running pass fold into one more pass, each ask is counted by its source, and
+added keys are served by the queue's own workers (folded while waiting, retried after a failure)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 from prometheus_client import REGISTRY
 
+from modeldeploy.operator import workqueue
 from modeldeploy.operator.workqueue import WorkQueue
 
 METRIC = "modeldeploy_operator_reconcile_requests_total"
@@ -38,3 +41,71 @@ def test_asks_while_running_fold_into_one_more_pass_and_are_counted_by_source() 
     assert _count("child", "coalesced") - before[("child", "coalesced")] == 3
     assert _count("child", "run") - before[("child", "run")] == 0
     assert not q.holds("k")
+
+
+def _settle(q: WorkQueue, *keys: str) -> None:
+    deadline = time.monotonic() + 10
+    while any(q.holds(k) for k in keys) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_added_keys_are_served_by_the_workers_and_a_waiting_key_folds_further_asks() -> None:
+    started, release, passes = threading.Event(), threading.Event(), []
+
+    def work(key: str) -> None:
+        passes.append(key)
+        if key == "a":
+            started.set()
+            assert release.wait(10)
+
+    q = WorkQueue(work, tick_s=3600.0, workers=1)
+    before = _count("child", "coalesced")
+    q.add("a", "modeldeployment")  # returns at once: the one worker runs it
+    assert started.wait(10)
+    for _ in range(3):  # "b" waits behind "a": the later asks fold into the first
+        q.add("b", "child")
+    assert q.holds("b") and passes == ["a"]
+    release.set()
+    _settle(q, "a", "b")
+    assert passes == ["a", "b"]
+    assert _count("child", "coalesced") - before == 2
+    assert not q.holds("a") and not q.holds("b")
+
+
+def test_a_pass_that_raises_is_counted_and_asked_for_again(monkeypatch) -> None:
+    monkeypatch.setattr(workqueue, "RETRY_S", 0.05)
+    passes: list[str] = []
+
+    def work(key: str) -> None:
+        passes.append(key)
+        if len(passes) == 1:
+            raise RuntimeError("API server went away")
+
+    errors = "modeldeploy_operator_reconcile_errors_total"
+    before = REGISTRY.get_sample_value(errors, {"error": "RuntimeError"}) or 0.0
+    q = WorkQueue(work, tick_s=3600.0, workers=2)
+    q.add("k", "modeldeployment")
+    deadline = time.monotonic() + 10
+    while len(passes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert passes == ["k", "k"]  # the worker survived and the key came back
+    assert REGISTRY.get_sample_value(errors, {"error": "RuntimeError"}) - before == 1
+    assert _count("retry", "run") >= 1
+
+
+def test_forget_drops_a_waiting_ask() -> None:
+    release, passes = threading.Event(), []
+
+    def work(key: str) -> None:
+        passes.append(key)
+        assert release.wait(10)
+
+    q = WorkQueue(work, tick_s=3600.0, workers=1)
+    q.add("busy")
+    q.add("gone")
+    q.forget("gone")  # deleted while it waited: never reconciled
+    assert not q.holds("gone")
+    q.add("kept")
+    release.set()
+    _settle(q, "busy", "kept")
+    assert passes == ["busy", "kept"]
