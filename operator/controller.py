@@ -77,10 +77,25 @@ class Controller:
         `source`: what asked (modeldeployment, child, resync), counted per source in the metrics."""
         self.queue.request((namespace, name), source)
 
-    def enqueue(self, namespace: str, name: str, source: str = "modeldeployment") -> None:
-        """`request` on one of the queue's worker threads, without waiting: what watch handlers and the
-        resync call, so that kopf's threads never wait on a reconcile (workqueue.py says why)."""
-        self.queue.add((namespace, name), source)
+    def enqueue(
+        self, namespace: str, name: str, source: str = "modeldeployment", version: str | None = None
+    ) -> None:
+        """`request` on one of the queue's worker threads, without waiting: what watch handlers call, so
+        that kopf's threads never wait on a reconcile (workqueue.py says why).
+
+        `version`: the resourceVersion of the ModelDeployment event that asked. Arriving while a pass
+        runs, it may be the echo of that pass's own status write, delivered before the write's response
+        was recorded in own_writes; it is checked again once the pass ends, and is no news if it was."""
+        key = (namespace, name)
+        if version is None:
+            self.queue.add(key, source)
+            return
+
+        def news() -> bool:
+            with self._guard:
+                return version not in self.own_writes.get(key, ())
+
+        self.queue.add(key, source, news)
 
     def reconcile(self, namespace: str, name: str) -> list[Action]:
         """Observe, plan and apply one ModelDeployment; returns the actions taken (for logs and tests)."""
@@ -172,8 +187,9 @@ class Controller:
             self.children[child["metadata"]["uid"]] = (owner, signature(child))
 
     def due(self, key: Key, period_s: float) -> bool:
-        """Whether the periodic resync should reconcile `key` (not reconciled through an event lately)."""
-        return time.monotonic() - self.last_done.get(key, 0.0) >= period_s
+        """Whether the periodic resync should reconcile `key`: not reconciled lately, and no pass of it
+        running, waiting for a worker or ticking (that pass is as good as a resync)."""
+        return time.monotonic() - self.last_done.get(key, 0.0) >= period_s and not self.queue.holds(key)
 
     def forget(self, key: Key, uid: str | None = None) -> None:
         """Drop every entry kept for a deleted object (after any reconcile of it in flight)."""

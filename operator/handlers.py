@@ -38,9 +38,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     memo.resync = asyncio.create_task(_resync_forever(memo.controller))
 
 
-def _run(ctrl: Controller, namespace: str | None, name: str | None, source: str) -> None:
+def _run(
+    ctrl: Controller, namespace: str | None, name: str | None, source: str, version: str | None = None
+) -> None:
     if namespace and name:
-        ctrl.enqueue(namespace, name, source)  # returns at once: the Controller's workers reconcile
+        ctrl.enqueue(namespace, name, source, version)  # returns at once: the Controller's workers reconcile
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -48,7 +50,13 @@ def modeldeployment_changed(
     type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_
 ) -> None:
     if memo.controller.md_event(type, namespace, name, body):
-        _run(memo.controller, namespace, name, "modeldeployment")
+        _run(
+            memo.controller,
+            namespace,
+            name,
+            "modeldeployment",
+            body.get("metadata", {}).get("resourceVersion"),
+        )
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD)

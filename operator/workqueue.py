@@ -35,9 +35,13 @@ class WorkQueue:
     def __init__(self, work: Callable[[Any], Any], tick_s: float, workers: int = 0) -> None:
         self.work, self.tick_s = work, tick_s
         self._guard = threading.Lock()
-        self._running: dict[Hashable, bool] = {}  # keys being worked on -> another pass requested meanwhile
+        self._running: dict[
+            Hashable, list[Callable[[], bool] | None]
+        ] = {}  # key being worked on -> asks meanwhile
         self._timers: dict[Hashable, threading.Timer] = {}
-        self._waiting: dict[Hashable, str] = {}  # added, not yet taken by a worker -> what asked first
+        self._waiting: dict[
+            Hashable, tuple[str, list[Callable[[], bool]] | None]
+        ] = {}  # first source, checks
         self._order: deque[Hashable] = deque()  # the same keys, first added first
         self._wake = threading.Condition(self._guard)
         self.workers = [
@@ -46,33 +50,62 @@ class WorkQueue:
         for t in self.workers:
             t.start()
 
-    def request(self, key: Hashable, source: str = "request") -> None:
-        """`source` (what asked) labels modeldeploy_operator_reconcile_requests_total."""
+    def request(self, key: Hashable, source: str = "request", news: Callable[[], bool] | None = None) -> None:
+        """`source` (what asked) labels modeldeploy_operator_reconcile_requests_total.
+
+        An ask made while a pass of `key` runs calls for one more pass after it, unless its `news`
+        check, made once that pass ends, says it is no news (the echo of a write the pass made). An ask
+        that is already no news when it comes runs nothing (outcome "echo")."""
+        if news is not None and not news():
+            metrics.REQUESTS.labels(source, "echo").inc()
+            return
         with self._guard:
             coalesced = key in self._running
-            self._running[key] = coalesced  # running: one more pass after it; else this call runs it
+            if coalesced:
+                self._running[key].append(news)
+            else:
+                self._running[key] = []
         metrics.REQUESTS.labels(source, "coalesced" if coalesced else "run").inc()
         if coalesced:
             return
+        settled = False
         try:
             while True:
                 self.work(key)
-                with self._guard:
-                    if not self._running[key]:
-                        return
-                    self._running[key] = False
+                if not self._again(key):
+                    settled = True  # _again dropped the key
+                    return
         finally:
-            with self._guard:
-                self._running.pop(key, None)
+            if not settled:
+                with self._guard:
+                    self._running.pop(key, None)
 
-    def add(self, key: Hashable, source: str = "request") -> None:
-        """Ask for a pass without waiting for it; a key already waiting for a worker folds into that ask."""
+    def _again(self, key: Hashable) -> bool:
+        """Whether the asks made during the pass call for another; drops the key when none does."""
+        while True:
+            with self._guard:
+                asks = self._running[key]
+                if not asks:
+                    del self._running[key]
+                    return False
+                self._running[key] = []
+            if any(news is None or news() for news in asks):  # outside the guard: news takes its own locks
+                return True
+
+    def add(self, key: Hashable, source: str = "request", news: Callable[[], bool] | None = None) -> None:
+        """Ask for a pass without waiting for it; a key already waiting for a worker folds into that ask.
+        `news`: as for `request`, once a worker takes the ask."""
         with self._guard:
             waiting = key in self._waiting
             if not waiting:
-                self._waiting[key] = source
+                self._waiting[key] = (source, None if news is None else [news])
                 self._order.append(key)
                 self._wake.notify()
+            elif (checks := self._waiting[key][1]) is not None:  # folded asks are news if any of them is
+                if news is None:
+                    self._waiting[key] = (self._waiting[key][0], None)
+                else:
+                    checks.append(news)
         if waiting:
             metrics.REQUESTS.labels(source, "coalesced").inc()
 
@@ -82,11 +115,13 @@ class WorkQueue:
                 while not self._order:
                     self._wake.wait()
                 key = self._order.popleft()
-                source = self._waiting.pop(key, None)
-            if source is None:
+                ask = self._waiting.pop(key, None)
+            if ask is None:
                 continue  # forgotten while it waited
+            source, checks = ask
+            news = None if checks is None else (lambda checks=checks: any(check() for check in checks))
             try:
-                self.request(key, source)
+                self.request(key, source, news)
             except Exception as e:  # noqa: BLE001 - one object's failure must not stop a worker
                 metrics.ERRORS.labels(type(e).__name__).inc()
                 log.warning("reconcile %s: %s: %s (again in %.0f s)", key, type(e).__name__, e, RETRY_S)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import time
 from typing import Any
 
 from fake_kube import MD, FakeKube
@@ -254,3 +255,31 @@ def test_a_wave_of_capacity_decisions_subtracts_each_others_canaries() -> None:
     assert sum(n.requested for n in ctrl.nodes.for_decision((NS, "b"), ctrl.nodes.clock() - 1)) == 16
     for name in ("a", "b"):
         ctrl.forget((NS, name))
+
+
+def test_the_echo_of_a_status_write_delivered_before_the_write_returns_costs_no_second_pass() -> None:
+    """With the workers, a watch event can be handled while the pass that caused it still runs,
+    before that pass has recorded its write: the ask is checked again once the pass ends."""
+    kube, _, _ = _world()
+    ctrl = Controller(kube, tick_s=3600.0, workers=2)
+    ctrl.probe.port = _closed_port()
+    write, asked = kube.replace_status, []
+
+    def replace_status(namespace: str, name: str, status: dict[str, Any]) -> str:
+        version = write(namespace, name, status)
+        echo = kube.get_md(namespace, name)  # its watch event, handled before this call returns
+        if ctrl.md_event("MODIFIED", namespace, name, echo):  # not recorded yet: it looks like news
+            asked.append(version)
+            ctrl.enqueue(namespace, name, "modeldeployment", echo["metadata"]["resourceVersion"])
+        return version
+
+    kube.replace_status = replace_status
+    ctrl.enqueue(NS, NAME)
+    deadline = time.monotonic() + 10
+    while (ctrl.reconciles < 1 or ctrl.queue.holds((NS, NAME))) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert asked and ctrl.reconciles == 1  # the early echo was asked for, and ran no second pass
+    assert ctrl.due((NS, NAME), 0.0)  # idle again: the resync may take it
+    ctrl.queue.tick((NS, NAME))
+    assert not ctrl.due((NS, NAME), 0.0)  # a tick pending: the resync leaves it to the tick
+    ctrl.forget((NS, NAME))  # nothing left behind: its gauges are global

@@ -109,3 +109,51 @@ def test_forget_drops_a_waiting_ask() -> None:
     release.set()
     _settle(q, "busy", "kept")
     assert passes == ["busy", "kept"]
+
+
+def test_an_ask_during_a_pass_is_checked_again_when_it_ends_and_an_echo_runs_nothing() -> None:
+    """The echo of a pass's own status write can arrive before the pass records the write: asked
+    during the pass, it is checked once the pass ends, and only real news runs another pass."""
+    started, release, passes, recorded = threading.Event(), threading.Event(), [], set()
+
+    def work(key: str) -> None:
+        passes.append(key)
+        if len(passes) == 1:
+            started.set()
+            assert release.wait(10)
+            recorded.add("rv-2")  # the pass records its status write after its echo was asked
+
+    q = WorkQueue(work, tick_s=3600.0)
+    before = _count("modeldeployment", "echo")
+    first = threading.Thread(target=q.request, args=("k", "modeldeployment"))
+    first.start()
+    assert started.wait(10)
+    q.request("k", "modeldeployment", lambda: "rv-2" not in recorded)  # news at the time it came
+    release.set()
+    first.join(10)
+    assert passes == ["k"]  # found to be the echo once the pass ended: no second pass
+    q.request("k", "modeldeployment", lambda: "rv-2" not in recorded)  # the same echo, later
+    assert passes == ["k"] and _count("modeldeployment", "echo") - before == 1
+    q.request("k", "modeldeployment", lambda: "rv-3" not in recorded)  # someone else's write
+    assert passes == ["k", "k"] and not q.holds("k")
+
+
+def test_asks_folded_while_waiting_are_news_if_any_of_them_is() -> None:
+    started, release, passes = threading.Event(), threading.Event(), []
+
+    def work(key: str) -> None:
+        passes.append(key)
+        if key == "busy":
+            started.set()
+            assert release.wait(10)
+
+    q = WorkQueue(work, tick_s=3600.0, workers=1)
+    echo = {"yes"}
+    q.add("busy")
+    assert started.wait(10)
+    q.add("echoed", "modeldeployment", lambda: not echo)  # an echo once the worker takes it
+    q.add("mixed", "modeldeployment", lambda: not echo)
+    q.add("mixed", "child")  # a child change folded in: no check, always news
+    release.set()
+    _settle(q, "busy", "echoed", "mixed")
+    assert passes == ["busy", "mixed"]
