@@ -250,7 +250,10 @@ def toggled(
     """One long load on one server whose tracer is switched every `period` seconds: off, on, off...
     (with `tr` None, the A/A control, only the labels change). The machine's slow swings (the step time
     moves by a third between minutes here) are then shared by each "on" window and the "off" windows
-    on both sides of it, which a window is compared with: diff_k = on_k / mean(off_k-1, off_k+1) - 1."""
+    on both sides of it, which a window is compared with: diff_k = on_k / mean(off_k-1, off_k+1) - 1.
+    An "on" window ends with the batch processor flushed, so the export of its spans (OTLP encoding,
+    the POST, the receiver's decoding) falls inside it, not in whichever window the processor's own
+    5 s schedule would have picked."""
     eng = s.ctx.engine  # type: ignore[attr-defined]
     loop_cpu = engine_clock(s)
     code = CLIENT.format(here=str(HERE), url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
@@ -266,6 +269,8 @@ def toggled(
 
     def toggle() -> None:
         while not done.wait(period):
+            if tr is not None and window[0] % 2:  # an "on" window ends: its spans are exported inside it
+                tr.provider.force_flush()  # type: ignore[attr-defined]
             window[0] += 1
             if tr is not None:
                 switch(s, tr if window[0] % 2 else None)
@@ -310,6 +315,21 @@ def toggled(
     }
 
 
+def block_bootstrap(
+    xs: list[float], stat: Callable[[list[float]], float], n: int = 4000
+) -> tuple[float, float]:
+    """95 % percentile interval of `stat` over `xs` by a moving-block bootstrap with blocks of 2:
+    neighbouring on-windows share the "off" window between them, so their differences are not
+    independent and single-value resampling would understate the spread."""
+    import random
+
+    rng = random.Random(0)
+    blocks = [xs[i : i + 2] for i in range(len(xs) - 1)] or [xs]
+    k = (len(xs) + 1) // 2
+    draws = sorted(stat([x for _ in range(k) for x in rng.choice(blocks)][: len(xs)]) for _ in range(n))
+    return draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
+
+
 def toggled_text(
     r: dict, heading: str, cmd: str, elapsed: float, layout: str, c: int, tokens: int, period: float
 ) -> str:
@@ -319,19 +339,21 @@ def toggled_text(
     w, u = r["wall_diffs"], r["cpu_diffs"]
     q = quantiles(w, n=4) if len(w) >= 2 else [float("nan")] * 3
     se = statistics.stdev(w) / len(w) ** 0.5 if len(w) >= 2 else float("nan")
+    (mlo, mhi), (alo, ahi) = block_bootstrap(w, median), block_bootstrap(w, mean)
     rev = git_rev()
     (off_ms, off_cpu, off_steps), (on_ms, on_cpu, on_steps) = r["off"], r["on"]
     return f"""{heading}
 
 - date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
 - command: `{cmd}` ({elapsed:.0f} s)
-- machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs: noisy), Python {platform.python_version()}
+- machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {LOAD0:.1f} (1 min) at the start, Python {platform.python_version()}
 - workload: tiny llama, float32, cpu, max_num_seqs={c}; one load of streamed requests x {tokens} tokens,
   {c} in flight (load client in its own process), spans exported over OTLP/HTTP to a receiver in its
   own process
 - layout: {layout}
 - method: one server; its tracer switched every {period:g} s (off, on, off, ...; "off" is the tracer
-  unset, `record` never called, as in a server built without OTEL_EXPORTER_OTLP_ENDPOINT). A thread
+  unset, `record` never called, as in a server built without OTEL_EXPORTER_OTLP_ENDPOINT; each "on"
+  window ends with the span processor flushed, so its export and the receiver's decoding fall in it). A thread
   samples every 20 ms the engine (steps_total, num_running) and the step loop's CPU clock; only
   intervals inside one window with all {c} sequences running count. Each "on" window is compared with
   the mean of the "off" windows before and after it, so the machine's slow swings cancel.
@@ -343,6 +365,8 @@ def toggled_text(
 
 **Step time, tracing on vs off at batch {c}: {median(w):+.2f} %** (median over {len(w)} on-windows, each
 against its neighbours; mean {mean(w):+.2f} % +/- {se:.2f} % standard error; quartiles {q[0]:+.2f} / {q[2]:+.2f} %).
+95 % intervals (moving-block bootstrap, blocks of 2 windows): median {mlo:+.2f} ... {mhi:+.2f} %,
+mean {alo:+.2f} ... {ahi:+.2f} %.
 Step-loop CPU per step: median {median(u):+.2f} %, mean {mean(u):+.2f} %. Pooled: step wall
 {100 * (on_ms / off_ms - 1):+.2f} %, step-loop CPU {100 * (on_cpu / off_cpu - 1):+.2f} %.
 Requests traced: {r["traced"]} ({r["trace_request_us"]:.0f} us of tracing CPU each, in the API server process).
@@ -409,7 +433,7 @@ def describe(args: argparse.Namespace) -> tuple[str, str, str]:
     the sentence saying where the step loop and the tracing ran."""
     if args.toggle:
         flags, how = (
-            f"--toggle {args.toggle:g} --toggle-requests {args.toggle_requests}",
+            f"--toggle {args.toggle:g} --toggle-requests {args.toggle_requests} --max-tokens {args.max_tokens}",
             f", toggled every {args.toggle:g} s",
         )
     else:
@@ -446,6 +470,9 @@ def report_toggled(args: argparse.Namespace, r: dict, elapsed: float) -> int:
     text = toggled_text(r, heading, cmd, elapsed, layout, args.concurrency, args.max_tokens, args.toggle)
     publish(args, heading, text)
     return 0
+
+
+LOAD0 = os.getloadavg()[0]  # before this bench's own load
 
 
 def main() -> int:
@@ -594,7 +621,7 @@ def main() -> int:
 
 - date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
 - command: `{cmd}` ({elapsed:.0f} s)
-- machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs: noisy), Python {platform.python_version()}
+- machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {LOAD0:.1f} (1 min) at the start, Python {platform.python_version()}
 - workload: tiny llama, float32, cpu, max_num_seqs={c}; {args.requests} streamed requests x {args.max_tokens} tokens,
   {c} in flight (load client in its own process); "on" exports every request's spans over
   OTLP/HTTP to a receiver in its own process, "off" {off_is}
