@@ -96,6 +96,19 @@ class Binaries:
         return [p for p in self.all() if not os.access(p, os.X_OK)]
 
 
+# Client-side rate limits of the controllers kwokctl starts without any: kube-controller-manager's
+# default, 20 QPS (burst 30) per controller, makes its Deployment and ReplicaSet controllers the floor
+# of anything with hundreds of objects (about 5 writes per Deployment each: 1,000 Deployments took
+# 243-248 s to be Ready with no operator running, bench/results/operator.md). Clusters of thousands
+# of nodes run them higher (the Kubernetes scalability jobs: 100); kwok's own client has no limit.
+CLIENT_QPS, CLIENT_BURST = 100, 200
+CLIENT_RATE_PATCHES = "".join(
+    f"- name: {c}\n  extraArgs:\n"
+    f"  - {{key: kube-api-qps, value: '{CLIENT_QPS}'}}\n  - {{key: kube-api-burst, value: '{CLIENT_BURST}'}}\n"
+    for c in ("kube-controller-manager", "kube-scheduler")
+)
+
+
 @dataclass
 class Settings:
     """One local cluster. Two clusters on one machine need different names, bridges and CIDRs."""
@@ -278,7 +291,7 @@ class LocalCluster:
             "componentsPatches:\n- name: kwok-controller\n  extraArgs:\n"
             "  - {key: manage-all-nodes, value: 'false', override: true}\n"
             "  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}\n"
-            f"{patches}"
+            f"{CLIENT_RATE_PATCHES}{patches}"
         )
         stages = (HERE / "stages.yaml").read_text().replace("__READY_DELAY_MS__", str(self.s.ready_delay_ms))
         self.run_dir.mkdir(parents=True, exist_ok=True)
