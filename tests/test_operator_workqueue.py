@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from prometheus_client import REGISTRY
 
@@ -18,15 +19,24 @@ def _count(source: str, outcome: str) -> float:
     return REGISTRY.get_sample_value(METRIC, {"source": source, "outcome": outcome}) or 0.0
 
 
+class FirstPassBlocks:
+    """A work function that records every pass and holds the first one until `release` is set, so a
+    test can ask for keys while a pass is running; `then` runs as the held pass ends."""
+
+    def __init__(self, then: Callable[[], None] = lambda: None) -> None:
+        self.started, self.release, self.passes, self.then = threading.Event(), threading.Event(), [], then
+
+    def __call__(self, key: str) -> None:
+        self.passes.append(key)
+        if len(self.passes) == 1:
+            self.started.set()
+            assert self.release.wait(10)
+            self.then()
+
+
 def test_asks_while_running_fold_into_one_more_pass_and_are_counted_by_source() -> None:
-    started, release, passes = threading.Event(), threading.Event(), []
-
-    def work(key: str) -> None:
-        passes.append(key)
-        if len(passes) == 1:
-            started.set()
-            assert release.wait(10)
-
+    work = FirstPassBlocks()
+    started, release, passes = work.started, work.release, work.passes
     q = WorkQueue(work, tick_s=3600.0)
     before = {(s, o): _count(s, o) for s in ("modeldeployment", "child") for o in ("run", "coalesced")}
     first = threading.Thread(target=q.request, args=("k", "modeldeployment"))
@@ -50,14 +60,8 @@ def _settle(q: WorkQueue, *keys: str) -> None:
 
 
 def test_added_keys_are_served_by_the_workers_and_a_waiting_key_folds_further_asks() -> None:
-    started, release, passes = threading.Event(), threading.Event(), []
-
-    def work(key: str) -> None:
-        passes.append(key)
-        if key == "a":
-            started.set()
-            assert release.wait(10)
-
+    work = FirstPassBlocks()  # "a", the first key added
+    started, release, passes = work.started, work.release, work.passes
     q = WorkQueue(work, tick_s=3600.0, workers=1)
     before = _count("child", "coalesced")
     q.add("a", "modeldeployment")  # returns at once: the one worker runs it
@@ -114,15 +118,10 @@ def test_forget_drops_a_waiting_ask() -> None:
 def test_an_ask_during_a_pass_is_checked_again_when_it_ends_and_an_echo_runs_nothing() -> None:
     """The echo of a pass's own status write can arrive before the pass records the write: asked
     during the pass, it is checked once the pass ends, and only real news runs another pass."""
-    started, release, passes, recorded = threading.Event(), threading.Event(), [], set()
-
-    def work(key: str) -> None:
-        passes.append(key)
-        if len(passes) == 1:
-            started.set()
-            assert release.wait(10)
-            recorded.add("rv-2")  # the pass records its status write after its echo was asked
-
+    recorded: set[str] = set()
+    # the pass records its status write after its echo was asked
+    work = FirstPassBlocks(then=lambda: recorded.add("rv-2"))
+    started, release, passes = work.started, work.release, work.passes
     q = WorkQueue(work, tick_s=3600.0)
     before = _count("modeldeployment", "echo")
     first = threading.Thread(target=q.request, args=("k", "modeldeployment"))
@@ -139,14 +138,8 @@ def test_an_ask_during_a_pass_is_checked_again_when_it_ends_and_an_echo_runs_not
 
 
 def test_asks_folded_while_waiting_are_news_if_any_of_them_is() -> None:
-    started, release, passes = threading.Event(), threading.Event(), []
-
-    def work(key: str) -> None:
-        passes.append(key)
-        if key == "busy":
-            started.set()
-            assert release.wait(10)
-
+    work = FirstPassBlocks()  # "busy", the first key added
+    started, release, passes = work.started, work.release, work.passes
     q = WorkQueue(work, tick_s=3600.0, workers=1)
     echo = {"yes"}
     q.add("busy")
