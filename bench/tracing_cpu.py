@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import subprocess
@@ -321,8 +322,6 @@ def block_bootstrap(
     """95 % percentile interval of `stat` over `xs` by a moving-block bootstrap with blocks of 2:
     neighbouring on-windows share the "off" window between them, so their differences are not
     independent and single-value resampling would understate the spread."""
-    import random
-
     rng = random.Random(0)
     blocks = [xs[i : i + 2] for i in range(len(xs) - 1)] or [xs]
     k = (len(xs) + 1) // 2

@@ -35,13 +35,11 @@ class WorkQueue:
     def __init__(self, work: Callable[[Any], Any], tick_s: float, workers: int = 0) -> None:
         self.work, self.tick_s = work, tick_s
         self._guard = threading.Lock()
-        self._running: dict[
-            Hashable, list[Callable[[], bool] | None]
-        ] = {}  # key being worked on -> asks meanwhile
+        # key being worked on -> the asks made meanwhile (their news checks; None: news for sure)
+        self._running: dict[Hashable, list[Callable[[], bool] | None]] = {}
         self._timers: dict[Hashable, threading.Timer] = {}
-        self._waiting: dict[
-            Hashable, tuple[str, list[Callable[[], bool]] | None]
-        ] = {}  # first source, checks
+        # added, not yet taken by a worker -> (what asked first, the news checks; None: news for sure)
+        self._waiting: dict[Hashable, tuple[str, list[Callable[[], bool]] | None]] = {}
         self._order: deque[Hashable] = deque()  # the same keys, first added first
         self._wake = threading.Condition(self._guard)
         self.workers = [
@@ -68,17 +66,15 @@ class WorkQueue:
         metrics.REQUESTS.labels(source, "coalesced" if coalesced else "run").inc()
         if coalesced:
             return
-        settled = False
         try:
             while True:
                 self.work(key)
-                if not self._again(key):
-                    settled = True  # _again dropped the key
+                if not self._again(key):  # it dropped the key: a later ask runs a pass of its own
                     return
-        finally:
-            if not settled:
-                with self._guard:
-                    self._running.pop(key, None)
+        except BaseException:
+            with self._guard:
+                self._running.pop(key, None)
+            raise
 
     def _again(self, key: Hashable) -> bool:
         """Whether the asks made during the pass call for another; drops the key when none does."""
