@@ -62,3 +62,19 @@ def reconcile_child(want: dict[str, Any], have: dict[str, Any] | None) -> list[A
     else:
         note = Event("Normal", "Updated", f"updated {kind} {name} to the desired state")
     return [Patch(kind, name, fields), note]
+
+
+def one_created(actions: list[Action]) -> list[Action]:
+    """The `Created` Events of one pass's child actions as one Event naming every child, in place of
+    the last of them: a new object's Deployment and three Services cost the API server one Event, not
+    four (Events were the largest share of its requests while 1,000 objects were created)."""
+    created = [i for i, a in enumerate(actions) if isinstance(a, Event) and a.reason == "Created"]
+    if len(created) < 2:
+        return actions
+    names = ", ".join(actions[i].message.removeprefix("created ") for i in created)
+    merged = Event("Normal", "Created", f"created {names}")
+    return [
+        merged if i == created[-1] else a
+        for i, a in enumerate(actions)
+        if i == created[-1] or i not in created
+    ]

@@ -38,7 +38,11 @@ from modeldeploy.operator.analysis import describe
 from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentSpec, ModelDeploymentStatus
 from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
 from modeldeploy.operator.capacity import INSUFFICIENT, Have
-from modeldeploy.operator.drift import DESIRED_HASH, reconcile_child  # noqa: F401  (DESIRED_HASH re-exported)
+from modeldeploy.operator.drift import (  # noqa: F401  (DESIRED_HASH re-exported)
+    DESIRED_HASH,
+    one_created,
+    reconcile_child,
+)
 from modeldeploy.operator.rollout import (
     ACTIVE_PHASES,
     IN_FLIGHT,
@@ -124,7 +128,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     canary_id = state.canary if state.phase in IN_FLIGHT else None
     weight = canary_weight(state, x.policy)
     route_problem, routes = plan_routes(x, weight, canary_id is not None)
-    out += deployments + plan_services(x, state, live, canary_id) + routes
+    out += one_created(deployments + plan_services(x, state, live, canary_id) + routes)
     cohorts = plan_cohorts(x, state, sizes, canary_id, live)
     degraded = plan_degraded(x, state, unfit, route_problem)
     waiting = capacity_wait(state, x.policy, x.have)
