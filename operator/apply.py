@@ -18,6 +18,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -42,32 +43,55 @@ class ApplyError(RuntimeError):
     """Some actions of a plan were refused by the API server."""
 
 
+def _nothing(*_: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the caller learns as actions land (the Controller's bookkeeping); each does nothing by default.
+
+    status_written(resourceVersion): our status write landed (its watch event is an echo).
+    created(obj): a child as the API server stored it on create (the Controller's child signatures).
+    stored(kind, obj): any write's response, the object as stored (create, patch, status, annotations).
+    removed(kind, name): a delete succeeded.
+    raced(): a create met 409 or a write met 404: what the pass read was out of date.
+    """
+
+    status_written: Callable[[str], None] = _nothing
+    created: Callable[[dict[str, Any]], None] = _nothing
+    stored: Callable[[str, dict[str, Any]], None] = _nothing
+    removed: Callable[[str, str], None] = _nothing
+    raced: Callable[[], None] = _nothing
+
+
 def apply(
     kube: Kube,
     md: dict[str, Any],
     actions: list[Action],
     now: str,
-    status_written: Callable[[str], None],
+    hooks: Hooks = Hooks(),
     together: Together = map,
-    created: Callable[[dict[str, Any]], None] = lambda obj: None,
 ) -> None:
-    """Apply every action; `status_written(resourceVersion)` as soon as our status write lands.
-    `together(fn, batch)`: how a batch of Creates and Events runs (a pool's map; default one by one).
-    `created(obj)` with each child as the API server stored it (the Controller's child signatures)."""
+    """Apply every action, telling `hooks` as they land.
+    `together(fn, batch)`: how a batch of Creates and Events runs (a pool's map; default one by one)."""
     ns, name = md["metadata"]["namespace"], md["metadata"]["name"]
 
     def one(a: Action) -> str | None:
         """Apply one action; a refusal's description, None when done (or raced: next event converges)."""
         try:
             if isinstance(a, PatchStatus):
-                status_written(kube.replace_status(ns, name, a.status))
+                obj = kube.replace_status(ns, name, a.status)
+                hooks.status_written(obj["metadata"]["resourceVersion"])
+                hooks.stored("ModelDeployment", obj)
                 failpoint(a.status.get("phase"))
             elif isinstance(a, Event):
                 post_event(kube, md, a, now)
             else:
-                _child(kube, ns, name, a, created)
+                _child(kube, ns, name, a, hooks)
         except ApiException as e:
             if e.status in (404, 409):  # raced with GC, another writer or a restarted operator
+                hooks.raced()
                 return None
             return f"{_describe(a)}: {_api_message(e)}"
         return None
@@ -98,17 +122,20 @@ def batches(actions: list[Action]) -> Iterator[list[Action]]:
         yield run
 
 
-def _child(kube: Kube, ns: str, name: str, a: Action, created: Callable[[dict[str, Any]], None]) -> None:
+def _child(kube: Kube, ns: str, name: str, a: Action, hooks: Hooks) -> None:
     if isinstance(a, Annotate):
-        kube.annotate_md(ns, name, a.annotations)
+        hooks.stored("ModelDeployment", kube.annotate_md(ns, name, a.annotations))
     elif isinstance(a, Create):
-        created(kube.create(ns, a.obj))
+        obj = kube.create(ns, a.obj)
+        hooks.created(obj)
+        hooks.stored(a.obj["kind"], obj)
         metrics.DECISIONS.labels("create", a.obj["kind"]).inc()
     elif isinstance(a, Patch):
-        kube.patch(a.kind, ns, a.name, a.body)
+        hooks.stored(a.kind, kube.patch(a.kind, ns, a.name, a.body))
         metrics.DECISIONS.labels("patch", a.kind).inc()
     elif isinstance(a, Delete):
         kube.delete(a.kind, ns, a.name)
+        hooks.removed(a.kind, a.name)
         metrics.DECISIONS.labels("delete", a.kind).inc()
 
 

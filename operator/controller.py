@@ -21,7 +21,7 @@ from typing import Any
 from modeldeploy.operator import apply as applying
 from modeldeploy.operator import metrics
 from modeldeploy.operator.actions import Action, PatchStatus
-from modeldeploy.operator.apply import apply
+from modeldeploy.operator.apply import Hooks, apply
 from modeldeploy.operator.children import PORT
 from modeldeploy.operator.claims import Claim
 from modeldeploy.operator.drift import DESIRED_HASH
@@ -33,6 +33,7 @@ from modeldeploy.operator.plan import capacity_decided, plan
 from modeldeploy.operator.progression import now_iso
 from modeldeploy.operator.rollout import IN_FLIGHT
 from modeldeploy.operator.scrape import Baselines
+from modeldeploy.operator.store import MD, Store
 from modeldeploy.operator.tracing import OperatorTracing
 from modeldeploy.operator.workqueue import WorkQueue
 
@@ -50,8 +51,14 @@ class Controller:
         tick_s: float = ROLLOUT_TICK_S,
         leader: Callable[[str], bool] | None = None,
         workers: int = 0,
+        cache: bool = False,
     ) -> None:
+        """`cache`: read the ModelDeployment and its Deployments and Services from `store` (store.py),
+        which the watch handlers feed through md_event and child_event. Off, every pass reads fresh:
+        for callers that change the API server between passes without telling the Controller."""
         self.kube = kube
+        self.store = Store() if cache else None
+        self.doubted: set[Key] = set()  # keys whose next pass reads fresh, not from the store
         self.leader = leader  # peering: whether this replica is the active one for a namespace
         self.nodes = NodeCache(kube)
         self.deciding = threading.Lock()  # capacity decisions, one at a time (claims.py)
@@ -59,7 +66,9 @@ class Controller:
         self.gate = ConformanceRunner()
         self.baselines = Baselines()
         self.apply_pool = applying.pool()  # a plan's creates and Events (and observe's LISTs) go together
-        self.observer = Observer(kube, self.nodes, self.probe, self.gate, self.baselines, self.apply_pool.map)
+        self.observer = Observer(
+            kube, self.nodes, self.probe, self.gate, self.baselines, self.apply_pool.map, self.store
+        )
         self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s, workers)  # workers: see enqueue
         self.reconciles = 0  # completed, for the liveness probe
         self._guard = threading.Lock()
@@ -74,7 +83,10 @@ class Controller:
 
     def request(self, namespace: str, name: str, source: str = "modeldeployment") -> None:
         """Reconcile now or, when a reconcile of this object is running, once more after it.
-        `source`: what asked (modeldeployment, child, resync), counted per source in the metrics."""
+        `source`: what asked (modeldeployment, child, resync), counted per source in the metrics.
+        A resync pass reads fresh: it is what corrects a store that missed a deletion (store.py)."""
+        if source == "resync":
+            self.doubt((namespace, name))
         self.queue.request((namespace, name), source)
 
     def enqueue(
@@ -104,15 +116,34 @@ class Controller:
             # a standby replica: kopf paused its watches, and our own ticks and resync stop here
             # (no tick is scheduled); kopf re-lists everything when this replica becomes active
             metrics.STANDBY_SKIPS.inc()
+            self.doubt(key)  # the watches pause while standby: what the store holds may be stale
             return []
         with self._lock(key), metrics.RECONCILE_SECONDS.time():
-            md = self.kube.get_md(namespace, name)
+            with self._guard:
+                fresh = self.store is None or key in self.doubted
+                self.doubted.discard(key)
+            md = self._read(key, fresh)
             if md is not None:
-                return self._reconcile(key, md)
+                return self._reconcile(key, md, fresh)
         self.forget(key)  # gone: nothing of it is kept
         return []
 
-    def _reconcile(self, key: Key, md: dict[str, Any]) -> list[Action]:
+    def _read(self, key: Key, fresh: bool) -> dict[str, Any] | None:
+        """The ModelDeployment from the store, else (or `fresh`) a GET, kept in the store."""
+        if not fresh and self.store is not None and (kept := self.store.md(*key)) is not None:
+            return kept
+        md = self.kube.get_md(*key)
+        if md is not None and self.store is not None:
+            self.store.put(md, MD)
+        return md
+
+    def doubt(self, key: Key) -> None:
+        """The next pass of `key` reads fresh (no effect without the store)."""
+        if self.store is not None:
+            with self._guard:
+                self.doubted.add(key)
+
+    def _reconcile(self, key: Key, md: dict[str, Any], fresh: bool = True) -> list[Action]:
         now, uid, t0 = now_iso(), md["metadata"]["uid"], time.time()
 
         def status_written(resource_version: str) -> None:
@@ -121,8 +152,15 @@ class Controller:
             with self._guard:
                 self.own_writes[key] = (*self.own_writes.get(key, ()), resource_version)[-OWN_WRITES:]
 
+        def raced() -> None:
+            # a create met 409 or a write 404: what the pass read was out of date. Read fresh once more;
+            # a fresh pass that races too is left to the next event, as before (no loop)
+            if not fresh:
+                self.doubt(key)
+                self.queue.add(key, "raced")
+
         began = self.nodes.clock()
-        observed = self.observer.observe(md)
+        observed = self.observer.observe(md, fresh)
         observed_at = time.time()
         actions = plan(md, observed, now)
         decided = observed.nodes is not None and capacity_decided(md.get("status"), actions)
@@ -133,9 +171,10 @@ class Controller:
                 actions = plan(md, observed, now)
             status = next((a.status for a in actions if isinstance(a, PatchStatus)), md.get("status") or {})
             self.nodes.claim(key, Claim.of(md, status))
-        apply(
-            self.kube, md, actions, now, status_written, self.apply_pool.map, lambda c: self._created(key, c)
+        hooks = Hooks(
+            status_written, lambda c: self._created(key, c), self._stored, self._removed(key[0]), raced
         )
+        apply(self.kube, md, actions, now, hooks, self.apply_pool.map)
         self.object_metrics.record(md, status)
         fresh = observed.analysis if observed.analysis_fresh else None
         self.tracing.reconcile(md, actions, status, t0, fresh, observed_at)
@@ -156,6 +195,10 @@ class Controller:
         if kind == "DELETED":
             self.forget(key, meta.get("uid"))
             return False
+        if self.store is not None:
+            self.store.put(body, MD)
+            if kind == "ADDED" and meta.get("uid"):  # created while we watch: its children all come to us
+                self.store.complete(meta["uid"])
         with self._guard:
             self.known.add(key)
         echo = meta.get("resourceVersion") in self.own_writes.get(key, ())  # of one of our status writes
@@ -163,6 +206,14 @@ class Controller:
 
     def child_event(self, kind: str | None, body: Mapping[str, Any]) -> str | None:
         """The owning ModelDeployment's name when a child's change matters to plan(), else None."""
+        if self.store is not None:
+            meta = body.get("metadata") or {}
+            if kind == "DELETED":
+                self.store.drop(
+                    body.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+                )
+            else:
+                self.store.put(body)
         if kind in (None, "ADDED"):  # listing or our own create: the ModelDeployment's reconcile covers it
             return None
         meta = body.get("metadata") or {}
@@ -186,6 +237,17 @@ class Controller:
         with self._guard:
             self.children[child["metadata"]["uid"]] = (owner, signature(child))
 
+    def _stored(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.store is not None:
+            self.store.put(obj, kind)
+
+    def _removed(self, namespace: str) -> Callable[[str, str], None]:
+        def removed(kind: str, name: str) -> None:
+            if self.store is not None:
+                self.store.drop(kind, namespace, name)
+
+        return removed
+
     def due(self, key: Key, period_s: float) -> bool:
         """Whether the periodic resync should reconcile `key`: not reconciled lately, and no pass of it
         running, waiting for a worker or ticking (that pass is as good as a resync)."""
@@ -206,13 +268,21 @@ class Controller:
                     del self.children[child]  # its own DELETED event may never come (a watch restart)
                 uid = self.uids.pop(key, None) or uid
                 self._locks.pop(key, None)
+                self.doubted.discard(key)
+            if self.store is not None:
+                self.store.forget(*key, uid)
         if uid:
             self._forget_rollout(uid)
 
     def holds(self, namespace: str, name: str, uid: str) -> list[str]:
         """Which stores still hold an entry for this object (empty once it is forgotten): for tests."""
         key = (namespace, name)
-        found = [n for n in ("known", "uids", "own_writes", "last_done", "_locks") if key in getattr(self, n)]
+        found = [
+            n
+            for n in ("known", "uids", "own_writes", "last_done", "_locks", "doubted")
+            if key in getattr(self, n)
+        ]
+        found += ["store"] if self.store is not None and self.store.holds(*key, uid) else []
         found += ["children"] if any(owner == key for owner, _ in self.children.values()) else []
         found += ["object_metrics"] if self.object_metrics.holds(*key) else []
         found += ["queue"] if self.queue.holds(key) else []

@@ -23,6 +23,8 @@ from modeldeploy.operator.kube import Kube
 RESYNC_S = float(os.environ.get("MODELDEPLOY_RESYNC_SECONDS", "30"))
 log = logging.getLogger("modeldeploy.operator")
 WORKERS = int(os.environ.get("MODELDEPLOY_WORKERS", "16"))  # reconciles at a time (the Controller's threads)
+# passes read from the store these handlers feed (store.py); 0: every pass GETs and LISTs (for A/B benches)
+CACHE = os.environ.get("MODELDEPLOY_READ_CACHE", "1") != "0"
 CHILD = MappingProxyType({"app.kubernetes.io/managed-by": MANAGED_BY})
 
 
@@ -34,7 +36,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.watching.server_timeout = 300
     kube = Kube.connect()
     leader = peering.Peering(kube.custom, peering.CONFIG).active if peering.CONFIG else None
-    memo.controller = Controller(kube, leader=leader, workers=WORKERS)
+    memo.controller = Controller(kube, leader=leader, workers=WORKERS, cache=CACHE)
     memo.resync = asyncio.create_task(_resync_forever(memo.controller))
 
 

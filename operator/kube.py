@@ -119,16 +119,17 @@ class Kube:
             resp = self.core.create_namespaced_service(ns, obj, **RAW)
         return _json(resp)
 
-    def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> None:
-        """JSON merge patch of a child."""
+    def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of a child; returns the object as stored."""
         if kind == ROUTE_KIND:
-            self.custom.patch_namespaced_custom_object(
+            resp = self.custom.patch_namespaced_custom_object(
                 *ROUTE_API[:2], ns, ROUTE_API[2], name, body, _content_type=MERGE, **RAW
             )
         elif kind == "Deployment":
-            self.apps.patch_namespaced_deployment(name, ns, body, _content_type=MERGE, **RAW)
+            resp = self.apps.patch_namespaced_deployment(name, ns, body, _content_type=MERGE, **RAW)
         else:
-            self.core.patch_namespaced_service(name, ns, body, _content_type=MERGE, **RAW)
+            resp = self.core.patch_namespaced_service(name, ns, body, _content_type=MERGE, **RAW)
+        return _json(resp)
 
     def delete(self, kind: str, ns: str, name: str) -> None:
         if kind == ROUTE_KIND:
@@ -138,21 +139,23 @@ class Kube:
         else:
             self.core.delete_namespaced_service(name, ns, body={"propagationPolicy": "Background"}, **RAW)
 
-    def annotate_md(self, ns: str, name: str, annotations: dict[str, str | None]) -> None:
-        """Merge patch of the ModelDeployment's annotations (None removes one)."""
+    def annotate_md(self, ns: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        """Merge patch of the ModelDeployment's annotations (None removes one); returns it as stored."""
         body = {"metadata": {"annotations": annotations}}
-        self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, name, body, _content_type=MERGE, **RAW
+        return _json(
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, body, _content_type=MERGE, **RAW
+            )
         )
 
-    def replace_status(self, ns: str, name: str, status: dict[str, Any]) -> str:
-        """Write the whole status; returns the object's new resourceVersion (to recognise the echo)."""
+    def replace_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Write the whole status; returns the object as stored (its resourceVersion tells the echo)."""
         # JSON patch `add /status` replaces the whole status, so fields plan() dropped go too
         body = [{"op": "add", "path": "/status", "value": status}]
         resp = self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/json-patch+json", **RAW
         )
-        return _json(resp)["metadata"]["resourceVersion"]
+        return _json(resp)
 
     def create_event(self, ns: str, body: dict[str, Any]) -> None:
         self.core.create_namespaced_event(ns, body, **RAW)

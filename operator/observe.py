@@ -1,7 +1,8 @@
 """Read the world for one reconcile: children, nodes, load progress and the rollout's inputs -> `Observed`.
 
-Reads are fresh GETs/LISTs (not the watch event body), so a reconcile never acts on a
-status it wrote a moment ago and has not seen yet. Everything that talks to pods is bounded:
+The Deployments and Services come from the Controller's watch-fed store when it knows them
+complete (store.py says why that is as good as a LIST), else from a fresh LIST that refills it;
+pods, routes and nodes are always read fresh. Everything that talks to pods is bounded:
 MAX_PROBES load probes of PROBE_TIMEOUT_S each per reconcile, one conformance run per
 (object, canary) in the background, one analysis per interval.
 """
@@ -31,6 +32,7 @@ from modeldeploy.operator.pull import crash_failure, pull_failure
 from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
+from modeldeploy.operator.store import Store
 from modeldeploy.operator.topology import NodeInfo, gpu_requests
 
 NODE_TTL_S = 15.0
@@ -187,24 +189,40 @@ class Observer:
         gate: ConformanceRunner,
         baselines: Baselines,
         together: Callable[[Callable[[str], Any], list[str]], Any] = map,
+        store: Store | None = None,
     ) -> None:
         self.kube, self.nodes, self.probe, self.gate, self.baselines = kube, nodes, probe, gate, baselines
         self.together = together  # a pool's map: the Deployment and Service LISTs in one round trip's time
+        self.store = store
 
-    def observe(self, md: dict[str, Any]) -> Observed:
+    def observe(self, md: dict[str, Any], fresh: bool = True) -> Observed:
+        """`fresh`: LIST the children even when the store knows them."""
         meta = md["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         sel = f"{INSTANCE_LABEL}={name},app.kubernetes.io/managed-by={MANAGED_BY}"
-        deps, svcs = (
-            [o for o in listed if _owned(o, uid)]
-            for listed in self.together(lambda kind: self.kube.list(kind, ns, sel), ["Deployment", "Service"])
-        )
+        kept = None if fresh or self.store is None else self._kept(uid, name)
+        if kept is not None:
+            deps, svcs = kept
+        else:
+            deps, svcs = (
+                [o for o in listed if _owned(o, uid)]
+                for listed in self.together(
+                    lambda kind: self.kube.list(kind, ns, sel), ["Deployment", "Service"]
+                )
+            )
+            if self.store is not None:
+                self.store.replace(uid, ns, {"Deployment": deps, "Service": svcs})
         loading, errors = {}, {}
         if any(_not_ready(d) for d in deps):
             loading, errors = self.probe.probe((ns, name), self.kube.list("Pod", ns, sel))
         obs = Observed(deps, svcs, self.nodes.get(), loading, errors)
         self._rollout(md, sel, obs)
         return obs
+
+    def _kept(self, uid: str, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        assert self.store is not None
+        deps, svcs = self.store.children("Deployment", uid, name), self.store.children("Service", uid, name)
+        return None if deps is None or svcs is None else (deps, svcs)
 
     def _rollout(self, md: dict[str, Any], sel: str, obs: Observed) -> None:
         """The rollout machine's inputs: manual command, conformance gate result, canary analysis, routes."""

@@ -82,21 +82,21 @@ class FakeKube:
         stored = self.put({**obj, "metadata": {**obj["metadata"], "namespace": ns, "generation": 1}})
         return copy.deepcopy(stored)
 
-    def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> None:
+    def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(self._get(kind, ns, name))
         _merge(obj, body)
-        self.put(obj)
+        return copy.deepcopy(self.put(obj))
 
     def delete(self, kind: str, ns: str, name: str) -> None:
         self.remove(kind, ns, name)
 
-    def annotate_md(self, ns: str, name: str, annotations: dict[str, str | None]) -> None:
-        self.patch(MD, ns, name, {"metadata": {"annotations": annotations}})
+    def annotate_md(self, ns: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        return self.patch(MD, ns, name, {"metadata": {"annotations": annotations}})
 
-    def replace_status(self, ns: str, name: str, status: dict[str, Any]) -> str:
+    def replace_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(self._get(MD, ns, name))
         obj["status"] = copy.deepcopy(status)
-        return self.put(obj)["metadata"]["resourceVersion"]
+        return copy.deepcopy(self.put(obj))
 
     def create_event(self, ns: str, body: dict[str, Any]) -> None:
         assert body["involvedObject"]["apiVersion"] == f"{GROUP}/{VERSION}"

@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 from operator_fixtures import md
 
 from modeldeploy.operator.actions import Create, Delete, Event, Patch, PatchStatus
-from modeldeploy.operator.apply import ApplyError, apply, batches
+from modeldeploy.operator.apply import ApplyError, Hooks, apply, batches
 
 
 def _svc(name: str) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def test_a_batch_runs_through_the_given_together_and_status_after_it() -> None:
         Create(_svc("s2")),
         PatchStatus({"phase": "Deploying"}),
     ]
-    apply(kube, obj, acts, "2026-12-02T00:00:00Z", written.append, together)
+    apply(kube, obj, acts, "2026-12-02T00:00:00Z", Hooks(status_written=written.append), together)
     assert seen == [["Create", "Event", "Create"]]  # the status write is not part of a batch
     assert {n for (k, _, n) in kube.objects if k == "Service"} == {"s1", "s2"}
     assert (
@@ -73,7 +73,6 @@ def test_a_refused_create_in_a_batch_does_not_stop_the_others() -> None:
             obj,
             [Create(_svc("bad")), Create(_svc("good")), PatchStatus({"phase": "Deploying"})],
             "t",
-            lambda rv: None,
         )
     assert ("Service", obj["metadata"]["namespace"], "good") in kube.objects
     assert (
