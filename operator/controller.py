@@ -176,8 +176,8 @@ class Controller:
         )
         apply(self.kube, md, actions, now, hooks, self.apply_pool.map)
         self.object_metrics.record(md, status)
-        fresh = observed.analysis if observed.analysis_fresh else None
-        self.tracing.reconcile(md, actions, status, t0, fresh, observed_at)
+        analysis = observed.analysis if observed.analysis_fresh else None
+        self.tracing.reconcile(md, actions, status, t0, analysis, observed_at)
         if status.get("phase") in IN_FLIGHT and status.get("canary"):
             self.queue.tick(key)  # gate results, pauses and analysis intervals raise no watch event
         elif status.get("phase") == "Stable":
