@@ -222,7 +222,12 @@ def plan_deployments(
 def plan_services(
     x: Inputs, state: RolloutState, live: dict[str, dict[str, Any]], canary_id: str | None
 ) -> list[Action]:
-    """`<name>` (every serving bundle, pinned while there is one), `<name>-stable`, `<name>-canary`."""
+    """`<name>` (every serving bundle, pinned while there is one), `<name>-stable`, `<name>-canary`.
+
+    `<name>-canary` is created with the first canary and kept after it (selecting no pod between
+    rollouts): an object that never rolls out has no idle Service, ClusterIP, Endpoints and
+    EndpointSlice, a quarter of the API server's work for each new object (bench/results/operator.md).
+    No route names it before then: the HTTPRoute's canary backends exist only while a canary does."""
     serving = serving_bundles(state)
     have = {s["metadata"]["name"]: s for s in x.observed.services}
     out: list[Action] = []
@@ -232,7 +237,10 @@ def plan_services(
         ("canary", canary_id),
     ):
         want = children.service(x.md, suffix, sid)
-        out += reconcile_child(want, have.get(want["metadata"]["name"]))
+        kept = have.get(want["metadata"]["name"])
+        if suffix == "canary" and sid is None and kept is None:
+            continue  # no canary yet: created when the first one starts
+        out += reconcile_child(want, kept)
     return out
 
 

@@ -69,7 +69,7 @@ def converge(
     return obj, Observed(list(deps.values()), list(svcs.values()), observed.nodes)
 
 
-def test_create_makes_deployment_and_three_services() -> None:
+def test_create_makes_deployment_and_two_services_and_no_canary_service_before_a_canary() -> None:
     acts = plan(md(), Observed(nodes=gpu_nodes()), NOW)
     created = kinds(acts)
     dep = [a.obj for a in acts if isinstance(a, Create) and a.obj["kind"] == "Deployment"]
@@ -77,7 +77,7 @@ def test_create_makes_deployment_and_three_services() -> None:
     bid = dep[0]["metadata"]["labels"]["modeldeploy.dev/bundle"]
     assert created == sorted(
         [("create", "Deployment", f"chat-{bid[:10]}"), ("create", "Service", "chat"),
-         ("create", "Service", "chat-stable"), ("create", "Service", "chat-canary")]
+         ("create", "Service", "chat-stable")]
     )  # fmt: skip
     st = status_of(acts)
     assert st["observedGeneration"] == 1 and st["phase"] == "Deploying" and st["stable"]["bundle"] == bid
@@ -211,6 +211,7 @@ def test_bundle_change_canary_gate_steps_promotion_and_warm_prior() -> None:
         d["metadata"]["labels"]["modeldeploy.dev/bundle"]: d["spec"]["replicas"] for d in obs.deployments
     } == {new: 2, old: 1}  # prior bundle kept warm
     assert selector(obs, "chat")["modeldeploy.dev/bundle"] == new
+    assert selector(obs, "chat-canary")["modeldeploy.dev/bundle"] == "none"  # kept, selecting no pod
     assert any(isinstance(a, Event) and a.reason == "Promoted" for a in acts)
     obj, obs, _ = advance_to(obj, obs, "2026-01-01T02:00:00Z")  # keepPrevious.seconds (3600) over
     assert [d["metadata"]["labels"]["modeldeploy.dev/bundle"] for d in obs.deployments] == [new]

@@ -101,13 +101,23 @@ def test_deployments_an_impossible_placement_keeps_running_pods_untouched() -> N
 # plan_services
 
 
-def test_services_main_pinned_to_the_one_serving_bundle_and_empty_canary() -> None:
+def test_services_main_pinned_to_the_one_serving_bundle_and_canary_made_only_with_a_canary() -> None:
     x = inputs()
     state = RolloutState(phase="Stable", stable=x.bid)
     out = p.plan_services(x, state, {x.bid: {}}, None)
     made = {a.obj["metadata"]["name"]: a.obj["spec"]["selector"] for a in out if isinstance(a, Create)}
     assert made["chat"][BUNDLE_LABEL] == x.bid and made["chat-stable"][BUNDLE_LABEL] == x.bid
-    assert made["chat-canary"][BUNDLE_LABEL] == "none"
+    assert "chat-canary" not in made  # no canary yet: no idle Service
+    out = p.plan_services(x, state, {x.bid: {}}, "c1")
+    made = {a.obj["metadata"]["name"]: a.obj["spec"]["selector"] for a in out if isinstance(a, Create)}
+    assert made["chat-canary"][BUNDLE_LABEL] == "c1"
+    kept = as_observed(
+        next(a.obj for a in out if isinstance(a, Create) and a.obj["metadata"]["name"] == "chat-canary")
+    )
+    x = replace(x, observed=Observed(services=[kept]))
+    out = p.plan_services(x, state, {x.bid: {}}, None)  # the canary is over: kept, selecting no pod
+    patched = [a for a in out if isinstance(a, Patch) and a.name == "chat-canary"]
+    assert len(patched) == 1 and patched[0].body["spec"]["selector"][BUNDLE_LABEL] == "none"
 
 
 def test_services_converged_plan_nothing_and_drift_reverts() -> None:
