@@ -261,12 +261,16 @@ def scale(a: argparse.Namespace, pid: int, apps: client.AppsV1Api, custom: clien
     cpu1, rss = proc_stats(pid)
     lat = latency(apps, custom, min(a.latency_samples, a.mds))
     cpu2, rss2 = proc_stats(pid)
-    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
+    # inclusive: a p99 of 60 samples lies between the two slowest, never above the slowest (the default
+    # "exclusive" method extrapolates past it)
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
     print(f"| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s | samples |\n"
           f"|---|---|---|---|---|---|---|---|\n"
           f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
           f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
     print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s, peak RSS after it {rss2 / 2**20:.0f} MB)")
+    slowest = sorted(enumerate(lat), key=lambda x: -x[1])[:3]  # p99 of 60 is the slowest: which, and alone?
+    print("(slowest spec-change samples: " + ", ".join(f"#{i} {s:.3f} s" for i, s in slowest) + ")")
     return stable == a.mds
 
 
