@@ -66,8 +66,8 @@ def reconcile_child(want: dict[str, Any], have: dict[str, Any] | None) -> list[A
 
 def one_created(actions: list[Action]) -> list[Action]:
     """The `Created` Events of one pass's child actions as one Event naming every child, in place of
-    the last of them: a new object's Deployment and three Services cost the API server one Event, not
-    four (Events were the largest share of its requests while 1,000 objects were created)."""
+    the last of them: a new object's Deployment and Services cost the API server one Event, not one
+    each (Events were the largest share of its requests while 1,000 objects were created)."""
     created = [i for i, a in enumerate(actions) if isinstance(a, Event) and a.reason == "Created"]
     if len(created) < 2:
         return actions
