@@ -48,6 +48,7 @@ class Target:
     bundle: dict[str, Any] | None = None  # /v1/bundle when the server is a modeldeploy runtime
     limit: int | None = None  # running-sequence limit, when the server says
     has_metrics: bool = False  # exposes modeldeploy_* Prometheus metrics
+    max_model_len: int | None = None  # the model's context length, when /v1/models says (vLLM and ours do)
 
     @property
     def is_modeldeploy(self) -> bool:

@@ -112,6 +112,12 @@ def discover(server: Server, model: str | None) -> tuple[Target, list[str]]:
         model = ids[0]
     elif ids and model not in ids:
         caveats.append(f"--model {model!r} is not in /v1/models {ids}")
+    entry = (
+        next((m for m in models.get("data", []) if isinstance(m, dict) and m.get("id") == model), {})
+        if isinstance(models, dict)
+        else {}
+    )
+    max_len = entry.get("max_model_len")
     bundle = server.get_json("/v1/bundle")
     limit = None
     if isinstance(bundle, dict):
@@ -129,7 +135,8 @@ def discover(server: Server, model: str | None) -> tuple[Target, list[str]]:
         )
     elif not m.label_values("modeldeploy_requests_running", "bundle"):
         caveats.append("modeldeploy metrics carry no 'bundle' label")
-    return Target(server, model, bundle, limit, has_metrics), caveats
+    max_len = max_len if isinstance(max_len, int) and max_len > 0 else None
+    return Target(server, model, bundle, limit, has_metrics, max_len), caveats
 
 
 def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda s: None) -> Report:

@@ -281,3 +281,47 @@ def test_api_key_guards_v1_only(llama_dir):
         assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         report = run_conformance(ConformanceConfig(url=s.url, api_key="s3cret", skip=["bounded_load"]))
         assert report.passed, report.table()
+
+
+def _late_hang_up(monkeypatch, server, tries: int) -> None:
+    """The client of the first `tries` cancellation tries hangs up only once the server has completed
+    the stream (a busy client: the operator's gate shares its process with reconciles)."""
+    from modeldeploy.conformance import checks
+    from modeldeploy_dev.wait import wait_until
+
+    real, late = checks._delta_text, {"left": tries, "done": outcome(metrics(server), "completed")}
+
+    def slow_client(chunk):
+        text = real(chunk)
+        if text and late["left"] > 0:
+            late["left"] -= 1
+            late["done"] += 1
+            wait_until(lambda: outcome(metrics(server), "completed") >= late["done"], 30, 0.02, "stream done")
+        return text
+
+    monkeypatch.setattr(checks, "_delta_text", slow_client)
+
+
+def test_cancellation_tries_again_when_the_server_finished_before_the_hang_up(server, monkeypatch):
+    from modeldeploy.conformance.checks import cancellation
+
+    target, _ = discover(Server(server.url), None)
+    assert target.max_model_len == 1024  # the tiny model's context, from /v1/models
+    target.max_model_len = 512  # every try 256 tokens: within what the socket buffers while unread
+    _late_hang_up(monkeypatch, server, tries=1)
+    res = cancellation(target)
+    assert res.verdict == "pass", res
+    first, second = res.observations["tries"]
+    assert first["server"]["completed_before_hang_up"] and not second["server"]["completed_before_hang_up"]
+    assert second["server"]["cancelled_after"] == second["server"]["cancelled_before"] + 1
+
+
+def test_cancellation_fails_when_every_stream_completed_before_the_hang_up(server, monkeypatch):
+    from modeldeploy.conformance.checks import cancellation
+
+    target, _ = discover(Server(server.url), None)
+    target.max_model_len = 512
+    _late_hang_up(monkeypatch, server, tries=3)
+    res = cancellation(target)
+    assert res.verdict == "fail" and len(res.observations["tries"]) == 3, res
+    assert "before the client's hang-up reached it" in res.failures[0], res.failures
