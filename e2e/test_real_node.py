@@ -674,7 +674,12 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
             slow_s = time.monotonic() - t0
         print(f"[timing] slow bundle change -> rolled back by analysis: {slow_s:.1f}s")
         deg = next(x for x in md["status"]["conditions"] if x["type"] == "Degraded")
-        assert deg["status"] == "True" and deg["reason"] == "AnalysisFailed", deg
+        # the whole decision trail in the message: a gate failure names its check only in full there
+        assert deg["status"] == "True" and deg["reason"] == "AnalysisFailed", (
+            deg,
+            events(k, ns, "ha"),
+            load.by_ip(),
+        )
         assert md["status"]["stable"]["bundle"] == stable, md["status"]
         ttft = next(m for m in md["status"]["lastAnalysis"]["metrics"] if m["metric"] == "ttft_p95_seconds")
         assert ttft["verdict"] == "Fail" and ttft["canary"] > ttft["threshold"], ttft
