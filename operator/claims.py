@@ -28,7 +28,7 @@ from modeldeploy.operator.api import ModelDeploymentSpec, Toleration, Topology
 from modeldeploy.operator.bundle import BUNDLE_LABEL, INSTANCE_LABEL
 from modeldeploy.operator.progression import warm_budget
 from modeldeploy.operator.rollout import UNDER_TEST
-from modeldeploy.operator.topology import NodeInfo, fit, pod_gpus, tolerates
+from modeldeploy.operator.topology import NodeInfo, Nodes, accepted, pod_gpus, tolerates
 
 Key = tuple[str, str]  # (namespace, name)
 PodCounts = Counter[tuple[str, str, str]]  # (namespace, instance, bundle) -> pods the node list shows
@@ -114,7 +114,7 @@ def place(nodes: list[NodeInfo], needs: Iterable[int], usable: set[str] | None =
         free, name = heapq.heappop(heap)
         out[name] = replace(out[name], requested=out[name].requested + need)
         heapq.heappush(heap, (free + need, name))
-    return [out[n.name] for n in nodes]
+    return Nodes.like(nodes, (out[n.name] for n in nodes))
 
 
 def claim_pending(nodes: list[NodeInfo], pending: Iterable[dict[str, Any]]) -> list[NodeInfo]:
@@ -193,6 +193,6 @@ def claimed(nodes: list[NodeInfo], claims: Iterable[Claim], seen: PodCounts) -> 
             continue
         shape = (topo.model_dump_json(), c.device)
         if shape not in usable:
-            usable[shape] = {n.name for n in nodes if fit(topo, [n], c.device) is None}
+            usable[shape] = {n.name for n in accepted(topo, nodes, c.device)}
         out = place(out, [topo.gpus_per_replica] * missing, usable[shape])
     return out

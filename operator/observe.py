@@ -33,7 +33,7 @@ from modeldeploy.operator.rollout import UNDER_TEST
 from modeldeploy.operator.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.scrape import Baselines
 from modeldeploy.operator.store import Store
-from modeldeploy.operator.topology import NodeInfo, gpu_requests
+from modeldeploy.operator.topology import NodeInfo, Nodes, gpu_requests
 
 NODE_TTL_S = 15.0
 MAX_PROBES = 8
@@ -75,9 +75,9 @@ class NodeCache:
                 seen: PodCounts = Counter()
                 used = gpu_requests(counted(self.kube.list_bound_pods(), seen))  # spare GPUs for Auto
                 unbound = list(counted(self.kube.list_unbound_pods(), seen))  # Pending ones only: few
-                nodes = [
+                nodes = Nodes(
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
-                ]
+                )
                 self._nodes, self._seen = claim_pending(nodes, unbound), seen
                 self._at = begun
             return self._nodes

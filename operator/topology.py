@@ -62,6 +62,57 @@ class NodeInfo:
         return cls(name=meta.get("name", ""), labels=labels, gpus=gpus, taints=taints, requested=requested)
 
 
+class Nodes(list[NodeInfo]):
+    """A node list that remembers, per (topology, device), which of its nodes fit() accepts one replica on.
+
+    Why: fit() runs in every pass and a rollout's spare_fit() asked it of each node alone; at 2,000
+    nodes that was the largest share of the operator's CPU (bench/results/operator.md). What fit()
+    reads of a node (labels, allocatable GPUs, GPU memory, taints) is the same in the copies that
+    only count more GPUs requested (claims.place), so those share the memo (`like`). A list relisted
+    from the API server is a new Nodes with an empty memo."""
+
+    def __init__(
+        self, items: Iterable[NodeInfo] = (), memo: dict[tuple[str, str], frozenset[str]] | None = None
+    ):
+        super().__init__(items)
+        self.memo = {} if memo is None else memo
+
+    @staticmethod
+    def like(nodes: list[NodeInfo], items: Iterable[NodeInfo]) -> list[NodeInfo]:
+        """`items`, the same nodes as `nodes` with other GPU requests: sharing its memo if it has one."""
+        return Nodes(items, nodes.memo) if isinstance(nodes, Nodes) else list(items)
+
+
+def accepted(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> list[NodeInfo]:
+    """The nodes fit() accepts one replica on, each alone (remembered when `nodes` is a Nodes)."""
+    memo = nodes.memo if isinstance(nodes, Nodes) else None
+    key = (topology.model_dump_json(), device)
+    names = memo.get(key) if memo is not None else None
+    if names is None:
+        names = frozenset(n.name for n in _matching(topology, nodes, device))
+        if memo is not None:
+            memo[key] = names
+    return [n for n in nodes if n.name in names]
+
+
+def _matching(topology: Topology, nodes: list[NodeInfo], device: str) -> list[NodeInfo]:
+    """Every constraint fit() names, as one filter: selector and GPU type, GPU count, GPU memory, taints."""
+    selector = dict(topology.node_selector)
+    if topology.gpu_type:
+        selector[GPU_PRODUCT_LABEL] = topology.gpu_type
+    need = topology.gpus_per_replica
+    per_gpu = topology.gpu_bytes_needed() if need and device != "cpu" else None
+    tolerations = topology.tolerations
+    return [
+        n
+        for n in nodes
+        if all(n.labels.get(k) == v for k, v in selector.items())
+        and (not need or n.gpus >= need)
+        and (not per_gpu or n.gpu_memory is None or n.gpu_memory >= per_gpu)
+        and all(tolerates(tolerations, t) for t in n.taints)
+    ]
+
+
 def pod_gpus(pod: dict[str, Any]) -> int:
     """GPUs a pod requests (an extended resource's request is its limit when only the limit is given)."""
     total = 0
@@ -116,6 +167,8 @@ def fit(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> str 
     `device` is bundle.config.device: CPU ranks need no GPU memory."""
     if not nodes:
         return "the cluster has no nodes"
+    if accepted(topology, nodes, device):
+        return None  # the common answer, remembered per node list; the walk below names the constraint
     selector = dict(topology.node_selector)
     if topology.gpu_type:
         selector[GPU_PRODUCT_LABEL] = topology.gpu_type
@@ -169,7 +222,7 @@ def spare_fit(
     need = topology.gpus_per_replica
     if replicas <= 0 or need == 0:
         return True, f"{replicas} more replicas need no GPU"
-    usable = [n for n in nodes if fit(topology, [n], device) is None]
+    usable = accepted(topology, nodes, device)
     slots = sum(n.free_gpus // need for n in usable)
     free, alloc = sum(n.free_gpus for n in usable), sum(n.gpus for n in usable)
     verdict = "fit" if slots >= replicas else "do not fit"

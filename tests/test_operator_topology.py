@@ -141,3 +141,34 @@ def test_plan_degrades_tp1_and_deploys_tp2() -> None:
     [dep] = [a.obj for a in acts if isinstance(a, Create) and a.obj["kind"] == "Deployment"]
     assert "--tensor-parallel-size" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert _degraded(acts)["status"] == "False"
+
+
+def test_accepted_is_fit_asked_of_each_node_alone_and_remembered_per_list() -> None:
+    """fit() per node was the operator's largest CPU cost at 2,000 nodes: `accepted` answers for the whole
+    list at once, the same nodes, and a Nodes list keeps the answer for its copies (claims.place)."""
+    from modeldeploy.operator.claims import place
+    from modeldeploy.operator.topology import Nodes, accepted
+
+    nodes = Nodes(
+        [
+            node(name="ok"),
+            node(name="few-gpus", gpus=1),
+            node(H200, name="other-product"),
+            node(name="small-memory", memory="1024"),
+            node(name="no-memory-label", memory=None),
+            NodeInfo("untolerated", {"nvidia.com/gpu.product": H100}, 8, (("team", "a", "NoSchedule"),)),
+        ]
+    )
+    t = topo(2, tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    alone = [n.name for n in nodes if fit(t, [n]) is None]
+    assert alone == ["ok", "no-memory-label"]
+    assert [n.name for n in accepted(t, nodes)] == alone
+    assert [n.name for n in accepted(t, list(nodes))] == alone  # a plain list: same answer, nothing kept
+    assert len(nodes.memo) == 1 and fit(t, nodes) is None
+    busy = place(nodes, [2, 2], {"ok"})
+    assert isinstance(busy, Nodes) and busy.memo is nodes.memo  # more GPUs requested: the same nodes
+    assert [n.requested for n in busy if n.name == "ok"] == [4]
+    assert [n.name for n in accepted(t, busy)] == alone and len(nodes.memo) == 1
+    # a relist is a new Nodes: a node that changed is judged again
+    relisted = Nodes([NodeInfo("ok", {"nvidia.com/gpu.product": H200}, 8, GPU_TAINT)])
+    assert accepted(t, relisted) == [] and fit(t, relisted).startswith("gpuType")
