@@ -181,7 +181,12 @@ def capacity_signals(x: Inputs, state: RolloutState) -> dict[str, Any]:
     nodes, topo, device = x.observed.nodes, x.spec.topology, x.spec.bundle.config.device
     if nodes is None:
         return {}
-    if state.phase == "Stable" and x.bid not in (state.stable, *state.failed) and x.policy.capacity == "Auto":
+    if (
+        state.phase == "Stable"
+        and state.stable is not None  # a first deployment has no canary: nothing to fit beside
+        and x.bid not in (state.stable, *state.failed)
+        and x.policy.capacity == "Auto"
+    ):
         return {"surge_fits": spare_fit(topo, nodes, x.spec.replicas, device)}
     if state.phase in ACTIVE_PHASES and state.capacity == "Replace" and state.stable in x.have:
         kept = x.have[state.stable].replicas

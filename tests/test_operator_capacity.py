@@ -277,3 +277,17 @@ def test_capacity_decisions_are_recognised_in_the_status_a_plan_writes() -> None
     step = {"phase": "Canary", "rollout": {**start["rollout"], "reason": "AnalysisPassed"}}
     assert not capacity_decided(start, [PatchStatus(step)])  # a step: no fit decision
     assert not capacity_decided(start, []) and not capacity_decided(None, [Event("Normal", "X", "y")])
+
+
+def test_a_first_deployment_asks_no_spare_fit(monkeypatch) -> None:
+    """No canary can start before there is a stable: its spare_fit (every node, every pass) is skipped."""
+    from modeldeploy.operator import plan as plan_module
+
+    asked: list[int] = []
+    real = plan_module.spare_fit
+    monkeypatch.setattr(plan_module, "spare_fit", lambda *a, **k: asked.append(1) or real(*a, **k))
+    obj, obs = converge(md(replicas=16), Observed(nodes=gpu_nodes(2)))
+    assert obj["status"]["stable"]["bundle"] and not asked, obj["status"]
+    obj, obs, old = full_cluster()
+    run(obj, obs, 1)
+    assert asked  # a bundle change of a stable object does ask
