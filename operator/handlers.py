@@ -28,10 +28,26 @@ CACHE = os.environ.get("MODELDEPLOY_READ_CACHE", "1") != "0"
 CHILD = MappingProxyType({"app.kubernetes.io/managed-by": MANAGED_BY})
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, for the on.create/on.update handlers we do not have: nothing built or kept.
+
+    kopf builds one for every watch event regardless, a deep copy of the whole body; at 1,000 objects
+    that was 3 % of the operator's samples, on the event loop every watch shares."""
+
+    def build(self, *, body: kopf.Body, extra_fields: object = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="modeldeploy.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="modeldeploy.dev")
+    settings.persistence.diffbase_storage = NoDiffBase()  # only on.event handlers: no diff is read
     settings.posting.level = logging.WARNING  # our own Events carry the decisions
     settings.watching.server_timeout = 300
     kube = Kube.connect()
