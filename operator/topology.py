@@ -85,6 +85,11 @@ class Nodes(list[NodeInfo]):
 
 def accepted(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> list[NodeInfo]:
     """The nodes fit() accepts one replica on, each alone (remembered when `nodes` is a Nodes)."""
+    names = _accepted_names(topology, nodes, device)
+    return [n for n in nodes if n.name in names]
+
+
+def _accepted_names(topology: Topology, nodes: list[NodeInfo], device: str) -> frozenset[str]:
     memo = nodes.memo if isinstance(nodes, Nodes) else None
     key = (topology.model_dump_json(), device)
     names = memo.get(key) if memo is not None else None
@@ -92,7 +97,7 @@ def accepted(topology: Topology, nodes: list[NodeInfo], device: str = "auto") ->
         names = frozenset(n.name for n in _matching(topology, nodes, device))
         if memo is not None:
             memo[key] = names
-    return [n for n in nodes if n.name in names]
+    return names
 
 
 def _matching(topology: Topology, nodes: list[NodeInfo], device: str) -> list[NodeInfo]:
@@ -167,7 +172,7 @@ def fit(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> str 
     `device` is bundle.config.device: CPU ranks need no GPU memory."""
     if not nodes:
         return "the cluster has no nodes"
-    if accepted(topology, nodes, device):
+    if _accepted_names(topology, nodes, device):
         return None  # the common answer, remembered per node list; the walk below names the constraint
     selector = dict(topology.node_selector)
     if topology.gpu_type:
