@@ -28,8 +28,8 @@ from modeldeploy.operator.drift import DESIRED_HASH
 from modeldeploy.operator.gate import ConformanceRunner
 from modeldeploy.operator.kube import Kube
 from modeldeploy.operator.object_metrics import ObjectMetrics
-from modeldeploy.operator.observe import LoadProbe, NodeCache, Observer
-from modeldeploy.operator.plan import capacity_decided, plan
+from modeldeploy.operator.observe import UNFIT_TTL_S, LoadProbe, NodeCache, Observer
+from modeldeploy.operator.plan import capacity_decided, plan, unschedulable
 from modeldeploy.operator.progression import now_iso
 from modeldeploy.operator.rollout import IN_FLIGHT
 from modeldeploy.operator.scrape import Baselines
@@ -163,6 +163,11 @@ class Controller:
         observed = self.observer.observe(md, fresh)
         observed_at = time.time()
         actions = plan(md, observed, now)
+        if observed.nodes is not None and unschedulable(md.get("status"), actions):
+            recent = self.nodes.get(since=max(0.0, self.nodes.clock() - UNFIT_TTL_S))
+            if recent is not observed.nodes:  # judged on an older list: judge again on a recent one
+                observed.nodes = recent
+                actions = plan(md, observed, now)
         decided = observed.nodes is not None and capacity_decided(md.get("status"), actions)
         # one decision on spare GPUs at a time, each seeing the claims the earlier ones recorded
         with self.deciding if decided else contextlib.nullcontext():

@@ -418,6 +418,16 @@ def capacity_decided(prior: dict[str, Any] | None, actions: list[Action]) -> boo
     return any(old.get(f) != now.get(f) for f in FIT_DECISIONS)
 
 
+def unschedulable(prior: dict[str, Any] | None, actions: list[Action]) -> bool:
+    """Whether the status `actions` leave (the written one, else `prior`) says Degraded/Unschedulable:
+    a verdict the operator makes only on a recent node list (observe.UNFIT_TTL_S)."""
+    status = next((a.status for a in actions if isinstance(a, PatchStatus)), prior) or {}
+    return any(
+        c.get("type") == "Degraded" and c.get("status") == "True" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or []
+    )
+
+
 def status_patch(prior: ModelDeploymentStatus, status: ModelDeploymentStatus) -> list[Action]:
     """A PatchStatus when the status differs from what is stored, else nothing (idempotent reconcile)."""
     new = status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -204,6 +204,45 @@ def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
     assert kube.lists == 3
 
 
+def test_no_node_fits_is_judged_on_a_recent_node_list() -> None:
+    """Passes plan on a node list up to NODE_TTL_S (60 s) old, but Degraded/Unschedulable only on one at
+    most UNFIT_TTL_S (15 s) old: a GPU node added for a new object counts within 15 s, as before."""
+    from modeldeploy.operator.observe import NODE_TTL_S, UNFIT_TTL_S, NodeCache
+
+    class Counting(FakeKube):
+        lists = 0
+
+        def list_nodes(self) -> list[dict[str, Any]]:
+            self.lists += 1
+            return super().list_nodes()
+
+    kube, now = Counting(), [100.0]
+    kube.nodes = [_node(0)]
+    obj = md(topology={"gpusPerReplica": 1, "gpuType": "NVIDIA-B200"})
+    obj["metadata"].pop("uid")
+    kube.put(obj)
+    ctrl = Controller(kube, tick_s=3600.0)
+    ctrl.nodes = ctrl.observer.nodes = NodeCache(kube, clock=lambda: now[0])
+
+    def degraded() -> str | None:
+        c = [c for c in kube.get_md(NS, NAME)["status"]["conditions"] if c["type"] == "Degraded"]
+        return c[0]["reason"] if c and c[0]["status"] == "True" else None
+
+    ctrl.reconcile(NS, NAME)
+    assert degraded() == "Unschedulable" and kube.lists == 1
+    now[0] += UNFIT_TTL_S / 2
+    ctrl.reconcile(NS, NAME)  # still Unschedulable, on a list recent enough: not relisted
+    assert degraded() == "Unschedulable" and kube.lists == 1
+    kube.nodes.append(
+        _node(1) | {"metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "NVIDIA-B200"}}}
+    )
+    now[0] += UNFIT_TTL_S
+    assert now[0] - 100.0 < NODE_TTL_S  # the cached list is still good for every other answer
+    ctrl.reconcile(NS, NAME)
+    assert kube.lists == 2 and degraded() is None
+    assert [n for (k, _, n) in kube.objects if k == "Deployment"]  # the replica is asked for at once
+
+
 def _stable_pods(
     kube: FakeKube, name: str, bundle: str, n: int, owner: str | None = None, gpus: int = 1
 ) -> None:
