@@ -26,6 +26,16 @@ def _node(i: int) -> dict[str, Any]:
     }
 
 
+class CountingKube(FakeKube):
+    """Counts node relists."""
+
+    lists = 0
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        self.lists += 1
+        return super().list_nodes()
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -181,14 +191,7 @@ def test_an_auto_capacity_choice_reads_fresh_gpu_usage_not_the_cached_node_list(
 def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
     from modeldeploy.operator.observe import NodeCache
 
-    class Counting(FakeKube):
-        lists = 0
-
-        def list_nodes(self) -> list[dict[str, Any]]:
-            self.lists += 1
-            return super().list_nodes()
-
-    kube, now = Counting(), [0.0]
+    kube, now = CountingKube(), [0.0]
     kube.nodes = [_node(0)]
     cache = NodeCache(kube, ttl_s=15.0, clock=lambda: now[0])
     cache.get()
@@ -209,14 +212,7 @@ def test_no_node_fits_is_judged_on_a_recent_node_list() -> None:
     most UNFIT_TTL_S (15 s) old: a GPU node added for a new object counts within 15 s, as before."""
     from modeldeploy.operator.observe import NODE_TTL_S, UNFIT_TTL_S, NodeCache
 
-    class Counting(FakeKube):
-        lists = 0
-
-        def list_nodes(self) -> list[dict[str, Any]]:
-            self.lists += 1
-            return super().list_nodes()
-
-    kube, now = Counting(), [100.0]
+    kube, now = CountingKube(), [100.0]
     kube.nodes = [_node(0)]
     obj = md(topology={"gpusPerReplica": 1, "gpuType": "NVIDIA-B200"})
     obj["metadata"].pop("uid")
