@@ -175,11 +175,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--rope-scaling", choices=["llama3"], default=None)
     parser.add_argument("--shards", type=int, default=1, help="split weights over N safetensors files")
+    parser.add_argument(
+        "--max-positions", type=int, default=1024, help="max_position_embeddings (the longest context)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     from modeldeploy.digest import dir_digest
 
+    if args.max_positions < 16:
+        raise SystemExit(f"--max-positions must be >= 16, got {args.max_positions}")
     out = make_tiny_model(
         args.out_dir,
         args.arch,
@@ -190,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
         num_kv_heads=args.kv_heads,
         rope_scaling=args.rope_scaling,
         shards=args.shards,
+        max_position_embeddings=args.max_positions,
     )
     print(f"wrote {args.arch} model to {out}  digest {dir_digest(out)}")
     return 0

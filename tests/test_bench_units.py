@@ -65,9 +65,19 @@ def test_tokenizer_counts_real_tokens(llama_dir):
 
 def test_mix_parse_errors_name_the_flag():
     assert W.parse_mix("a:1:10:5,b:3:20:6")[1] == W.Shape("b", 3.0, 20, 6)
-    for bad in ("a:1:10", "a:x:10:5", "a:0:10:5", "a:1:0:5"):
+    for bad in ("a:1:10", "a:x:10:5", "a:0:10:5", "a:1:0:5", "a:1:10:9-5", "a:1:10:0-5", "a:1:10:5-x"):
         with pytest.raises(ValueError, match="--mix"):
             W.parse_mix(bad)
+
+
+def test_a_length_range_is_drawn_from_the_range_and_not_jittered():
+    (shape,) = W.parse_mix("s:1:64:64-128")
+    assert shape == W.Shape("s", 1.0, 64, 128, None, 64)
+    items = W.synthetic((shape,), 400, random.Random(3), W.TokenCounter(), jitter=0.5)
+    outs = [it.output_tokens for it in items]
+    assert min(outs) >= 64 and max(outs) <= 128
+    assert min(outs) < 72 and max(outs) > 120  # the whole range, not a jittered 128
+    assert all(32 <= it.prompt_tokens <= 64 for it in items)  # a plain length still jitters
 
 
 def test_dataset_jsonl_and_sharegpt(tmp_path):
@@ -138,6 +148,16 @@ def test_goodput_counts_only_requests_within_every_slo():
         "value": M.quantile([0.1, 2.0, 0.1], 0.5),
         "ok": False,
     }
+
+
+def test_refusal_latency_counts_only_refused_requests():
+    refused = [_rec(i, 0, 0, outcome="rejected") for i in range(3)]
+    for r, t in zip(refused, (0.004, 0.010, 0.030), strict=True):
+        r.e2e = t
+    s = stats.summarize([_rec(9, 2.0, 0.01), *refused], {"ttft": 1.0}, rate=1.0)
+    assert s["refusal_s"]["count"] == 3 and s["refusal_s"]["max"] == 0.030
+    assert s["refusal_s"]["p50"] == 0.010
+    assert stats.summarize([_rec(0, 0.1, 0.01)], {}, rate=1.0)["refusal_s"]["max"] is None
 
 
 def test_quantile_matches_numpy_linear_and_histogram_agrees_within_bucket():

@@ -46,7 +46,7 @@ class Record:
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
     tpot: float | None = None
-    e2e: float | None = None
+    e2e: float | None = None  # to the stream's end; for a non-200, to its error body
     cancel_s: float | None = None  # offset (from send) at which the client cancelled
     chunks: int = 0
     prompt_tokens: int | None = None  # from usage
@@ -125,6 +125,7 @@ async def send(
                 raw = (await r.aread()).decode(errors="replace")
                 rec.error = _error_message(raw)
                 rec.outcome = outcome_of_status(r.status_code)
+                rec.e2e = time.monotonic() - start  # a refusal's latency (the 429-within-50-ms check)
                 return rec
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):

@@ -103,6 +103,13 @@ def _e2es(rs: Sequence[Record]) -> list[float]:
     return [r.e2e for r in rs if r.e2e is not None and r.outcome == "completed"]
 
 
+def _refusals(rs: Sequence[Record]) -> dict[str, float | None]:
+    """How fast refused requests (429) got their answer: a server that sheds load should say no at
+    once, not after the wait the client was trying to avoid."""
+    values = [r.e2e for r in rs if r.outcome == "rejected" and r.e2e is not None]
+    return {"count": len(values), **_dist(values), "max": max(values, default=None)}
+
+
 def _outcomes(rs: Sequence[Record]) -> dict[str, float]:
     return dict(Counter(r.outcome for r in rs))
 
@@ -169,6 +176,7 @@ def summarize(rs: list[Record], slo: dict[str, float], rate: float) -> dict[str,
         "itl": _dist(_gaps(rs)),
         "tpot": _dist(_tpots(rs)),
         "e2e": _dist(_e2es(rs)),
+        "refusal_s": _refusals(rs),
         "prompt_tokens_mean": M.mean([r.prompt_tokens for r in completed if r.prompt_tokens is not None]),
         "output_tokens_mean": M.mean([r.output_tokens for r in completed if r.output_tokens is not None]),
         "tokens_from_usage": all(r.tokens_from == "usage" for r in completed),

@@ -29,12 +29,40 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class Shape:
-    """One class of the synthetic mix: its share of requests and its lengths in tokens."""
+    """One class of the synthetic mix: its share of requests and its lengths in tokens.
+
+    A length given as a range (`*_min` set) is drawn uniformly from [min, max] and is not
+    jittered: "64-128 output tokens" means exactly that, as in vLLM's random-range datasets."""
 
     name: str
     weight: float
     prompt_tokens: int
     output_tokens: int
+    prompt_min: int | None = None
+    output_min: int | None = None
+
+    def draw(self, rng: random.Random, jitter: float) -> tuple[int, int]:
+        """(prompt, output) lengths of one request of this shape."""
+        return _length(self.prompt_tokens, self.prompt_min, rng, jitter), _length(
+            self.output_tokens, self.output_min, rng, jitter
+        )
+
+
+def _length(top: int, low: int | None, rng: random.Random, jitter: float) -> int:
+    if low is not None:
+        return rng.randint(low, top)
+    return max(1, round(top * rng.uniform(1.0 - jitter, 1.0)))
+
+
+def _tokens(text: str) -> tuple[int | None, int]:
+    """`128` -> (None, 128); `64-128` -> (64, 128). ValueError if neither."""
+    low, dash, top = text.partition("-")
+    if not dash:
+        return None, int(text)
+    lo, hi = int(low), int(top)
+    if lo > hi:
+        raise ValueError(text)
+    return lo, hi
 
 
 # The seeds' 70 % short / 25 % medium / 5 % long; sized so the longest fits a 1024-token context.
@@ -46,17 +74,22 @@ DEFAULT_MIX = (
 
 
 def parse_mix(text: str) -> tuple[Shape, ...]:
-    """`name:weight:prompt_tokens:output_tokens,...` -> shapes (weights need not sum to 1)."""
+    """`name:weight:prompt_tokens:output_tokens,...` -> shapes (weights need not sum to 1); a
+    length may be a range `lo-hi` (`short:0.7:64:64-128`)."""
     shapes = []
     for part in text.split(","):
         bits = part.strip().split(":")
         if len(bits) != 4:
             raise ValueError(f"--mix: {part!r} is not name:weight:prompt_tokens:output_tokens")
         try:
-            shape = Shape(bits[0], float(bits[1]), int(bits[2]), int(bits[3]))
+            (p_min, p_max), (o_min, o_max) = _tokens(bits[2]), _tokens(bits[3])
+            shape = Shape(bits[0], float(bits[1]), p_max, o_max, p_min, o_min)
         except ValueError:
-            raise ValueError(f"--mix: {part!r} has a weight or length that is not a number") from None
-        if shape.weight <= 0 or shape.prompt_tokens < 1 or shape.output_tokens < 1:
+            raise ValueError(
+                f"--mix: {part!r} has a weight or length that is not a number or a range lo-hi with lo <= hi"
+            ) from None
+        lows = [x for x in (shape.prompt_min, shape.output_min) if x is not None]
+        if shape.weight <= 0 or min([shape.prompt_tokens, shape.output_tokens, *lows]) < 1:
             raise ValueError(f"--mix: {part!r} needs weight > 0 and lengths >= 1")
         shapes.append(shape)
     return tuple(shapes)
@@ -120,13 +153,13 @@ class Item:
 def synthetic(
     shapes: tuple[Shape, ...], n: int, rng: random.Random, counter: TokenCounter, jitter: float = 0.1
 ) -> list[Item]:
-    """n requests drawn from the mix by weight; lengths cut by up to `jitter` so batches are not uniform."""
+    """n requests drawn from the mix by weight; lengths cut by up to `jitter` so batches are not uniform
+    (ranges are drawn from the range instead)."""
     weights = [s.weight for s in shapes]
     out = []
     for _ in range(n):
         s = rng.choices(shapes, weights)[0]
-        p = max(1, round(s.prompt_tokens * rng.uniform(1.0 - jitter, 1.0)))
-        o = max(1, round(s.output_tokens * rng.uniform(1.0 - jitter, 1.0)))
+        p, o = s.draw(rng, jitter)
         text = counter.text_of(rng, p)
         out.append(Item(s.name, text, counter.count(text), o))
     return out
