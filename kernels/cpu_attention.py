@@ -9,36 +9,33 @@ the block table instead: one task per (sequence, kv head[, query tile]), the GRO
 heads of a kv head sharing each K/V row load, OpenMP over tasks with torch's thread count
 (`torch.get_num_threads()`, passed per call), float32 math, float32 and bfloat16 caches.
 
-Build: a plain C ABI shared object compiled with the system C++ compiler on first use
-(about 2 s, `-O3 -march=native -fopenmp`) into a cache directory keyed by the source, the
-compiler and the CPU's flags, and loaded with ctypes. Not a torch extension on purpose: no
-torch headers (a torch extension takes ~1 min to compile on 2 cores), no ninja, no build at
-install time (pip's build isolation would download torch), and no tie to torch's C++ ABI.
-Without a compiler (the slim runtime image), or with MODELDEPLOY_CPU_KERNELS=0, `available()`
-is False and dispatch keeps the torch twins; a log line says which path is used.
+Build (kernels/cpu_build.py): a plain C ABI shared object loaded with ctypes, either prebuilt
+in the runtime image for the CPU's x86-64 level (`$MODELDEPLOY_CPU_KERNELS_PREBUILT`) or
+compiled with the system C++ compiler on first use (about 2 s, `-O3 -march=native -fopenmp`)
+into a cache directory keyed by the source, the compiler and the CPU's flags. Not a torch
+extension on purpose: no torch headers (a torch extension takes ~1 min to compile on 2 cores),
+no ninja, no build at install time (pip's build isolation would download torch), and no tie to
+torch's C++ ABI. With neither (no prebuilt object for this source and CPU, no compiler), or with
+MODELDEPLOY_CPU_KERNELS=0, `available()` is False and dispatch keeps the torch twins; a log line
+says which path is used, and `build()` says it for /v1/bundle.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
-from modeldeploy.kernels import reference
+from modeldeploy.kernels import cpu_build, reference
 
 log = logging.getLogger("modeldeploy.kernels")
 
-SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+SOURCE = cpu_build.SOURCE
 ENV_SWITCH = "MODELDEPLOY_CPU_KERNELS"  # "0" = torch twins only
 ENV_CACHE = "MODELDEPLOY_KERNEL_CACHE"  # where the shared object is built (default ~/.cache)
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -47,17 +44,8 @@ PREFILL_TILE = 8  # query tokens per prefill task (x GROUP heads = rows sharing 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
 _why = ""
+_origin = ""  # "prebuilt x86-64-v3" | "built here (-march=native)"
 _lock = threading.Lock()
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _cache_dirs() -> list[Path]:
@@ -72,44 +60,27 @@ def _cache_dirs() -> list[Path]:
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return cpu_build.compiler()
 
 
-def _build() -> Path:
-    cxx = _compiler()
-    if cxx is None:
+def _object() -> tuple[Path, str]:
+    """(shared object, where it came from): the image's prebuilt one for this CPU, else one built here."""
+    prebuilt = os.environ.get(cpu_build.ENV_PREBUILT)
+    if prebuilt:
+        found = cpu_build.find_prebuilt(Path(prebuilt))
+        if found is not None:
+            return found[0], f"prebuilt {found[1]}"
+        log.warning(
+            "CPU paged attention: no prebuilt object in %s for this source (%s) and CPU (levels %s)",
+            prebuilt, cpu_build.source_hash(), ", ".join(cpu_build.levels_of(cpu_build.cpu_flags())) or "none",
+        )  # fmt: skip
+    if _compiler() is None:
         raise RuntimeError("no C++ compiler on PATH (g++, c++, clang++; or set CXX)")
-    src = SOURCE.read_bytes()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([src, version.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()]))
-    name = f"paged_attention_{key.hexdigest()[:16]}.so"
-    errors = []
-    for d in _cache_dirs():
-        target = d / name
-        if target.exists():
-            return target
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=d, suffix=".so.tmp")
-            os.close(fd)
-            proc = subprocess.run(
-                [cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300
-            )
-            if proc.returncode != 0:
-                os.unlink(tmp)
-                raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-2000:]}")
-            os.replace(tmp, target)  # atomic: concurrent builders (tensor-parallel ranks) agree
-            return target
-        except OSError as e:
-            errors.append(f"{d}: {e}")
-    raise RuntimeError("no writable cache directory: " + "; ".join(errors))
+    return cpu_build.build_here(_cache_dirs()), "built here (-march=native)"
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _state, _why
+    global _lib, _state, _why, _origin
     with _lock:
         if _state != "unloaded":
             return _lib
@@ -117,7 +88,8 @@ def _load() -> ctypes.CDLL | None:
             _state, _why = "unavailable", f"{ENV_SWITCH}=0"
         else:
             try:
-                lib = ctypes.CDLL(str(_build()))
+                path, origin = _object()
+                lib = ctypes.CDLL(str(path))
                 if lib.md_abi_version() != 3:
                     raise RuntimeError("ABI version mismatch")
                 i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -129,11 +101,11 @@ def _load() -> ctypes.CDLL | None:
                 lib.md_write_kv.restype = i
                 lib.md_rotary.argtypes = [i, p, p, i64, i, p, i64, i, i, i, p, i64]
                 lib.md_rotary.restype = i
-                _lib, _state = lib, "loaded"
+                _lib, _state, _origin = lib, "loaded", origin
             except Exception as e:  # noqa: BLE001  (any failure means: use the twins)
                 _state, _why = "unavailable", str(e)
         if _state == "loaded":
-            log.info("CPU paged attention: in-place C++ kernel (%s)", SOURCE.name)
+            log.info("CPU paged attention: in-place C++ kernel (%s, %s)", SOURCE.name, _origin)
         else:
             log.warning("CPU paged attention: torch reference twins (gather + SDPA): %s", _why)
         return _lib
@@ -146,6 +118,13 @@ def available() -> bool:
 def path_in_use() -> str:
     """'cpp' or 'reference' (loads on first call)."""
     return "cpp" if available() else "reference"
+
+
+def build() -> dict[str, str]:
+    """Which CPU attention this process runs and why, for /v1/bundle (loads on first call)."""
+    if available():
+        return {"path": "cpp", "origin": _origin}
+    return {"path": "reference", "why": _why}
 
 
 def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:

@@ -172,6 +172,12 @@ def test_container_passes_conformance_and_drains(image, llama_dir):
             report = run_conformance(ConformanceConfig(url=url, requests=8, concurrency=4))
             assert report.passed, report.table()
             assert report.bundle["bundle_id"] == "ci" and report.bundle["device"] == "cpu"
+            # The image has no compiler: the CPU attention kernel it runs was prebuilt for this CPU's level.
+            attention = report.bundle["engine_info"]["kernels"]["attention"]
+            assert attention["path"] == "cpp" and attention["origin"].startswith("prebuilt x86-64-v"), (
+                attention
+            )
+            assert "g++" not in docker("exec", name, "sh", "-c", "ls /usr/bin", check=False).stdout.split()
             docker("stop", "-t", "60", name, timeout=90)
             assert docker("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0"
         finally:

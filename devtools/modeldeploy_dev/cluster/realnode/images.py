@@ -29,13 +29,14 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 def context_of(dockerfile: str) -> list[str]:
     """The build context is exactly what the Dockerfile COPYs from it (sources of `COPY a b dest`,
-    not `COPY --from=...`), so nothing else of the repository can slip into an image."""
-    names: list[str] = []
+    not `COPY --from=...`), so nothing else of the repository can slip into an image. A path
+    inside another one listed (kernels/cpu inside kernels) comes with it and is not listed again."""
+    names: set[str] = set()
     for line in (ROOT / dockerfile).read_text().splitlines():
         words = line.split()
         if len(words) >= 3 and words[0] == "COPY" and not words[1].startswith("--"):
-            names += [w.rstrip("/") for w in words[1:-1]]
-    return sorted(set(names))
+            names |= {w.rstrip("/") for w in words[1:-1]}
+    return sorted(n for n in names if not any(a in names for a in map(str, Path(n).parents) if a != "."))
 
 
 @dataclass
