@@ -38,6 +38,16 @@ def _cpu_impl(name: str):
     return _CPU.get(name)
 
 
+def describe(device: str) -> dict[str, object]:
+    """Which attention kernels this process runs on `device`, for /v1/bundle: on CPU, the in-place
+    C++ kernel (prebuilt in the image for this CPU's level, or built here) or the torch twins."""
+    if device != "cpu":
+        return {"attention": "cuda" if device.startswith("cuda") else "reference"}
+    from modeldeploy.kernels import cpu_attention
+
+    return {"attention": cpu_attention.build()}
+
+
 def _impl(name: str, t: torch.Tensor):
     global _cuda_checked
     if t.is_cuda:
@@ -93,6 +103,16 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out=None):
     fn = _impl("paged_attention_prefill", q)
     return _into(out, fn, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+
+
+def causal_attention(q, k, v, scale, out=None):
+    """One fresh prompt's causal self-attention over its own q [T, H, D], k, v [T, Hkv, D] (views
+    of qkv allowed): torch SDPA on every device (no paged read needed: nothing cached before it)."""
+    o = reference.causal_attention(q, k, v, scale)
+    if out is None:
+        return o
+    out.copy_(o)
+    return out
 
 
 def lora_apply(out, x, a, b, scales, slots):

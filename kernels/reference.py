@@ -100,6 +100,20 @@ def _attend(
     return out[0].transpose(0, 1).to(q.dtype)
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A fresh prompt attending causally to itself: q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]
+    (float32 math, like the paged twins; GQA without repeating K/V)."""
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None],
+        k.float().transpose(0, 1)[None],
+        v.float().transpose(0, 1)[None],
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).to(q.dtype)
+
+
 def paged_attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -288,6 +288,24 @@ def test_cpu_kernel_decode(dtype, lens, hkv, group, d, block_size):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,hkv,group,d", [(1, 1, 1, 64), (37, 2, 4, 64), (300, 3, 3, 64), (9, 1, 8, 32)])
+def test_causal_attention_of_a_fresh_prompt_equals_the_paged_prefill(dtype, T, hkv, group, d):
+    """The fresh-prompt path (SDPA over the new K/V) attends to exactly what the paged prefill does
+    when nothing is cached before the prompt: same result as the float64 oracle over the pages."""
+    gen = torch.Generator().manual_seed(T * group + d)
+    k_cache, v_cache, tables, ctx = paged_problem([T], hkv, group, d, 16, dtype, gen)
+    slots = torch.tensor([int(tables[0, i // 16]) * 16 + i % 16 for i in range(T)])  # the prompt's own K/V
+    k, v = k_cache.view(-1, hkv, d)[slots], v_cache.view(-1, hkv, d)[slots]
+    q = torch.randn(T, hkv * group, d, generator=gen).to(dtype)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    out = dispatch.causal_attention(q, k, v, d**-0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert rel_err(out, prefill64(q, k_cache, v_cache, tables, cu, ctx, d**-0.5)) < TOL[dtype]
+    into = torch.empty_like(q)
+    assert dispatch.causal_attention(q, k, v, d**-0.5, out=into) is into and torch.equal(into, out)
+
+
 CPU_PREFILL_CASES = PREFILL_CASES + [
     ([100, 45, 16, 300], [30, 45, 3, 17], 2, 3, 64, 16),  # cached prefixes, partial last blocks
     ([77], [77], 4, 1, 128, 16),  # fresh prompt longer than a query tile, MHA
@@ -352,6 +370,56 @@ def test_cpu_kernel_falls_back_without_a_compiler(monkeypatch, caplog):
     out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
     ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
     assert torch.equal(out, ref)
+
+
+def test_prebuilt_kernel_loads_without_a_compiler(monkeypatch, tmp_path, caplog):
+    """The runtime image: objects prebuilt per x86-64 level (kernels/cpu_build.py), no compiler at
+    run time; the best level for this CPU is loaded (with the libgomp shipped beside it) and agrees
+    with the oracle; /v1/bundle's description says prebuilt."""
+    from modeldeploy.kernels import cpu_build
+
+    if cpu_build.compiler() is None:
+        pytest.skip("no C++ compiler to prebuild with")
+    levels = cpu_build.levels_of(cpu_build.cpu_flags())
+    if not levels:
+        pytest.skip("not an x86-64 CPU: no prebuilt levels")
+    built = cpu_build.build_prebuilt(tmp_path, levels[:1])
+    assert [b.name for b in built] == [cpu_build.prebuilt_name(levels[0])]
+    assert (tmp_path / "libgomp.so.1").is_file()
+    assert all(
+        b.stat().st_mode & 0o005 == 0o005 for b in built
+    )  # loadable by any user (the image's is not root)
+    monkeypatch.setenv(cpu_build.ENV_PREBUILT, str(tmp_path))
+    monkeypatch.delenv(cpu_attention.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(cpu_attention, "_state", "unloaded")
+    monkeypatch.setattr(cpu_attention, "_lib", None)
+    monkeypatch.setattr(cpu_attention, "_compiler", lambda: None)
+    with caplog.at_level("INFO", logger="modeldeploy.kernels"):
+        assert cpu_attention.available(), cpu_attention._why
+    assert f"prebuilt {levels[0]}" in caplog.text
+    assert dispatch.describe("cpu") == {"attention": {"path": "cpp", "origin": f"prebuilt {levels[0]}"}}
+    gen = torch.Generator().manual_seed(11)
+    k_cache, v_cache, tables, ctx = paged_problem([40, 7, 130], 2, 2, 64, 16, torch.float32, gen)
+    q = torch.randn(3, 4, 64, generator=gen)
+    out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    assert rel_err(out, decode64(q, k_cache, v_cache, tables, ctx, 0.125)) < TOL[torch.float32]
+
+
+def test_prebuilt_objects_of_other_source_or_a_higher_level_are_not_picked(tmp_path):
+    from modeldeploy.kernels import cpu_build
+
+    v3 = "flags : " + " ".join(cpu_build._LEVEL_NEEDS["x86-64-v3"])
+    if cpu_build.levels_of(v3) != ["x86-64-v3", "x86-64-v2"]:
+        pytest.skip("not an x86-64 machine")
+    assert cpu_build.levels_of("flags : sse2") == []
+    (tmp_path / cpu_build.prebuilt_name("x86-64-v4")).write_bytes(b"")
+    (tmp_path / "paged_attention_0000000000000000_x86-64-v3.so").write_bytes(b"")  # other source
+    assert cpu_build.find_prebuilt(tmp_path, v3) is None  # v4 needs AVX-512; v3's is stale
+    (tmp_path / cpu_build.prebuilt_name("x86-64-v2")).write_bytes(b"")
+    assert cpu_build.find_prebuilt(tmp_path, v3) == (
+        tmp_path / cpu_build.prebuilt_name("x86-64-v2"),
+        "x86-64-v2",
+    )
 
 
 def test_cpu_kernel_unsupported_layouts_use_the_twin():

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from modeldeploy.kernels import dispatch
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.detokenizer import Detokenizer
@@ -370,6 +371,7 @@ class Engine:
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,
             "grammar_library": dict(LIBRARY),
+            "kernels": dispatch.describe(self.config.device),
             "parallel": self.parallel_info(),
             "adapters": self.adapters.info() if self.adapters else [],
             "lora": (

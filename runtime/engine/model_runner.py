@@ -101,6 +101,17 @@ class ModelRunner:
             token_slots += [slot.get(seq.adapter_id, -1)] * n
         return LoraBatch(self.adapters.slots, self._tensor(token_slots))
 
+    def _fresh(self, plan: StepPlan) -> list[tuple[int, int]] | None:
+        """Each prefill chunk's span when all are whole prompts with nothing cached (CPU only: the
+        CUDA kernels read pages in place at full speed); None otherwise."""
+        cu = plan.prefill_cu
+        if self.device.type != "cpu" or len(cu) < 2:
+            return None
+        spans = list(zip(cu[:-1], cu[1:], strict=True))
+        if any(end - start != n for (start, end), n in zip(spans, plan.prefill_lens, strict=True)):
+            return None
+        return spans
+
     def plan(self, batch: ScheduledBatch) -> tuple[StepPlan, list[tuple[Sequence, int]], list[Sequence]]:
         """Flatten the batch: decodes first, then prefill chunks; (plan, ordered rows, sampling seqs)."""
         ids, pos, slots, sample_rows, sample_seqs = [], [], [], [], []
@@ -161,6 +172,7 @@ class ModelRunner:
             prefill_tables=self._tables(plan.prefill_tables),
             prefill_cu_q=self._tensor(plan.prefill_cu),
             prefill_lens=self._tensor(plan.prefill_lens),
+            fresh_prefills=self._fresh(plan),
         )
         ids, pos = self._tensor(plan.ids, torch.int64), self._tensor(plan.positions, torch.int64)
         return self.model.forward(ids, pos, meta, self.kv_caches, lora)

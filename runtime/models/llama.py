@@ -128,6 +128,10 @@ class AttnMeta:
     prefill_tables: torch.Tensor  # [Bp, M]
     prefill_cu_q: torch.Tensor  # [Bp+1]
     prefill_lens: torch.Tensor  # [Bp]
+    # (start, end) of each prefill chunk (host ints, relative to the first prefill token) when every
+    # chunk is a whole fresh prompt (nothing cached before it) on CPU, else None: then its new K/V
+    # are all it attends to, and SDPA over them beats walking the pages (bench/results/engine_cpu.md).
+    fresh_prefills: list[tuple[int, int]] | None = None
 
 
 class Layer:
@@ -184,7 +188,11 @@ class Layer:
             dispatch.paged_attention_decode(
                 q[:nd], k_cache, v_cache, meta.decode_tables, meta.decode_lens, self.scale, out=o[:nd]
             )
-        if T > nd:
+        if T > nd and meta.fresh_prefills is not None:
+            for start, end in meta.fresh_prefills:
+                a0, a1 = nd + start, nd + end
+                dispatch.causal_attention(q[a0:a1], k[a0:a1], v[a0:a1], self.scale, out=o[a0:a1])
+        elif T > nd:
             dispatch.paged_attention_prefill(
                 q[nd:],
                 k_cache,
