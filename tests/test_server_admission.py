@@ -74,6 +74,21 @@ async def test_a_request_that_waited_past_its_budget_is_refused_when_its_slot_co
     await asyncio.wait_for(nxt.acquire(), 1)  # the slot went back
 
 
+async def test_under_the_server_budget_a_late_waiter_is_served_not_refused():
+    """Only a client's own deadline expires a waiter; under --queue-budget every refusal is at the
+    door, and a waiter the estimate let in wrongly starts late and is counted."""
+    adm = Admission(max_running=1, max_queue=4, queue_budget_s=0.05)
+    a = adm.enter()
+    await a.acquire()
+    late = adm.enter(7)  # nothing measured yet: let in
+    waiter = asyncio.ensure_future(late.acquire())
+    await asyncio.sleep(0.15)
+    a.release()
+    await asyncio.wait_for(waiter, 1)
+    assert late.state == "running" and adm.late_starts == 1 and adm.rejections["expired"] == 0
+    late.release()
+
+
 def test_server_refuses_a_hopeless_request_within_50ms_and_counts_the_reason(llama_dir):
     cfg = _cfg(llama_dir, max_num_seqs=1, max_queue=8, queue_budget_s=0.3, step_delay_s=0.02)
     with ThreadedServer(cfg) as s:
@@ -102,6 +117,7 @@ def test_server_refuses_a_hopeless_request_within_50ms_and_counts_the_reason(lla
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-request-deadline-ms"
         m = metrics(s)
         assert m.get("modeldeploy_admission_rejections_total", reason="deadline", bundle=BUNDLE) == 1
+        assert m.get("modeldeploy_admission_late_starts_total", bundle=BUNDLE) == 0
         assert outcome(m, "rejected") == 1
         # with room again, the client's own deadline header is honoured
         ok = httpx.post(s.url + "/v1/completions", json=short, headers={"x-request-deadline-ms": "5000"})

@@ -7,8 +7,12 @@ latency. Two more bounds keep an overload from turning into hopeless waits:
   queue instead of exhausting the KV cache once admitted); a request alone in the queue is
   always let in, whatever its length;
 - a wait budget (the server's `queue_budget_s`, or the client's `x-request-deadline-ms`): a
-  request whose estimated wait for a slot exceeds it is refused at once, and one that still
-  waited past it is refused when its slot comes, instead of starting hopelessly late.
+  request whose estimated wait for a slot exceeds it is refused at once. One that was let in
+  and still waited past the budget (the estimate was wrong) is refused when its slot comes only
+  if the budget was the client's own deadline (it said a late answer is worthless); under the
+  server's budget it is served late and counted (`late_starts`), because a 429 after waiting
+  the whole budget is the worst answer: the client loses the wait and the reply (every refusal
+  under the server's budget comes at once, bench/results/serving_cpu.md).
 The estimate is (requests ahead / slots) x the moving average of how long a request holds a
 slot. While draining, nothing new is admitted (503). Refusals are counted by reason; the
 counters feed the `modeldeploy_requests_running` / `_waiting` gauges.
@@ -27,10 +31,13 @@ from modeldeploy.runtime.server.errors import APIError
 class Ticket:
     """One request's place: waiting, then running, then released (idempotent)."""
 
-    def __init__(self, admission: Admission, tokens: int = 0, deadline: float | None = None):
+    def __init__(
+        self, admission: Admission, tokens: int = 0, deadline: float | None = None, strict: bool = False
+    ):
         self._adm = admission
         self.state = "waiting"
         self.tokens, self.deadline = tokens, deadline  # deadline: monotonic, None = no budget
+        self.strict = strict  # the deadline is the client's own: refuse past it rather than start late
         self.acquired_at: float | None = None  # monotonic; the request's trace shows the admission wait
 
     async def acquire(self) -> None:
@@ -49,6 +56,9 @@ class Ticket:
         self._adm.running += 1
         self._adm.max_running_seen = max(self._adm.max_running_seen, self._adm.running)
         if self.deadline is not None and self.acquired_at > self.deadline:
+            if not self.strict:
+                self._adm.late_starts += 1
+                return
             late = self.acquired_at - self.deadline
             self.release(count_slot=False)
             raise self._adm.refuse(
@@ -93,6 +103,7 @@ class Admission:
         self.queued_tokens = 0
         self.slot_seconds: float | None = None  # moving average of how long a request holds a slot
         self.rejections: Counter[str] = Counter()  # by reason
+        self.late_starts = 0  # let in under the server's budget, started past it (the estimate was wrong)
         self.max_running_seen = 0
         self.draining = False
         self._idle = asyncio.Event()
@@ -150,7 +161,7 @@ class Admission:
         self.queued_tokens += prompt_tokens
         self._idle.clear()
         deadline = time.monotonic() + budget if budget is not None else None
-        return Ticket(self, prompt_tokens, deadline)
+        return Ticket(self, prompt_tokens, deadline, strict=budget_s is not None)
 
     def _changed(self) -> None:
         if self.running == 0 and self.waiting == 0:

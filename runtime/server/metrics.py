@@ -85,6 +85,11 @@ class _Live:
         for reason, n in v.get("rejections", {}).items():
             refused.add_metric(values + [reason], n)
         yield refused
+        yield counter(
+            "admission_late_starts",
+            "Requests let in under --queue-budget that started past it (served late, not refused)",
+            v.get("late_starts", 0),
+        )
         yield gauge("kv_cache_usage_ratio", "Fraction of KV cache blocks in use", v["kv_usage"])
         yield gauge("model_load_progress", "Weight loading progress, 0..1", v["load_progress"])
         yield gauge(
