@@ -1,7 +1,8 @@
 """Paged attention on CPU that reads the KV blocks in place (cpu/paged_attention.cpp), and the
-KV-cache write and rotary embedding (one call each instead of a dozen small torch ops per layer).
-Twins: `reference.paged_attention_decode`, `reference.paged_attention_prefill`,
-`reference.write_kv`, `reference.rotary_embedding`.
+KV-cache write, rotary embedding and residual-add + RMSNorm (one call each instead of several
+small torch ops per layer). Twins: `reference.paged_attention_decode`,
+`reference.paged_attention_prefill`, `reference.write_kv`, `reference.rotary_embedding`,
+`reference.rms_norm`.
 
 The reference twins gather each sequence's blocks into a contiguous copy before SDPA; on CPU
 that copy was about half of a decode step (bench/results/engine_cpu.md). This kernel walks
@@ -90,7 +91,7 @@ def _load() -> ctypes.CDLL | None:
             try:
                 path, origin = _object()
                 lib = ctypes.CDLL(str(path))
-                if lib.md_abi_version() != 3:
+                if lib.md_abi_version() != 4:
                     raise RuntimeError("ABI version mismatch")
                 i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
                 lib.md_paged_decode.argtypes = [i, p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i]
@@ -101,6 +102,8 @@ def _load() -> ctypes.CDLL | None:
                 lib.md_write_kv.restype = i
                 lib.md_rotary.argtypes = [i, p, p, i64, i, p, i64, i, i, i, p, i64]
                 lib.md_rotary.restype = i
+                lib.md_rms_norm.argtypes = [i, p, i64, p, i64, p, p, p, i, i, f, i]
+                lib.md_rms_norm.restype = None
                 _lib, _state, _origin = lib, "loaded", origin
             except Exception as e:  # noqa: BLE001  (any failure means: use the twins)
                 _state, _why = "unavailable", str(e)
@@ -255,3 +258,36 @@ def rotary_embedding(positions, q, k, cos_sin_cache):
             f"rotary_embedding: {bad} position(s) outside the cos/sin cache ({cos_sin_cache.shape[0]})"
         )
     return None
+
+
+def rms_norm(x, weight, eps, residual=None):
+    """(x + residual) RMS-normalised and scaled, and the new residual, in one call: two passes per
+    row where the twin makes about six and allocates four temporaries (8 % of a 1-thread decode
+    step, bench/results/profile_decode_cpu.md). Rows [T, E] with contiguous elements; anything
+    else (q/k norm's [T, H, D] views, float16) goes to the twin. Not bit-equal to the twin: the
+    sum of squares is reduced in another order (float32 either way)."""
+    lib = _load()
+    if (
+        lib is None
+        or x.device.type != "cpu"
+        or x.dtype not in DTYPES
+        or x.dim() != 2
+        or x.stride(1) != 1
+        or weight.dtype != x.dtype
+        or weight.shape != x.shape[1:]
+        or not weight.is_contiguous()
+        or (
+            residual is not None
+            and (residual.dtype != x.dtype or residual.shape != x.shape or residual.stride(1) != 1)
+        )
+    ):
+        return reference.rms_norm(x, weight, eps, residual)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    new = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
+    lib.md_rms_norm(
+        DTYPES[x.dtype], x.data_ptr(), x.stride(0),
+        residual.data_ptr() if residual is not None else None, residual.stride(0) if residual is not None else 0,
+        new.data_ptr() if new is not None else None, weight.data_ptr(), out.data_ptr(),
+        x.shape[0], x.shape[1], float(eps), torch.get_num_threads(),
+    )  # fmt: skip
+    return out, new

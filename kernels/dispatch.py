@@ -16,9 +16,9 @@ from modeldeploy.kernels import reference
 # Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
 _CUDA: dict[str, object] = {}
 _cuda_checked = False
-# CPU kernels (paged attention reading blocks in place, KV write, rotary); empty without a compiler.
+# CPU kernels (paged attention reading blocks in place, KV write, rotary, RMSNorm); empty without a compiler.
 _CPU: dict[str, object] = {}
-_CPU_NAMES = ("paged_attention_decode", "paged_attention_prefill", "write_kv", "rotary_embedding")
+_CPU_NAMES = ("paged_attention_decode", "paged_attention_prefill", "write_kv", "rotary_embedding", "rms_norm")
 _cpu_checked = False
 
 
@@ -34,6 +34,7 @@ def _cpu_impl(name: str):
                 paged_attention_prefill=cpu_attention.paged_attention_prefill,
                 write_kv=cpu_attention.write_kv,
                 rotary_embedding=cpu_attention.rotary_embedding,
+                rms_norm=cpu_attention.rms_norm,
             )
     return _CPU.get(name)
 

@@ -239,6 +239,44 @@ void prefill(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t* 
 // Rotary embedding in place (twin: reference.rotary_embedding, NeoX halves). The twin rounds
 // each product and the sum separately (and casts cos/sin to the tensor's dtype first), so
 // contraction into FMAs is off here: fp32 results equal the twin bit for bit.
+// Residual add + RMSNorm (twin: reference.rms_norm, HF LlamaRMSNorm): with a residual, the sum
+// x + residual is rounded to the dtype and written to new_res (the next layer's residual); the
+// statistics are float32; the normalised row is rounded to the dtype before the weight multiply.
+// One pass to sum (and store the residual), one to write, where the torch twin makes ~6 passes
+// and allocates ~4 temporaries per call. Rows split over threads only when there are enough.
+template <typename T>
+void rms_rows(const T* x, int64_t x_s0, const T* res, int64_t r_s0, T* new_res, const T* w,
+              T* out, int rows, int E, float eps, int threads) {
+  const bool par = static_cast<int64_t>(rows) * E >= (1 << 16) && threads > 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+  for (int r = 0; r < rows; ++r) {
+    const T* xr = x + r * x_s0;
+    const T* src = xr;
+    if (res) {
+      const T* rr = res + r * r_s0;
+      T* nr = new_res + static_cast<int64_t>(r) * E;
+      for (int i = 0; i < E; ++i) from_f(to_f(xr[i]) + to_f(rr[i]), nr + i);
+      src = nr;
+    }
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums: the loop vectorises
+    int i = 0;
+    for (; i + 8 <= E; i += 8)
+      for (int j = 0; j < 8; ++j) {
+        const float v = to_f(src[i + j]);
+        acc[j] += v * v;
+      }
+    float ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < E; ++i) ss += to_f(src[i]) * to_f(src[i]);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(E) + eps);
+    T* o = out + static_cast<int64_t>(r) * E;
+    for (int k = 0; k < E; ++k) {
+      T n;
+      from_f(to_f(src[k]) * inv, &n);
+      from_f(to_f(w[k]) * to_f(n), o + k);
+    }
+  }
+}
+
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 template <typename T>
@@ -295,7 +333,21 @@ int md_rotary(int dtype, const int64_t* pos, void* q, int64_t q_s0, int Hq, void
   return 0;
 }
 
-int md_abi_version() { return 3; }
+// RMSNorm rows of x ([rows, E], row stride x_s0; residual likewise or null) into out and
+// new_res (both [rows, E] contiguous; new_res unused without a residual). dtype as below.
+void md_rms_norm(int dtype, const void* x, int64_t x_s0, const void* res, int64_t r_s0,
+                 void* new_res, const void* w, void* out, int rows, int E, float eps, int threads) {
+  if (dtype == 0)
+    rms_rows(static_cast<const float*>(x), x_s0, static_cast<const float*>(res), r_s0,
+             static_cast<float*>(new_res), static_cast<const float*>(w), static_cast<float*>(out),
+             rows, E, eps, threads);
+  else
+    rms_rows(static_cast<const uint16_t*>(x), x_s0, static_cast<const uint16_t*>(res), r_s0,
+             static_cast<uint16_t*>(new_res), static_cast<const uint16_t*>(w),
+             static_cast<uint16_t*>(out), rows, E, eps, threads);
+}
+
+int md_abi_version() { return 4; }
 
 // KV-cache write (twin: reference.write_kv): token t's k and v rows ([Hkv, D] packed, token
 // strides k_s0 / v_s0 in elements) go to flat slot slots[t] of the caches; negative skips. A row
