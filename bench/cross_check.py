@@ -13,6 +13,7 @@ guidellm's "inter_token_latency"; guidellm's "time_per_output_token" is e2e / ou
 
   python -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm==0.8.1   # its own venv: it pins its own deps
   .venv/bin/python bench/cross_check.py --guidellm /tmp/gl/bin/guidellm --model out/tiny --out bench/results
+  ... --pin   # server on CPU 1, clients on CPU 0 (the client-CPU term of serving_cpu.md section 3 removed)
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def serve(model: str, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+def serve(model: str, log: Path, *flags: str, pin: bool = False) -> tuple[subprocess.Popen, str]:
+    """`modeldeploy serve` on CPU; with `pin`, both its processes on CPU 1 with one torch thread."""
     port = _port()
     cmd = [
+        *(["taskset", "-c", "1"] if pin else []),
         sys.executable,
         "-m",
         "modeldeploy",
@@ -59,7 +62,8 @@ def serve(model: str, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
         "--device",
         "cpu",
     ]
-    proc = subprocess.Popen([*cmd, *flags], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if pin else {})}
+    proc = subprocess.Popen([*cmd, *flags], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -110,6 +114,7 @@ def run_md(url: str, args: argparse.Namespace, seed: int) -> dict[str, float | N
     s = bench.runs[0]["summary"]
     return {
         "ttft_mean_s": s["ttft"]["mean"],
+        "ttft_p50_s": s["ttft"]["p50"],
         "tpot_mean_s": s["tpot"]["mean"],
         "output_tok_s": s["output_tok_s"],
         "completed": s["outcomes"].get("completed", 0),
@@ -164,6 +169,7 @@ def run_guidellm(url: str, args: argparse.Namespace, seed: int, work: Path) -> d
     ok = m["time_to_first_token_ms"]["successful"]
     return {
         "ttft_mean_s": ok["mean"] / 1000,
+        "ttft_p50_s": ok["median"] / 1000,
         "tpot_mean_s": m["inter_token_latency_ms"]["successful"]["mean"] / 1000,  # = our TPOT definition
         "output_tok_s": m["output_tokens_per_second"]["successful"]["mean"],
         "completed": ok["count"],
@@ -197,7 +203,16 @@ def main() -> int:
         "--scrape-interval", type=float, default=0.5, help="modeldeploy bench's /metrics peak sampling"
     )
     p.add_argument("--out", default="bench/results")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="server on CPU 1 (one torch thread), both clients on CPU 0: a client's own CPU cannot slow the server",
+    )
     args = p.parse_args()
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            p.error("--pin needs 2 CPUs")
+        os.sched_setaffinity(0, {0})  # this process (our client) and guidellm, which inherits it
     if not Path(args.model, "config.json").exists():
         subprocess.run(
             [sys.executable, "-m", "modeldeploy", "tiny-model", args.model, "--seed", "0"], check=True
@@ -207,7 +222,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="md-crosscheck-") as tmp:
         work = Path(tmp)
         proc, url = serve(
-            args.model, work / "serve.log", "--served-model-name", "tiny", "--max-num-seqs", "16"
+            args.model,
+            work / "serve.log",
+            "--served-model-name",
+            "tiny",
+            "--max-num-seqs",
+            "16",
+            pin=args.pin,
         )
         try:
             rounds = []
@@ -220,7 +241,14 @@ def main() -> int:
         finally:
             proc.kill()
             proc.wait(10)
-    keys = ("ttft_mean_s", "tpot_mean_s", "output_tok_s", "server_ttft_mean_s", "server_itl_mean_s")
+    keys = (
+        "ttft_mean_s",
+        "ttft_p50_s",
+        "tpot_mean_s",
+        "output_tok_s",
+        "server_ttft_mean_s",
+        "server_itl_mean_s",
+    )
     summary = {
         k: {
             "modeldeploy_bench": mean([r["modeldeploy_bench"][k] for r in rounds]),
