@@ -243,8 +243,9 @@ def test_dispatch_uses_twins_on_cpu():
     torch.testing.assert_close(  # the C++ RMSNorm when built (its own tests below), else the twin
         dispatch.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0], rtol=1e-6, atol=1e-6
     )
-    torch.testing.assert_close(dispatch.silu_and_mul(x), reference.silu_and_mul(x), rtol=0, atol=0)
-    assert dispatch._impl("silu_and_mul", x) is reference.silu_and_mul
+    torch.testing.assert_close(  # likewise the C++ SiLU-and-mul (exp within 2 ulp of torch's)
+        dispatch.silu_and_mul(x), reference.silu_and_mul(x), rtol=1e-6, atol=1e-6
+    )
 
 
 # ---- the CPU in-place kernel (kernels/cpu_attention.py) against the oracles and the twins ----
@@ -286,6 +287,48 @@ def test_cpu_kernel_decode(dtype, lens, hkv, group, d, block_size):
     ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, scale)
     if dtype == torch.float32:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@needs_cpp
+def test_cpu_kernel_decode_softmax_over_a_wide_score_range():
+    """Scores spread over hundreds (most exps far below ln(FLT_MIN), a few near the max): the
+    vectorised exp's clamping must neither blow up nor lose the dominant keys."""
+    gen = torch.Generator().manual_seed(7)
+    lens = [1, 9, 200, 333]
+    k_cache, v_cache, tables, ctx = paged_problem(lens, 2, 3, 64, 16, torch.float32, gen)
+    q = 40 * torch.randn(len(lens), 6, 64, generator=gen)
+    out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    exact = decode64(q, k_cache, v_cache, tables, ctx, 0.125)
+    assert rel_err(out, exact) < 1e-5
+    # float32 scores of this size carry ~1e-5 absolute rounding into exp, in the twin too: the
+    # kernel must be as close to float64 as the twin is, not equal to it
+    ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    worst, worst_ref = (out.double() - exact).abs().max(), (ref.double() - exact).abs().max()
+    assert worst <= 2 * worst_ref + 1e-6, (worst, worst_ref)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,inter", [(1, 8), (13, 344), (3, 13), (70, 768)])
+def test_cpu_kernel_silu_and_mul_matches_the_oracle_and_the_twin(dtype, rows, inter):
+    """Rows as a view with a wider stride; gates out to +-100 (exp's clamped lanes); 13 exercises
+    the scalar tail, 70 x 768 the threaded path."""
+    gen = torch.Generator().manual_seed(rows * inter)
+    wide = (4 * torch.randn(rows, 2 * inter + 8, generator=gen)).to(dtype)
+    wide[0, :4] = torch.tensor([-100.0, 100.0, -88.5, 88.5]).to(dtype)
+    x = wide[:, : 2 * inter]
+    out = cpu_attention.silu_and_mul(x)
+    assert out.shape == (rows, inter) and out.dtype == dtype
+    g, u = x[:, :inter].double(), x[:, inter:].double()
+    assert rel_err(out, g / (1 + torch.exp(-g)) * u) < TOL[dtype]
+    ref = reference.silu_and_mul(x)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    else:  # one bfloat16 rounding apart at most
+        torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+    assert dispatch._impl("silu_and_mul", x) is cpu_attention.silu_and_mul
+    h = torch.randn(3, 16, generator=gen).half()  # float16: the twin's
+    assert torch.equal(cpu_attention.silu_and_mul(h), reference.silu_and_mul(h))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -397,7 +440,7 @@ def test_prebuilt_kernel_loads_without_a_compiler(monkeypatch, tmp_path, caplog)
     with caplog.at_level("INFO", logger="modeldeploy.kernels"):
         assert cpu_attention.available(), cpu_attention._why
     assert f"prebuilt {levels[0]}" in caplog.text
-    assert dispatch.describe("cpu") == {"attention": {"path": "cpp", "origin": f"prebuilt {levels[0]}"}}
+    assert dispatch.describe("cpu")["attention"] == {"path": "cpp", "origin": f"prebuilt {levels[0]}"}
     gen = torch.Generator().manual_seed(11)
     k_cache, v_cache, tables, ctx = paged_problem([40, 7, 130], 2, 2, 64, 16, torch.float32, gen)
     q = torch.randn(3, 4, 64, generator=gen)
@@ -526,3 +569,55 @@ def test_cpu_kernel_rms_norm_hands_other_layouts_to_the_twin():
     h = torch.randn(3, 64, generator=gen).half()
     out16, _ = cpu_attention.rms_norm(h, w.half(), 1e-6)
     assert torch.equal(out16, reference.rms_norm(h, w.half(), 1e-6)[0])
+
+
+# ---- CPU linear layers through oneDNN with packed weights (kernels/cpu_gemm.py) ----
+from modeldeploy.kernels import cpu_gemm  # noqa: E402
+
+needs_onednn = pytest.mark.skipif(cpu_gemm.path_in_use() != "onednn", reason=cpu_gemm.path_in_use())
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 64, 333])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_matches_float64_like_blas(rows, with_bias):
+    """One packing serves every row count (decode batches, prefill chunks); the error against
+    float64 is of BLAS's size (float32 throughout, only the summation order differs); a strided
+    input view (q/k/v split off a wider tensor) works."""
+    gen = torch.Generator().manual_seed(rows)
+    w = 0.05 * torch.randn(640, 384, generator=gen)
+    b = torch.randn(640, generator=gen) if with_bias else None
+    packed = cpu_gemm.pack(w)
+    assert isinstance(packed, cpu_gemm.PackedLinear) and (packed.out_features, packed.in_features) == (
+        640,
+        384,
+    )
+    x = torch.randn(rows, 400, generator=gen)[:, :384]
+    exact = x.double() @ w.double().t() + (b.double() if b is not None else 0)
+    out = dispatch.linear(x, packed, b)
+    blas = torch.nn.functional.linear(x, w, b)
+    assert out.shape == (rows, 640) and out.dtype == torch.float32
+    assert (out.double() - exact).abs().max() <= 4 * (blas.double() - exact).abs().max() + 1e-6
+    assert rel_err(out, exact) < 1e-6
+
+
+def test_pack_leaves_other_weights_alone_and_the_switch_turns_it_off(monkeypatch):
+    """bfloat16, 1-D and (with MODELDEPLOY_CPU_GEMM=0) every weight stay plain tensors and run
+    through F.linear; a wrong input width is an error naming both sizes."""
+    gen = torch.Generator().manual_seed(1)
+    w16 = torch.randn(8, 16, generator=gen).bfloat16()
+    assert cpu_gemm.pack(w16) is w16
+    assert torch.equal(
+        dispatch.linear(torch.ones(2, 16).bfloat16(), w16), torch.ones(2, 16).bfloat16() @ w16.t()
+    )
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
+    w = torch.randn(8, 16, generator=gen)
+    assert cpu_gemm.pack(w) is w
+    assert cpu_gemm.path_in_use() == "blas (MODELDEPLOY_CPU_GEMM=0)"
+    assert dispatch.describe("cpu")["linear"] == "blas (MODELDEPLOY_CPU_GEMM=0)"
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    monkeypatch.delenv(cpu_gemm.ENV_SWITCH)
+    if cpu_gemm.path_in_use() == "onednn":
+        with pytest.raises(ValueError, match="input has 12 features, the weight takes 16"):
+            dispatch.linear(torch.ones(2, 12), cpu_gemm.pack(w))

@@ -1,6 +1,7 @@
-"""The CPU fast path for fresh prompts (runtime/engine/model_runner.py `_fresh`, llama.py): a step
-whose prefill chunks are all whole prompts with nothing cached attends with SDPA over the new K/V;
-any chunk after a cached prefix sends the whole step through the paged kernel. Both must agree."""
+"""The CPU fast path for fresh prompts (runtime/engine/model_runner.py `_fresh`, llama.py): where the
+paged prefill is the torch twin, a step whose prefill chunks are all whole prompts with nothing cached
+attends with SDPA over the new K/V; any chunk after a cached prefix sends the whole step through the
+paged kernel. Both must agree."""
 
 from __future__ import annotations
 
@@ -19,12 +20,24 @@ def _plan(cu: list[int], lens: list[int]) -> MR.StepPlan:
 
 
 def test_fresh_spans_only_when_every_chunk_is_a_whole_uncached_prompt():
-    cpu = SimpleNamespace(device=torch.device("cpu"))
-    assert MR.ModelRunner._fresh(cpu, _plan([0, 5, 12], [5, 7])) == [(0, 5), (5, 12)]
-    assert MR.ModelRunner._fresh(cpu, _plan([0, 5, 12], [5, 39])) is None  # 2nd: 32 cached tokens
-    assert MR.ModelRunner._fresh(cpu, _plan([0], [])) is None  # decodes only
-    cuda = SimpleNamespace(device=torch.device("cuda"))
-    assert MR.ModelRunner._fresh(cuda, _plan([0, 5], [5])) is None  # the CUDA kernels read pages in place
+    twin = SimpleNamespace(sdpa_fresh=True)  # CPU whose paged prefill is the gathering twin
+    assert MR.ModelRunner._fresh(twin, _plan([0, 5, 12], [5, 7])) == [(0, 5), (5, 12)]
+    assert MR.ModelRunner._fresh(twin, _plan([0, 5, 12], [5, 39])) is None  # 2nd: 32 cached tokens
+    assert MR.ModelRunner._fresh(twin, _plan([0], [])) is None  # decodes only
+    kernel = SimpleNamespace(sdpa_fresh=False)  # the C++ prefill or CUDA: pages read in place
+    assert MR.ModelRunner._fresh(kernel, _plan([0, 5], [5])) is None
+
+
+def test_sdpa_for_fresh_prompts_only_where_the_paged_prefill_is_the_twin(monkeypatch):
+    """CUDA never; CPU with the C++ prefill (faster than SDPA now) not for its dtypes; CPU without it yes."""
+    from modeldeploy.kernels import cpu_attention, dispatch
+
+    cache = torch.zeros(2, 16, 1, 8)
+    assert dispatch.sdpa_for_fresh_prompts(cache) is (not cpu_attention.available())
+    assert dispatch.sdpa_for_fresh_prompts(cache.half()) is True  # float16: the C++ kernel's twin
+    monkeypatch.setattr(dispatch, "_cpu_checked", True)
+    monkeypatch.setattr(dispatch, "_CPU", {})
+    assert dispatch.sdpa_for_fresh_prompts(cache) is True
 
 
 def _greedy(engine: Engine, rid: str, prompt: list[int], n: int = 12) -> list[int]:
@@ -40,6 +53,7 @@ def test_fresh_and_paged_prefill_give_the_same_tokens(llama_dir, monkeypatch):
     """The same prompt: first fresh (SDPA), then with its prefix cached (paged kernel over the
     cached blocks, since the chunk after a cache hit is not fresh), then with the fast path off."""
     engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", enable_prefix_caching=True))
+    engine.runner.sdpa_fresh = True  # as without the C++ prefill, whatever this machine has
     seen: list[bool] = []
     fresh = MR.ModelRunner._fresh
 

@@ -57,6 +57,60 @@ inline float hsum(v8 v) {  // tree reduction (a serial lane sum would cost ~16 a
   return a[0];
 }
 
+inline float hmax(v8 v) {
+  v8 a = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  a = v > a ? v : a;
+  v8 b = __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5);
+  a = a > b ? a : b;
+  b = __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6);
+  a = a > b ? a : b;
+  return a[0];
+}
+
+// The sums of 8 vectors at once, lane u = the sum of a[u]: 14 shuffles and 7 adds where 8
+// hsum calls take 24 and 24. The scores of 8 keys come out as one vector.
+inline v8 reduce8(const v8* a) {
+  v8 p[4], w[2];
+  for (int i = 0; i < 4; ++i)  // lanes alternate a[2i], a[2i+1]
+    p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 8, 1, 9, 2, 10, 3, 11) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 12, 5, 13, 6, 14, 7, 15);
+  for (int i = 0; i < 2; ++i)  // lanes u and u + 4 hold halves of a[4i + u]
+    w[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 2, 3, 10, 11) +
+           __builtin_shufflevector(p[2 * i], p[2 * i + 1], 4, 5, 12, 13, 6, 7, 14, 15);
+  return __builtin_shufflevector(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+// exp of 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, a degree-5 polynomial,
+// 2^n through the exponent bits; within 2 ulp of expf). The softmax's exps were scalar libm
+// calls: about half of the decode kernel's compute. Inputs here are scores minus their max
+// (<= 0) or SiLU's -x; lanes are clamped to [ln(FLT_MIN), 88] (below, the result ~1e-38 rounds
+// away in a softmax sum or in 1 + e, where expf would return a denormal or 0; above, SiLU's
+// x / (1 + e) is -0 either way).
+typedef int32_t vi8 __attribute__((vector_size(32)));
+inline v8 exp8(v8 x) {
+  const v8 hi = v8{} + 88.0f, lo = v8{} - 87.3365447504019f;
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  const v8 fx = x * 1.44269504088896341f + 0.5f;
+  vi8 n = __builtin_convertvector(fx, vi8);  // toward zero, then down to floor(fx)
+  n += (__builtin_convertvector(n, v8) > fx);  // a true comparison lane is -1
+  const v8 nf = __builtin_convertvector(n, v8);
+  x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
+  v8 y = v8{} + 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * (x * x) + x + 1.0f;
+  const vi8 bits = (n + 127) << 23;
+  v8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+inline float exp1(float x) { return exp8(v8{} + x)[0]; }
+
 template <int DC>
 inline float dot(const float* __restrict a, const float* __restrict b, int Drt) {
   const int D = DC > 0 ? DC : Drt;
@@ -104,26 +158,62 @@ void attend_rows(const float* qf, int R, const int* last, const T* kc, const T* 
   const float ninf = -std::numeric_limits<float>::infinity();
   prefetch_block(kc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
   if (S < L) prefetch_block(kc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
+  constexpr bool grouped = DC > 0 && sizeof(T) == sizeof(float);
   for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {  // pass 1: scores [R, L]
     const int64_t base = static_cast<int64_t>(table[j]) * S;
     const int n = (L - t0 < S) ? L - t0 : S;
     if (t0 + 2 * S < L) prefetch_block(kc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
-    for (int o = 0; o < n; ++o) {
+    int o0 = 0;
+    if constexpr (grouped) {  // 8 keys at a time: 8 independent dot chains, one reduction
+      constexpr int NV = DC / 8;
+      for (; o0 + 8 <= n; o0 += 8) {
+        const float* k8[8];
+        for (int u = 0; u < 8; ++u) k8[u] = row(kc, base + o0 + u, h, Hkv, D, buf);
+        for (int r = 0; r < R; ++r) {
+          const float* qr = qf + r * D;
+          v8 qv[NV], part[8];
+          for (int c = 0; c < NV; ++c) qv[c] = load8(qr + 8 * c);
+          for (int u = 0; u < 8; ++u) {
+            v8 a = qv[0] * load8(k8[u]);
+            for (int c = 1; c < NV; ++c) a += qv[c] * load8(k8[u] + 8 * c);
+            part[u] = a;
+          }
+          float* dst = scores + static_cast<int64_t>(r) * L + t0 + o0;
+          store8(dst, reduce8(part));
+          for (int u = 0; u < 8; ++u)
+            if (t0 + o0 + u > last[r]) dst[u] = ninf;
+        }
+      }
+    }
+    for (int o = o0; o < n; ++o) {
       const int t = t0 + o;
       const float* k = row(kc, base + o, h, Hkv, D, buf);
       for (int r = 0; r < R; ++r)
         scores[static_cast<int64_t>(r) * L + t] = (t <= last[r]) ? dot<DC>(qf + r * D, k, D) : ninf;
     }
   }
-  std::vector<float> inv(R);
-  for (int r = 0; r < R; ++r) {  // softmax per row
+  thread_local std::vector<float> inv;
+  inv.resize(R);
+  for (int r = 0; r < R; ++r) {  // softmax per row, 8 lanes at a time
     float* s = scores + static_cast<int64_t>(r) * L;
     const int n = last[r] + 1;
-    float m = ninf;
-    for (int t = 0; t < n; ++t) m = s[t] > m ? s[t] : m;
-    float sum = 0.f;
-    for (int t = 0; t < n; ++t) {
-      s[t] = std::exp(s[t] - m);
+    v8 vm = v8{} + ninf;
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+      const v8 x = load8(s + t);
+      vm = x > vm ? x : vm;
+    }
+    float m = hmax(vm);
+    for (; t < n; ++t) m = s[t] > m ? s[t] : m;
+    v8 vs = {};
+    for (t = 0; t + 8 <= n; t += 8) {
+      const v8 e = exp8(load8(s + t) - m);
+      store8(s + t, e);
+      vs += e;
+    }
+    float sum = hsum(vs);
+    for (; t < n; ++t) {
+      s[t] = exp1(s[t] - m);
       sum += s[t];
     }
     inv[r] = 1.f / sum;
@@ -170,10 +260,15 @@ void run_tile(const T* q, int64_t q_s0, const T* kc, const T* vc, const int32_t*
               int64_t tok0, int ntok, int pos0, T* out, int h, int H, int Hkv, int D,
               int S, float scale) {
   const int G = H / Hkv, R = ntok * G;
-  std::vector<float> qf(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D),
-      buf(static_cast<size_t>(S) * D);
-  std::vector<float> scores(static_cast<size_t>(R) * L);
-  std::vector<int> last(R);
+  // Scratch per thread, kept across tasks and calls (OpenMP's threads persist): five heap
+  // allocations per task before.
+  thread_local std::vector<float> qf, acc, buf, scores;
+  thread_local std::vector<int> last;
+  qf.resize(static_cast<size_t>(R) * D);
+  acc.resize(static_cast<size_t>(R) * D);
+  buf.resize(static_cast<size_t>(S) * D);
+  scores.resize(static_cast<size_t>(R) * L);
+  last.resize(R);
   for (int i = 0; i < ntok; ++i)
     for (int g = 0; g < G; ++g) {
       const int r = i * G + g;
@@ -277,6 +372,34 @@ void rms_rows(const T* x, int64_t x_s0, const T* res, int64_t r_s0, T* new_res, 
   }
 }
 
+// SiLU(gate) * up over rows [gate | up] of x ([rows, 2I], row stride x_s0) into out [rows, I]
+// (twin: reference.silu_and_mul, torch's silu then a multiply: one pass here, no temporaries).
+// silu(g) = g / (1 + exp(-g)) as torch computes it; exp within 2 ulp of torch's; bfloat16 rounds
+// the SiLU and the product as the twin's two ops do.
+template <typename T>
+void silu_mul_rows(const T* x, int64_t x_s0, T* out, int rows, int I, int threads) {
+  const bool par = static_cast<int64_t>(rows) * I >= (1 << 15) && threads > 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+  for (int r = 0; r < rows; ++r) {
+    const T* g = x + r * x_s0;
+    const T* u = g + I;
+    T* o = out + static_cast<int64_t>(r) * I;
+    int i = 0;
+    if constexpr (sizeof(T) == sizeof(float)) {
+      for (; i + 8 <= I; i += 8) {
+        const v8 gv = load8(g + i);
+        store8(o + i, gv / (1.0f + exp8(-gv)) * load8(u + i));
+      }
+    }
+    for (; i < I; ++i) {
+      const float gv = to_f(g[i]);
+      T act;
+      from_f(gv / (1.0f + exp1(-gv)), &act);
+      from_f(to_f(act) * to_f(u[i]), o + i);
+    }
+  }
+}
+
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 template <typename T>
@@ -347,7 +470,17 @@ void md_rms_norm(int dtype, const void* x, int64_t x_s0, const void* res, int64_
              static_cast<uint16_t*>(out), rows, E, eps, threads);
 }
 
-int md_abi_version() { return 4; }
+// SiLU-and-mul rows (see silu_mul_rows); dtype as below.
+void md_silu_and_mul(int dtype, const void* x, int64_t x_s0, void* out, int rows, int I,
+                     int threads) {
+  if (dtype == 0)
+    silu_mul_rows(static_cast<const float*>(x), x_s0, static_cast<float*>(out), rows, I, threads);
+  else
+    silu_mul_rows(static_cast<const uint16_t*>(x), x_s0, static_cast<uint16_t*>(out), rows, I,
+                  threads);
+}
+
+int md_abi_version() { return 5; }
 
 // KV-cache write (twin: reference.write_kv): token t's k and v rows ([Hkv, D] packed, token
 // strides k_s0 / v_s0 in elements) go to flat slot slots[t] of the caches; negative skips. A row

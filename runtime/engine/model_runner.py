@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from modeldeploy.kernels import dispatch
 from modeldeploy.runtime.engine.graphs import DecodeGraphs
 from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.scheduler import ScheduledBatch
@@ -70,6 +71,8 @@ class ModelRunner:
             for _ in range(a.num_layers)
         ]
         self.graphs: DecodeGraphs | None = None  # capture_graphs(): pure-decode steps replay (graphs.py)
+        # whole fresh prompts through SDPA: only where the paged prefill is the gathering twin
+        self.sdpa_fresh = bool(self.kv_caches) and dispatch.sdpa_for_fresh_prompts(self.kv_caches[0][0])
 
     def capture_graphs(self, max_batch: int, capture: bool = True) -> None:
         """Capture decode steps up to `max_batch` sequences (capture=False: the static buffers, eager)."""
@@ -102,10 +105,10 @@ class ModelRunner:
         return LoraBatch(self.adapters.slots, self._tensor(token_slots))
 
     def _fresh(self, plan: StepPlan) -> list[tuple[int, int]] | None:
-        """Each prefill chunk's span when all are whole prompts with nothing cached (CPU only: the
-        CUDA kernels read pages in place at full speed); None otherwise."""
+        """Each prefill chunk's span when all are whole prompts with nothing cached and SDPA is the
+        faster way to attend them (`sdpa_fresh`: CPU without the C++ prefill); None otherwise."""
         cu = plan.prefill_cu
-        if self.device.type != "cpu" or len(cu) < 2:
+        if not self.sdpa_fresh or len(cu) < 2:
             return None
         spans = list(zip(cu[:-1], cu[1:], strict=True))
         if any(end - start != n for (start, end), n in zip(spans, plan.prefill_lens, strict=True)):

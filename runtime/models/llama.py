@@ -2,8 +2,9 @@
 
 One readable file in the gpt-fast manner. The variants differ only in flags:
 Qwen2 has q/k/v biases, Qwen3 RMS-normalises q and k per head, Mistral may use a
-sliding window (the loader caps max_model_len at it instead). Matrix products are
-torch; every other hot op goes through `modeldeploy.kernels.dispatch`.
+sliding window (the loader caps max_model_len at it instead). Every hot op goes through
+`modeldeploy.kernels.dispatch`: the matrix products are torch's (on CPU float32, oneDNN's with
+the weights packed once at load), the rest CuPy kernels or their twins.
 
 Under tensor parallelism each rank builds this model from its own slices (`shard.py`) with
 its own head and intermediate counts in `args`; `reduce` sums the row-parallel partial outputs
@@ -26,6 +27,7 @@ from modeldeploy.kernels import dispatch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from modeldeploy.kernels.cpu_gemm import PackedLinear
     from modeldeploy.runtime.models.lora import LoraBatch
 
 SUPPORTED = {
@@ -135,12 +137,13 @@ class AttnMeta:
 
 
 class Layer:
-    """One decoder block; weights held as plain tensors (q/k/v and gate/up fused)."""
+    """One decoder block; norms as plain tensors, the four GEMM weights (q/k/v and gate/up fused)
+    as `dispatch.pack_linear` made them."""
 
     def __init__(
         self,
         args: ModelArgs,
-        w: dict[str, torch.Tensor],
+        w: dict[str, torch.Tensor | PackedLinear],
         index: int = 0,
         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
@@ -168,7 +171,7 @@ class Layer:
             h, _ = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps)
         else:
             h, residual = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps, residual)
-        qkv = F.linear(h, w["qkv"], w.get("qkv_bias"))  # [T, (H + 2Hkv) D]
+        qkv = dispatch.linear(h, w["qkv"], w.get("qkv_bias"))  # [T, (H + 2Hkv) D]
         if lora is not None:
             lora.apply(self.index, "qkv", h, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -204,17 +207,17 @@ class Layer:
                 out=o[nd:],
             )
         o = o.reshape(T, self.q_size)
-        x = F.linear(o, w["o"])  # [T, E]
+        x = dispatch.linear(o, w["o"])  # [T, E]
         if lora is not None:
             lora.apply(self.index, "o", o, x)
         if self.reduce is not None:
             x = self.reduce(x)
         h, residual = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, residual)
-        gate_up = F.linear(h, w["gate_up"])
+        gate_up = dispatch.linear(h, w["gate_up"])
         if lora is not None:
             lora.apply(self.index, "gate_up", h, gate_up)
         act = dispatch.silu_and_mul(gate_up)
-        x = F.linear(act, w["down"])
+        x = dispatch.linear(act, w["down"])
         if lora is not None:
             lora.apply(self.index, "down", act, x)
         if self.reduce is not None:
@@ -234,7 +237,10 @@ class LlamaModel:
         self.embed = weights["model.embed_tokens.weight"]  # [V, E]
         self.norm = weights["model.norm.weight"]
         # None on tensor-parallel ranks > 0: only rank 0 samples (shard.py)
+        # (tied: the embedding itself, unpacked: the lookup needs it and a packed copy would double it)
         self.lm_head = self.embed if args.tie_word_embeddings else weights.get("lm_head.weight")
+        if self.lm_head is not None and not args.tie_word_embeddings:
+            self.lm_head = dispatch.pack_linear(self.lm_head)
         self.layers = [
             Layer(args, _layer_weights(weights, i, args), i, reduce) for i in range(args.num_layers)
         ]
@@ -258,28 +264,36 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, E] -> [B, V] float32."""
-        return F.linear(hidden, self.lm_head).float()
+        return dispatch.linear(hidden, self.lm_head).float()
 
 
-def _layer_weights(w: dict[str, torch.Tensor], i: int, args: ModelArgs) -> dict[str, torch.Tensor]:
+def _layer_weights(
+    w: dict[str, torch.Tensor], i: int, args: ModelArgs
+) -> dict[str, torch.Tensor | PackedLinear]:
     p = f"model.layers.{i}."
     out = {
         "input_norm": w[p + "input_layernorm.weight"],
         "post_norm": w[p + "post_attention_layernorm.weight"],
-        "qkv": torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
-        "o": w[p + "self_attn.o_proj.weight"],
-        "gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-        "down": w[p + "mlp.down_proj.weight"],
+        # the GEMM weights in the form dispatch.linear runs fastest (oneDNN-packed on CPU float32)
+        "qkv": dispatch.pack_linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])),
+        "o": dispatch.pack_linear(w[p + "self_attn.o_proj.weight"]),
+        "gate_up": dispatch.pack_linear(
+            torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+        ),
+        "down": dispatch.pack_linear(w[p + "mlp.down_proj.weight"]),
     }
     if args.qkv_bias:
         out["qkv_bias"] = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
     if args.qk_norm:
         out["q_norm"] = w[p + "self_attn.q_norm.weight"]
         out["k_norm"] = w[p + "self_attn.k_norm.weight"]
-    for n in "qkv":  # free the unfused copies
+    for n in "qkv":  # free the unfused copies (and the unpacked ones where packing copied)
         w.pop(p + f"self_attn.{n}_proj.weight", None)
     w.pop(p + "mlp.gate_proj.weight", None)
     w.pop(p + "mlp.up_proj.weight", None)
+    if not isinstance(out["o"], torch.Tensor):
+        w.pop(p + "self_attn.o_proj.weight", None)
+        w.pop(p + "mlp.down_proj.weight", None)
     return out
 
 

@@ -1,0 +1,77 @@
+"""Linear layers on CPU through oneDNN, with each weight packed once at load.
+
+`F.linear` on CPU goes to torch's BLAS (MKL in the x86 wheels). On the AMD EPYC (Zen 5) machines
+this project runs on, MKL reached 176-236 GFLOP/s for the engine's shapes on 2 threads, while
+oneDNN's matmul on a weight reordered once into its blocked layout reached 440-555 GFLOP/s for the
+same float32 products (bench/results/engine_cpu.md): 2.3-2.8x. The GEMMs are most of a CPU step,
+and vLLM's CPU backend makes the same choice. Float32 stays float32: oneDNN's fp32 math mode is
+strict here (no bf16 or tf32 down-conversion), so only the summation order differs from MKL's
+(checked against float64 in tests/test_kernels_reference.py).
+
+`pack(weight)` returns a `PackedLinear` on a CPU float32 weight when oneDNN is there and
+MODELDEPLOY_CPU_GEMM is not "0", else the weight unchanged; `linear(x, w, bias)` runs either.
+The packed weight is an opaque oneDNN tensor: the model keeps only it, not the original.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("modeldeploy.kernels")
+
+ENV_SWITCH = "MODELDEPLOY_CPU_GEMM"  # "0" = torch's F.linear (BLAS) for every CPU product
+
+_state: str | None = None  # "onednn" | "blas (...why...)", decided once per process
+
+
+def path_in_use() -> str:
+    """ "onednn" where CPU float32 linears are packed for oneDNN, else "blas" and why not."""
+    global _state
+    if _state is None:
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            _state = f"blas ({ENV_SWITCH}=0)"
+        elif not torch.backends.mkldnn.is_available():
+            _state = "blas (this torch build has no oneDNN)"
+        elif not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            _state = "blas (torch.ops.mkldnn._linear_pointwise missing in this torch)"
+        else:
+            _state = "onednn"
+        log.info("CPU linear layers: %s", _state)
+    return _state
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    """A [out, in] weight in oneDNN's blocked layout (torch._mkldnn tensor)."""
+
+    packed: torch.Tensor
+    out_features: int
+    in_features: int
+
+
+def pack(weight: torch.Tensor) -> PackedLinear | torch.Tensor:
+    """The weight packed for oneDNN where that path is on for it (CPU, float32, 2-D), else itself."""
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype != torch.float32
+        or weight.dim() != 2
+        or path_in_use() != "onednn"
+    ):
+        return weight
+    # batch_size None: one packing serves every number of rows (decode 1..N, prefill chunks)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    return PackedLinear(packed, weight.shape[0], weight.shape[1])
+
+
+def linear(x: torch.Tensor, w: PackedLinear | torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ w.T (+ bias) -> [T, out], through oneDNN when w was packed."""
+    if isinstance(w, PackedLinear):
+        if x.shape[-1] != w.in_features:
+            raise ValueError(f"linear: input has {x.shape[-1]} features, the weight takes {w.in_features}")
+        return torch.ops.mkldnn._linear_pointwise(x, w.packed, bias, "none", [], "")
+    return F.linear(x, w, bias)
