@@ -149,7 +149,7 @@ def main() -> None:
             hf = run_hf(model_dir, reqs, args.hf_batch_size)
             print("transformers", json.dumps(hf), flush=True)
             pairs.append((ours, hf, os.getloadavg()[0]))
-    from modeldeploy.kernels import cpu_attention
+    from modeldeploy.kernels import cpu_attention, cpu_gemm
 
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -161,6 +161,7 @@ def main() -> None:
         "git_rev": rev,
         "args": vars(args) | {"out": str(args.out)},
         "attention": cpu_attention.path_in_use(),
+        "linear": cpu_gemm.path_in_use(),  # onednn: packed weights (kernels/cpu_gemm.py); blas: F.linear
         "load_avg_start": load_start,
         "load_avg_after_each_pair": [la for _, _, la in pairs],
         "engine": ours,
@@ -174,7 +175,7 @@ def main() -> None:
     }
     print(
         f"speedup {result['speedup']:.2f}x (median of {', '.join(f'{r:.2f}' for r in ratios)}; "
-        f"attention {result['attention']})  (engine {ours['tok_per_s']:.1f} tok/s, transformers {hf['tok_per_s']:.1f} tok/s, "
+        f"attention {result['attention']}, linear {result['linear']})  (engine {ours['tok_per_s']:.1f} tok/s, transformers {hf['tok_per_s']:.1f} tok/s, "
         f"outside-forward share {ours['outside_forward_share']:.1%}; per CPU-second {result['speedup_cpu_time']:.2f}x)"
     )
     if args.out:
