@@ -305,6 +305,10 @@ def test_cpu_kernel_decode_softmax_over_a_wide_score_range():
     ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
     worst, worst_ref = (out.double() - exact).abs().max(), (ref.double() - exact).abs().max()
     assert worst <= 2 * worst_ref + 1e-6, (worst, worst_ref)
+    q[2, 4, 0] = float("nan")  # a broken model's NaN surfaces in its row, never as a finite answer
+    out = cpu_attention.paged_attention_decode(q, k_cache, v_cache, tables, ctx, 0.125)
+    assert torch.isnan(out[2, 4]).all()
+    assert torch.isfinite(out[2, [0, 1, 2, 3, 5]]).all() and torch.isfinite(out[[0, 1, 3]]).all()
 
 
 @needs_cpp
@@ -327,6 +331,9 @@ def test_cpu_kernel_silu_and_mul_matches_the_oracle_and_the_twin(dtype, rows, in
     else:  # one bfloat16 rounding apart at most
         torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
     assert dispatch._impl("silu_and_mul", x) is cpu_attention.silu_and_mul
+    x = x.clone()
+    x[-1, 0] = float("nan")  # NaN in, NaN out (exp's clamping must not turn it into a number)
+    assert torch.isnan(cpu_attention.silu_and_mul(x)[-1, 0])
     h = torch.randn(3, 16, generator=gen).half()  # float16: the twin's
     assert torch.equal(cpu_attention.silu_and_mul(h), reference.silu_and_mul(h))
 

@@ -90,8 +90,8 @@ inline v8 reduce8(const v8* a) {
 typedef int32_t vi8 __attribute__((vector_size(32)));
 inline v8 exp8(v8 x) {
   const v8 hi = v8{} + 88.0f, lo = v8{} - 87.3365447504019f;
-  x = x < hi ? x : hi;
-  x = x > lo ? x : lo;
+  x = x > hi ? hi : x;  // written so that a NaN lane stays NaN (and so does its result)
+  x = x < lo ? lo : x;
   const v8 fx = x * 1.44269504088896341f + 0.5f;
   vi8 n = __builtin_convertvector(fx, vi8);  // toward zero, then down to floor(fx)
   n += (__builtin_convertvector(n, v8) > fx);  // a true comparison lane is -1
@@ -104,7 +104,8 @@ inline v8 exp8(v8 x) {
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
   y = y * (x * x) + x + 1.0f;
-  const vi8 bits = (n + 127) << 23;
+  typedef uint32_t vu8 __attribute__((vector_size(32)));
+  const vu8 bits = reinterpret_cast<vu8>(n + 127) << 23;  // unsigned: a NaN lane's n is INT_MIN
   v8 scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return y * scale;
