@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from modeldeploy.conformance.bench.report import git_revision
 from modeldeploy.kernels import cpu_gemm
 
 SHAPES = {"qkv": (384, 640), "o": (384, 384), "gate_up": (384, 1536), "down": (768, 384)}
@@ -71,12 +71,9 @@ def main() -> None:
                 f"({row['speedup']:.2f}x)  max err {row['blas_max_err']:.1e} / {row['onednn_max_err']:.1e}",
                 flush=True,
             )
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "git_rev": rev,
+        "git_rev": git_revision(),
         "threads": args.threads,
         "load_avg_start": os.getloadavg()[0],
         "torch": torch.__version__,

@@ -262,6 +262,11 @@ def rotary_embedding(positions, q, k, cos_sin_cache):
     return None
 
 
+def _cpu_rows(x: torch.Tensor) -> bool:
+    """A CPU [rows, E] tensor of a kernel dtype whose elements are contiguous (any row stride)."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 2 and x.stride(1) == 1
+
+
 def rms_norm(x, weight, eps, residual=None):
     """(x + residual) RMS-normalised and scaled, and the new residual, in one call: two passes per
     row where the twin makes about six and allocates four temporaries (8 % of a 1-thread decode
@@ -271,10 +276,7 @@ def rms_norm(x, weight, eps, residual=None):
     lib = _load()
     if (
         lib is None
-        or x.device.type != "cpu"
-        or x.dtype not in DTYPES
-        or x.dim() != 2
-        or x.stride(1) != 1
+        or not _cpu_rows(x)
         or weight.dtype != x.dtype
         or weight.shape != x.shape[1:]
         or not weight.is_contiguous()
@@ -301,14 +303,7 @@ def silu_and_mul(x):
     contiguous elements; anything else goes to the twin. Not bit-equal to the twin: exp within
     2 ulp of torch's."""
     lib = _load()
-    if (
-        lib is None
-        or x.device.type != "cpu"
-        or x.dtype not in DTYPES
-        or x.dim() != 2
-        or x.stride(1) != 1
-        or x.shape[1] % 2
-    ):
+    if lib is None or not _cpu_rows(x) or x.shape[1] % 2:
         return reference.silu_and_mul(x)
     rows, inter = x.shape[0], x.shape[1] // 2
     out = torch.empty(rows, inter, dtype=x.dtype)
