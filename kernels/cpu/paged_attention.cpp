@@ -105,7 +105,7 @@ inline v8 exp8(v8 x) {
   y = y * x + 5.0000001201e-1f;
   y = y * (x * x) + x + 1.0f;
   typedef uint32_t vu8 __attribute__((vector_size(32)));
-  const vu8 bits = reinterpret_cast<vu8>(n + 127) << 23;  // unsigned: a NaN lane's n is INT_MIN
+  const vu8 bits = (vu8)(n + 127) << 23;  // unsigned: a NaN lane's n is INT_MIN
   v8 scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return y * scale;
