@@ -1,9 +1,11 @@
 """Linear layers on CPU through oneDNN, with each weight packed once at load.
 
 `F.linear` on CPU goes to torch's BLAS (MKL in the x86 wheels). On the AMD EPYC (Zen 5) machines
-this project runs on, MKL reached 176-236 GFLOP/s for the engine's shapes on 2 threads, while
-oneDNN's matmul on a weight reordered once into its blocked layout reached 440-555 GFLOP/s for the
-same float32 products (bench/results/engine_cpu.md): 2.3-2.8x. The GEMMs are most of a CPU step,
+this project runs on, MKL reached 142-240 GFLOP/s for the engine's shapes at 16-2048 rows on 2
+threads, while oneDNN's matmul on a weight reordered once into its blocked layout reached 245-560
+GFLOP/s for the same float32 products: 1.7-2.7x (bench/gemm_cpu.py, bench/results/engine_cpu.md).
+At a single row the smallest shapes are a few microseconds slower; larger ones are faster there too.
+The GEMMs are most of a CPU step,
 and vLLM's CPU backend makes the same choice. Float32 stays float32: oneDNN's fp32 math mode is
 strict here (no bf16 or tf32 down-conversion), so only the summation order differs from MKL's
 (checked against float64 in tests/test_kernels_reference.py).
