@@ -5,9 +5,9 @@ this project runs on, MKL reached 142-240 GFLOP/s for the engine's shapes at 16-
 threads, while oneDNN's matmul on a weight reordered once into its blocked layout reached 245-560
 GFLOP/s for the same float32 products: 1.7-2.7x (bench/gemm_cpu.py, bench/results/engine_cpu.md).
 At a single row the smallest shapes are a few microseconds slower; larger ones are faster there too.
-The GEMMs are most of a CPU step, and vLLM's CPU backend makes the same choice. Float32 stays float32: oneDNN's fp32 math mode is
-strict here (no bf16 or tf32 down-conversion), so only the summation order differs from MKL's
-(checked against float64 in tests/test_kernels_reference.py).
+The GEMMs are most of a CPU step, and vLLM's CPU backend makes the same choice. Float32 stays
+float32: oneDNN's fp32 math mode is strict here (no bf16 or tf32 down-conversion), so only the
+summation order differs from MKL's (checked against float64 in tests/test_kernels_reference.py).
 
 `pack(weight)` returns a `PackedLinear` on a CPU float32 weight when oneDNN is there and
 MODELDEPLOY_CPU_GEMM is not "0", else the weight unchanged; `linear(x, w, bias)` runs either.
