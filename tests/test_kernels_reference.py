@@ -614,6 +614,8 @@ def test_pack_leaves_other_weights_alone_and_the_switch_turns_it_off(monkeypatch
     gen = torch.Generator().manual_seed(1)
     w16 = torch.randn(8, 16, generator=gen).bfloat16()
     assert cpu_gemm.pack(w16) is w16
+    w1 = torch.randn(16, generator=gen)
+    assert cpu_gemm.pack(w1) is w1
     assert torch.equal(
         dispatch.linear(torch.ones(2, 16).bfloat16(), w16), torch.ones(2, 16).bfloat16() @ w16.t()
     )
