@@ -237,10 +237,13 @@ class LlamaModel:
         self.embed = weights["model.embed_tokens.weight"]  # [V, E]
         self.norm = weights["model.norm.weight"]
         # None on tensor-parallel ranks > 0: only rank 0 samples (shard.py)
-        # (tied: the embedding itself, unpacked: the lookup needs it and a packed copy would double it)
-        self.lm_head = self.embed if args.tie_word_embeddings else weights.get("lm_head.weight")
-        if self.lm_head is not None and not args.tie_word_embeddings:
-            self.lm_head = dispatch.pack_linear(self.lm_head)
+        # (tied: the embedding itself, unpacked: the lookup needs it and a packed copy would double it;
+        # untied: packed, and the loader's unpacked reference dropped)
+        if args.tie_word_embeddings:
+            self.lm_head = self.embed
+        else:
+            head = weights.pop("lm_head.weight", None)
+            self.lm_head = dispatch.pack_linear(head) if head is not None else None
         self.layers = [
             Layer(args, _layer_weights(weights, i, args), i, reduce) for i in range(args.num_layers)
         ]
@@ -287,13 +290,11 @@ def _layer_weights(
     if args.qk_norm:
         out["q_norm"] = w[p + "self_attn.q_norm.weight"]
         out["k_norm"] = w[p + "self_attn.k_norm.weight"]
-    for n in "qkv":  # free the unfused copies (and the unpacked ones where packing copied)
-        w.pop(p + f"self_attn.{n}_proj.weight", None)
-    w.pop(p + "mlp.gate_proj.weight", None)
-    w.pop(p + "mlp.up_proj.weight", None)
-    if not isinstance(out["o"], torch.Tensor):
-        w.pop(p + "self_attn.o_proj.weight", None)
-        w.pop(p + "mlp.down_proj.weight", None)
+    # the layer holds what it runs: drop the loader's references, so unfused and unpacked copies go
+    for name in ("q", "k", "v", "o"):
+        w.pop(p + f"self_attn.{name}_proj.weight", None)
+    for name in ("gate", "up", "down"):
+        w.pop(p + f"mlp.{name}_proj.weight", None)
     return out
 
 
