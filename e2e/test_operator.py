@@ -198,10 +198,7 @@ def test_tiny_model_served_in_restricted_namespace(
         bid = st["stable"]["bundle"]
         assert st["stable"]["readyReplicas"] == 1 and st["stable"]["loadProgress"] == 1.0
         deps, svcs = owned(cluster, namespace, "tiny")
-        assert deps == [f"tiny-{bid[:10]}"] and svcs == [
-            "tiny",
-            "tiny-stable",
-        ]  # -canary: with the first canary
+        assert deps == [f"tiny-{bid[:10]}"] and svcs == ["tiny"]  # -stable, -canary: with the first canary
         pods = cluster.core.list_namespaced_pod(
             namespace, label_selector=f"modeldeploy.dev/bundle={bid}"
         ).items
@@ -213,12 +210,12 @@ def test_tiny_model_served_in_restricted_namespace(
             lambda: [
                 e
                 for sl in disc.list_namespaced_endpoint_slice(
-                    namespace, label_selector="kubernetes.io/service-name=tiny-stable"
+                    namespace, label_selector="kubernetes.io/service-name=tiny"
                 ).items
                 for e in sl.endpoints or []
             ],
             30,
-            "tiny-stable endpoints",
+            "tiny endpoints",
         )
         assert eps[0].addresses == [pods[0].status.pod_ip]
         table = cluster.kubectl("get", "md", "-n", namespace).stdout
@@ -289,7 +286,7 @@ def test_restart_mid_reconcile_no_duplicates_drift_and_gc(
     operator.start()
     md = _ready(cluster, namespace, "web")
     deps, svcs = owned(cluster, namespace, "web")
-    assert deps == [f"web-{md['status']['stable']['bundle'][:10]}"] and svcs == ["web", "web-stable"]
+    assert deps == [f"web-{md['status']['stable']['bundle'][:10]}"] and svcs == ["web"]
     operator.kill()
     operator.start()
     _ready(cluster, namespace, "web")

@@ -1,7 +1,7 @@
 """Manifest builders for the objects a ModelDeployment owns: pure functions, no I/O.
 
 One Deployment per live bundle runs `modeldeploy serve`; Services `<name>` (all serving
-pods), `<name>-stable` and `<name>-canary` (one cohort each; the canary's from the first canary on,
+pods), `<name>-stable` and `<name>-canary` (one cohort each, from the first canary on;
 plan_services says why) select by labels.
 Pods pass Pod Security `restricted` except for file:// models, which need a hostPath
 volume and are therefore for development clusters only (documented on the field).

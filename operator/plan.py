@@ -229,12 +229,15 @@ def plan_services(
 ) -> list[Action]:
     """`<name>` (every serving bundle, pinned while there is one), `<name>-stable`, `<name>-canary`.
 
-    `<name>-canary` is created with the first canary and kept after it (selecting no pod between
-    rollouts): an object that never rolls out has no idle Service, ClusterIP, Endpoints and
-    EndpointSlice, a quarter of the API server's work for each new object (bench/results/operator.md).
-    No route names it before then: the HTTPRoute's canary backends exist only while a canary does."""
+    The cohort Services are created when there are cohorts and kept after (selecting no pod, or the
+    stable's, between rollouts): `<name>-canary` with the first canary, `<name>-stable` with the first
+    canary or as soon as an HTTPRoute names it (gatewayAPI routing). Before that `<name>` is pinned to
+    the one serving bundle and selects exactly the stable's pods, so a cohort Service would be a copy
+    of it: each costs a ClusterIP, Endpoints, an EndpointSlice and every node's proxy rules, and was a
+    seventh of the API server's work for each new object (bench/results/operator.md)."""
     serving = serving_bundles(state)
     have = {s["metadata"]["name"]: s for s in x.observed.services}
+    routed = x.spec.rollout.traffic_routing.gateway_api is not None
     out: list[Action] = []
     for suffix, sid in (
         ("", serving[0] if len(serving) == 1 else None),
@@ -243,8 +246,8 @@ def plan_services(
     ):
         want = children.service(x.md, suffix, sid)
         kept = have.get(want["metadata"]["name"])
-        if suffix == "canary" and sid is None and kept is None:
-            continue  # no canary yet: created when the first one starts
+        if suffix and kept is None and canary_id is None and not (suffix == "stable" and routed):
+            continue  # no cohorts yet: created when the first canary starts
         out += reconcile_child(want, kept)
     return out
 

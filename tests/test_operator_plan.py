@@ -69,15 +69,14 @@ def converge(
     return obj, Observed(list(deps.values()), list(svcs.values()), observed.nodes)
 
 
-def test_create_makes_deployment_and_two_services_and_no_canary_service_before_a_canary() -> None:
+def test_create_makes_deployment_and_one_service_and_no_cohort_service_before_a_canary() -> None:
     acts = plan(md(), Observed(nodes=gpu_nodes()), NOW)
     created = kinds(acts)
     dep = [a.obj for a in acts if isinstance(a, Create) and a.obj["kind"] == "Deployment"]
     assert len(dep) == 1 and dep[0]["spec"]["replicas"] == 2
     bid = dep[0]["metadata"]["labels"]["modeldeploy.dev/bundle"]
     assert created == sorted(
-        [("create", "Deployment", f"chat-{bid[:10]}"), ("create", "Service", "chat"),
-         ("create", "Service", "chat-stable")]
+        [("create", "Deployment", f"chat-{bid[:10]}"), ("create", "Service", "chat")]
     )  # fmt: skip
     st = status_of(acts)
     assert st["observedGeneration"] == 1 and st["phase"] == "Deploying" and st["stable"]["bundle"] == bid

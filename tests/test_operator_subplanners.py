@@ -7,6 +7,7 @@ from typing import Any
 
 from operator_fixtures import as_observed, gpu_nodes, md
 
+from modeldeploy.operator import children
 from modeldeploy.operator import plan as p
 from modeldeploy.operator.actions import Annotate, Create, Delete, Event, Observed, Patch, PatchStatus
 from modeldeploy.operator.api import (
@@ -101,16 +102,15 @@ def test_deployments_an_impossible_placement_keeps_running_pods_untouched() -> N
 # plan_services
 
 
-def test_services_main_pinned_to_the_one_serving_bundle_and_canary_made_only_with_a_canary() -> None:
+def test_services_main_pinned_to_the_one_serving_bundle_and_cohorts_made_only_with_a_canary() -> None:
     x = inputs()
     state = RolloutState(phase="Stable", stable=x.bid)
     out = p.plan_services(x, state, {x.bid: {}}, None)
     made = {a.obj["metadata"]["name"]: a.obj["spec"]["selector"] for a in out if isinstance(a, Create)}
-    assert made["chat"][BUNDLE_LABEL] == x.bid and made["chat-stable"][BUNDLE_LABEL] == x.bid
-    assert "chat-canary" not in made  # no canary yet: no idle Service
+    assert list(made) == ["chat"] and made["chat"][BUNDLE_LABEL] == x.bid  # no cohorts yet: no copies
     out = p.plan_services(x, state, {x.bid: {}}, "c1")
     made = {a.obj["metadata"]["name"]: a.obj["spec"]["selector"] for a in out if isinstance(a, Create)}
-    assert made["chat-canary"][BUNDLE_LABEL] == "c1"
+    assert made["chat-canary"][BUNDLE_LABEL] == "c1" and made["chat-stable"][BUNDLE_LABEL] == x.bid
     kept = as_observed(
         next(a.obj for a in out if isinstance(a, Create) and a.obj["metadata"]["name"] == "chat-canary")
     )
@@ -118,6 +118,21 @@ def test_services_main_pinned_to_the_one_serving_bundle_and_canary_made_only_wit
     out = p.plan_services(x, state, {x.bid: {}}, None)  # the canary is over: kept, selecting no pod
     patched = [a for a in out if isinstance(a, Patch) and a.name == "chat-canary"]
     assert len(patched) == 1 and patched[0].body["spec"]["selector"][BUNDLE_LABEL] == "none"
+
+
+def test_services_stable_made_at_once_when_an_http_route_names_it_and_kept_after_a_canary() -> None:
+    obj = md()
+    obj["spec"]["rollout"] = {"trafficRouting": {"gatewayAPI": {"parentRefs": [{"name": "gw"}]}}}
+    x = inputs(obj)
+    state = RolloutState(phase="Stable", stable=x.bid)
+    out = p.plan_services(x, state, {x.bid: {}}, None)
+    made = {a.obj["metadata"]["name"]: a.obj["spec"]["selector"] for a in out if isinstance(a, Create)}
+    assert sorted(made) == ["chat", "chat-stable"] and made["chat-stable"][BUNDLE_LABEL] == x.bid
+    x = inputs()  # no route: a -stable made by an earlier canary is kept and follows the stable bundle
+    kept = as_observed(children.service(x.md, "stable", "old"))
+    out = p.plan_services(replace(x, observed=Observed(services=[kept])), state, {x.bid: {}}, None)
+    patched = [a for a in out if isinstance(a, Patch) and a.name == "chat-stable"]
+    assert len(patched) == 1 and patched[0].body["spec"]["selector"][BUNDLE_LABEL] == x.bid
 
 
 def test_services_converged_plan_nothing_and_drift_reverts() -> None:
