@@ -3,11 +3,11 @@ then (--rollouts K) K ModelDeployments changing bundle at once on a full pool of
 
   .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --latency-samples 60
   .venv/bin/python bench/operator_scale.py --nodes 0 --mds 0 --rollouts 100 --rollout-replicas 4
-  .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --floor 3
+  .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --floor 1
 
 The floor (--floor S): no operator. The bench creates each ModelDeployment and then, itself, the
-children the operator would (its Deployment, built by operator/children.py, and S of its 3 Services)
-and times them to all Deployments Ready. That is the control plane's own cost for the same objects:
+children the operator would (its Deployment, built by operator/children.py, and S of its 3 Services:
+an object that has not rolled out has 1, `<name>`) and times them to all Deployments Ready. That is the control plane's own cost for the same objects:
 no operator can reach all-Stable faster on the same machine, so the operator's wall time is read as a
 ratio to it. (It leaves out what only an operator does: status writes, Events, reads.)
 
