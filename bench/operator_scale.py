@@ -9,7 +9,8 @@ The floor (--floor S): no operator. The bench creates each ModelDeployment and t
 children the operator would (its Deployment, built by operator/children.py, and S of its 3 Services;
 an object that has not rolled out has 1, `<name>`) and times them to all Deployments Ready. That is
 the control plane's own cost for the same objects: no operator can reach all-Stable faster on the
-same machine, so the operator's wall time is read as a ratio to it. (It leaves out what only an operator does: status writes, Events, reads.)
+same machine, so the operator's wall time is read as a ratio to it. (It leaves out what only an
+operator does: status writes, Events, reads.)
 
 Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG). Applies the ModelDeployment
 CRD (generated from the API types, so a cluster without it or with a stale copy works), creates
