@@ -43,10 +43,10 @@ def _ruff(path: str, source: str) -> subprocess.CompletedProcess[str]:
 def test_operator_functions_above_complexity_15_fail_lint() -> None:
     body = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(16))
     source = f"def branchy(x: int) -> int:\n{body}    return -1\n"
-    r = _ruff("operator/branchy.py", source)
+    r = _ruff("src/modeldeploy/operator/branchy.py", source)
     assert r.returncode == 1 and "C901 `branchy` is too complex (17 > 15)" in r.stdout, r.stdout + r.stderr
-    assert _ruff("runtime/branchy.py", source).returncode == 0  # the bound is the operator's
+    assert _ruff("src/modeldeploy/runtime/branchy.py", source).returncode == 0  # the bound is the operator's
     small = "def calm(x: int) -> int:\n" + "".join(
         f"    if x == {i}:\n        return {i}\n" for i in range(14)
     )
-    assert _ruff("operator/calm.py", small + "    return -1\n").returncode == 0
+    assert _ruff("src/modeldeploy/operator/calm.py", small + "    return -1\n").returncode == 0

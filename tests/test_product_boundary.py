@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT_DIRS = ["modeldeploy", "operator", "runtime", "kernels", "conformance"]
+PRODUCT_DIRS = ["src/modeldeploy"]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,8 @@ def test_wheel_carries_the_product_and_no_test_infrastructure(wheel_names: list[
         or n.endswith(
             (
                 "/harness.py",
-                "kernels/emulate.py",
-                "kernels/checks.py",
+                "/kernel_emulate.py",
+                "/kernel_checks.py",
                 "/demo.py",
                 "/demo_cli.py",
                 "conftest.py",

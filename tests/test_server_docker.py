@@ -31,11 +31,7 @@ CONTEXT = [
     "pyproject.toml",
     "README.md",
     "Dockerfile.runtime",
-    "modeldeploy",
-    "operator",
-    "runtime",
-    "kernels",
-    "conformance",
+    "src",
     "e2e",
 ]
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -1,11 +1,9 @@
-"""`python -m modeldeploy_dev.lint_imports`: the DESIGN dependency rules, checked by import-linter.
+"""`python -m modeldeploy_dev.lint_imports`: the dependency rules of docs/design.md, checked by import-linter.
 
-The contracts live in pyproject.toml (`[tool.importlinter]`). import-linter (grimp) finds a
-package's modules by walking the folder its `__init__.py` is in, but `modeldeploy` is
-assembled from several top-level folders by `package-dir` (operator/ is
-`modeldeploy.operator`, and so on). So this builds the installed layout as a tree of
-symlinks in a temporary folder, from pyproject's own `package-dir`, and runs lint-imports
-over that. `extra` adds files to the tree only (a test proves a forbidden import fails).
+The contracts live in pyproject.toml (`[tool.importlinter]`). The product is a plain src layout
+(`src/modeldeploy` is the package), so grimp reads it straight from `src/`. `extra` lays the
+product out as symlinks in a temporary folder and adds files there only, so a test can prove that a
+forbidden import breaks its contract without touching the checkout.
 """
 
 from __future__ import annotations
@@ -14,45 +12,32 @@ import os
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def layout(repo: Path, out: Path) -> Path:
-    """Mirror `modeldeploy` as installed (folders real, .py files symlinked) under `out`; returns `out`."""
-    mapping = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in sorted(mapping.items()):
-        src, dst = repo / folder, out.joinpath(*package.split("."))
-        for path in src.rglob("*.py"):
-            rel = path.relative_to(src)
-            if "__pycache__" in rel.parts or _mapped_elsewhere(package, rel, mapping):
-                continue
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dst / rel).symlink_to(path)
+def _mirror(src: Path, out: Path) -> Path:
+    """`src`'s .py files as symlinks under `out` (folders real, so extra files can be added)."""
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src)
+        if "__pycache__" in rel.parts:
+            continue
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).symlink_to(path)
     return out
 
 
-def _mapped_elsewhere(package: str, rel: Path, mapping: dict[str, str]) -> bool:
-    """A file under a folder that another package-dir entry maps (e.g. e2e/cluster) belongs to that one."""
-    dotted = ".".join((package, *rel.parent.parts))
-    return any(
-        dotted == p or dotted.startswith(p + ".")
-        for p in mapping
-        if p != package and p.startswith(package + ".")
-    )
-
-
 def run(repo: Path = REPO, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """lint-imports over the installed layout of `repo` (+ `extra` files: path in the tree -> source)."""
+    """lint-imports over `repo`'s src/ (+ `extra` files: path under src/ -> source)."""
     with tempfile.TemporaryDirectory(prefix="modeldeploy-imports-") as tmp:
-        tree = layout(repo, Path(tmp) / "tree")
-        for rel, text in (extra or {}).items():
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tree / rel).write_text(text)
-        dev = repo / "devtools"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(dev)])}
+        src = repo / "src"
+        if extra:
+            src = _mirror(src, Path(tmp) / "src")
+            for rel, text in extra.items():
+                (src / rel).parent.mkdir(parents=True, exist_ok=True)
+                (src / rel).write_text(text)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(repo / "devtools")])}
         cli = (
             "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
         )

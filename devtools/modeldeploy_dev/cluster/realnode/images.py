@@ -30,7 +30,7 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 def context_of(dockerfile: str) -> list[str]:
     """The build context is exactly what the Dockerfile COPYs from it (sources of `COPY a b dest`,
     not `COPY --from=...`), so nothing else of the repository can slip into an image. A path
-    inside another one listed (kernels/cpu inside kernels) comes with it and is not listed again."""
+    inside another one listed (src/modeldeploy/kernels/cpu inside src) comes with it and is not listed again."""
     names: set[str] = set()
     for line in (ROOT / dockerfile).read_text().splitlines():
         words = line.split()
