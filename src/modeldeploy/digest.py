@@ -59,7 +59,8 @@ def verify(root: str | Path, expected: str, known: dict[str, str] | None = None)
     if known is not None:
         bad = sorted(p for p in set(files) | set(known) if files.get(p) != known.get(p))
         raise DigestMismatch(
-            f"digest mismatch for {root}: expected {expected}, got {actual}; differing files: {', '.join(bad)}"
+            f"digest mismatch for {root}: expected {expected}, got {actual}; "
+            f"differing files: {', '.join(bad)}"
         )
     listing = ", ".join(f"{p}:{s[:12]}" for p, s in files.items())
     raise DigestMismatch(f"digest mismatch for {root}: expected {expected}, got {actual}; files: {listing}")

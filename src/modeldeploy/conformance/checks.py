@@ -73,7 +73,8 @@ def _usage(res: CheckResult, usage: Any, max_tokens: int, finish: str | None, wh
     if finish == "length":
         res.expect(
             usage["completion_tokens"] == max_tokens,
-            f"{where}: finish_reason 'length' but completion_tokens {usage['completion_tokens']} != {max_tokens}",
+            f"{where}: finish_reason 'length' but "
+            f"completion_tokens {usage['completion_tokens']} != {max_tokens}",
         )
 
 

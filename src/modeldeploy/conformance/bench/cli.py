@@ -1,7 +1,8 @@
 """`modeldeploy bench URL [URL ...]`: open-loop goodput at SLO, evidence record, plot, compare.
 
 Examples:
-  modeldeploy bench http://127.0.0.1:8000 --rates 1,2,4,8 --duration 30 --json out/bench.json --plot out/bench.png
+  modeldeploy bench http://127.0.0.1:8000 --rates 1,2,4,8 --duration 30 \
+      --json out/bench.json --plot out/bench.png
   modeldeploy bench http://127.0.0.1:8000 --find-capacity --slo ttft=1,tpot=0.1
   modeldeploy bench http://a:8000 http://b:8000 --rates 2,4 --requests 100   # compare: B against A
 """
@@ -86,7 +87,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--slo",
         action="append",
         default=[],
-        help="ttft=S,tpot=S,itl=S,e2e=S per request (goodput); ttft_p95=S, itl_p99=S, error_rate=F ... aggregate",
+        help=(
+            "ttft=S,tpot=S,itl=S,e2e=S per request (goodput); "
+            "ttft_p95=S, itl_p99=S, error_rate=F ... aggregate"
+        ),
     )
     s.add_argument(
         "--goodput", default=None, help="vLLM style per-request SLOs in ms: ttft:500,tpot:50,e2el:5000"
@@ -187,10 +191,11 @@ class Display:
             ttft, itl = s["ttft"], s["itl"]
             good = "-" if s["good_share"] is None else f"{s['good_share'] * 100:.0f}%"
             self.console.print(
-                f"{d['name']} rate {d['rate']:g}: sent {s['requests']} ok {s['outcomes'].get('completed', 0)} "
-                f"good {good} "
+                f"{d['name']} rate {d['rate']:g}: sent {s['requests']} "
+                f"ok {s['outcomes'].get('completed', 0)} good {good} "
                 f"goodput {s['goodput_rps']:.2f} req/s {s['goodput_tok_s']:.0f} tok/s | "
-                f"TTFT p50 {_s(ttft['p50'])} p95 {_s(ttft['p95'])} | ITL p50 {_s(itl['p50'])} p95 {_s(itl['p95'])}",
+                f"TTFT p50 {_s(ttft['p50'])} p95 {_s(ttft['p95'])} | "
+                f"ITL p50 {_s(itl['p50'])} p95 {_s(itl['p95'])}",
                 highlight=False,
             )
         elif kind == "probe":

@@ -231,7 +231,8 @@ def plot(rec: dict[str, Any], path: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"modeldeploy bench {rec['started']} ({rec['workload']['arrival']} arrivals, seed {rec['workload']['seed']})"
+        f"modeldeploy bench {rec['started']} "
+        f"({rec['workload']['arrival']} arrivals, seed {rec['workload']['seed']})"
     )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -62,6 +62,14 @@ class BenchConfig:
     margin: float = 0.05  # a verdict needs the whole 95 % interval beyond this change
 
     def validate(self) -> None:
+        self._validate_targets()
+        self._validate_mode()
+        self._validate_workload()
+        if self.duration_s is None and self.requests is None:
+            self.requests = 50
+
+    def _validate_targets(self) -> None:
+        """The URLs, their names and the endpoint."""
         if not self.urls:
             raise ValueError("give at least one URL")
         for u in self.urls:
@@ -69,32 +77,36 @@ class BenchConfig:
                 raise ValueError(f"URL must start with http:// or https://, got {u!r}")
         if self.names and len(self.names) != len(self.urls):
             raise ValueError(f"--name: {len(self.names)} names for {len(self.urls)} URLs")
+        if self.endpoint not in ("completions", "chat", "responses"):
+            raise ValueError(f"--endpoint: {self.endpoint!r} is not completions, chat or responses")
+
+    def _validate_mode(self) -> None:
+        """Fixed rates or a capacity search, and the rates either one uses."""
         if not self.find_capacity and not self.rates:
             raise ValueError("give --rates or --find-capacity")
         if self.find_capacity and self.rates:
             raise ValueError("--rates and --find-capacity exclude each other")
-        if self.endpoint not in ("completions", "chat", "responses"):
-            raise ValueError(f"--endpoint: {self.endpoint!r} is not completions, chat or responses")
+        if not 0.0 < self.capacity_fraction <= 1.0:
+            raise ValueError(f"--capacity-fraction: must be in (0, 1], got {self.capacity_fraction}")
+        if any(r <= 0 for r in self.rates):
+            raise ValueError(f"--rates: every rate must be > 0, got {self.rates}")
+        if self.start_rate <= 0 or self.max_rate < self.start_rate:
+            raise ValueError("--start-rate must be > 0 and <= --max-rate")
+
+    def _validate_workload(self) -> None:
+        """Arrivals, lengths, cancellations, how long each rate runs, client bounds."""
         if self.arrival not in arrivals.KINDS:
             raise ValueError(f"--arrival: {self.arrival!r} is not one of {', '.join(arrivals.KINDS)}")
         if not 0.0 <= self.length_jitter < 1.0:
             raise ValueError(f"--length-jitter: must be in [0, 1), got {self.length_jitter}")
         if not 0.0 <= self.cancel_fraction <= 1.0:
             raise ValueError(f"--cancel-fraction: must be in [0, 1], got {self.cancel_fraction}")
-        if not 0.0 < self.capacity_fraction <= 1.0:
-            raise ValueError(f"--capacity-fraction: must be in (0, 1], got {self.capacity_fraction}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"--duration: must be > 0, got {self.duration_s}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests: must be >= 1, got {self.requests}")
-        if any(r <= 0 for r in self.rates):
-            raise ValueError(f"--rates: every rate must be > 0, got {self.rates}")
-        if self.start_rate <= 0 or self.max_rate < self.start_rate:
-            raise ValueError("--start-rate must be > 0 and <= --max-rate")
         if self.warmup < 0 or self.max_inflight < 1 or self.bootstrap < 10:
             raise ValueError("--warmup must be >= 0, --max-inflight >= 1, --bootstrap >= 10")
-        if self.duration_s is None and self.requests is None:
-            self.requests = 50
 
     def labels(self) -> list[str]:
         return self.names or [chr(ord("A") + i) for i in range(len(self.urls))]
