@@ -32,19 +32,16 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
-import subprocess
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
 from modeldeploy_dev.cluster.local import LocalCluster
-from modeldeploy_dev.wait import wait_until
+from modeldeploy_dev.e2e_cluster import E2ECluster
 
-T = TypeVar("T")
+__all__ = ["E2ECluster", "restricted_security_context"]
 
 
 def restricted_security_context() -> dict[str, Any]:
@@ -55,92 +52,6 @@ def restricted_security_context() -> dict[str, Any]:
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-
-
-class E2ECluster:
-    def __init__(self, kubeconfig: str, local: LocalCluster | None) -> None:
-        self.kubeconfig = kubeconfig
-        self.local = local
-        self.api = config.new_client_from_config(config_file=kubeconfig)
-        self.core = client.CoreV1Api(self.api)
-        self.apps = client.AppsV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
-        self.process_node = local.s.process_node if local else None
-        bins = local.bins if local else None
-        self._kubectl = str(bins.kubectl) if bins else (shutil.which("kubectl") or "kubectl")
-        self._helm = str(bins.helm) if bins else (shutil.which("helm") or "helm")
-
-    def _run(
-        self, exe: str, args: tuple[str, ...], input: str | None, check: bool, timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig}
-        r = subprocess.run(
-            [exe, *args], input=input, text=True, capture_output=True, env=env, timeout=timeout
-        )
-        if check and r.returncode != 0:
-            raise AssertionError(
-                f"{Path(exe).name} {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
-            )
-        return r
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        return self._run(self._kubectl, args, input, check, timeout)
-
-    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return self._run(self._helm, args, None, check, timeout)
-
-    @staticmethod
-    def wait(fn: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
-        return wait_until(fn, timeout, interval, what)
-
-    def process_logs(self, namespace: str, pod: str) -> str:
-        if self.local is None:
-            return ""
-        try:
-            uid = self.core.read_namespaced_pod(pod, namespace).metadata.uid
-        except client.ApiException:
-            return ""
-        return self.logs_by_uid(uid)
-
-    def logs_by_uid(self, uid: str) -> str:
-        d = self.local.procnode_dir / "pods" / uid if self.local else None
-        if d is None or not d.exists():
-            return ""
-        return "\n".join(
-            f"== {f.name}\n{f.read_text(errors='replace')[-20000:]}" for f in sorted(d.glob("*.log"))
-        )
-
-    def dump(self, namespace: str) -> str:
-        out = [f"===== dump of namespace {namespace}"]
-        try:
-            evs = self.core.list_namespaced_event(namespace).items
-            evs.sort(key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
-            out += ["--- events"] + [
-                f"{e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: {e.message}"
-                for e in evs
-            ]
-            out.append("--- pods")
-            for p in self.core.list_namespaced_pod(namespace).items:
-                conds = {c.type: c.status for c in p.status.conditions or []}
-                out.append(
-                    f"{p.metadata.name} node={p.spec.node_name} phase={p.status.phase} ip={p.status.pod_ip} "
-                    f"conditions={conds} message={p.status.message}"
-                )
-                for cs in p.status.container_statuses or []:
-                    out.append(
-                        f"  {cs.name} ready={cs.ready} restarts={cs.restart_count} state={cs.state.to_dict()}"
-                    )
-                if p.spec.node_name and p.spec.node_name == self.process_node:
-                    out.append(self.logs_by_uid(p.metadata.uid))
-        except Exception as e:  # a dump must never hide the original failure
-            out.append(f"(dump incomplete: {e})")
-        if self.local is not None:
-            log = self.local.procnode_dir / "procnode.log"
-            if log.exists():
-                out += ["--- process node log (tail)", *log.read_text(errors="replace").splitlines()[-40:]]
-        return "\n".join(out)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

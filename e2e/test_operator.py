@@ -20,15 +20,23 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from modeldeploy.operator import api, crd
+from modeldeploy.operator.api import crd
 from modeldeploy_dev.operator_process import OperatorProcess
+from modeldeploy_dev.rollout_scenario import (  # noqa: F401  (re-exported to the other e2e modules)
+    FAKE_DIGEST,
+    IMAGE,
+    G,
+    P,
+    V,
+    condition,
+    create,
+    get_md,
+    manifest,
+)
 
 from .conftest import E2ECluster
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64
-FAKE_DIGEST = "sha256:" + "b" * 64
-G, V, P = api.GROUP, api.VERSION, api.PLURAL
 
 
 @pytest.fixture(scope="module")
@@ -66,38 +74,6 @@ def operator(
     rep = getattr(request.node, "rep_call", None)
     if rep is None or rep.failed:
         print("--- operator log (tail)\n" + "\n".join(op.log.read_text(errors="replace").splitlines()[-80:]))
-
-
-def manifest(name: str, **spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "bundle": {
-            "engine": {"image": IMAGE},
-            "model": {"uri": "https://models.invalid/tiny", "revision": "r1", "digest": FAKE_DIGEST},
-            "tokenizer": {"revision": "r1", "digest": FAKE_DIGEST},
-            "config": {"maxNumSeqs": 4, "device": "cpu"},
-        },
-        "replicas": 1,
-        "topology": {
-            "gpusPerReplica": 1,
-            "gpuType": "NVIDIA-H200",
-            "nodeSelector": {"modeldeploy.dev/node-kind": "kwok"},
-        },
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-    }
-    base.update(spec)
-    return {"apiVersion": f"{G}/{V}", "kind": api.KIND, "metadata": {"name": name}, "spec": base}
-
-
-def create(cluster: E2ECluster, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return cluster.custom.create_namespaced_custom_object(G, V, ns, P, obj)
-
-
-def get_md(cluster: E2ECluster, ns: str, name: str) -> dict[str, Any]:
-    return cluster.custom.get_namespaced_custom_object(G, V, ns, P, name)
-
-
-def condition(md: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in md.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
 
 
 def owned(cluster: E2ECluster, ns: str, name: str) -> tuple[list[str], list[str]]:

@@ -13,13 +13,13 @@ import copy
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from modeldeploy_dev.load import Load
+from modeldeploy_dev.rollout_scenario import events, stable_and_ready, wait_md  # noqa: F401 (re-exported)
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)
@@ -51,14 +51,6 @@ ANALYSIS = {
 def pod_ips(cluster: E2ECluster, ns: str, bundle: str) -> set[str]:
     pods = cluster.core.list_namespaced_pod(ns, label_selector=f"modeldeploy.dev/bundle={bundle}").items
     return {p.status.pod_ip for p in pods if p.status.pod_ip}
-
-
-def events(cluster: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
-    evs = sorted(
-        (e for e in cluster.core.list_namespaced_event(ns).items if e.involved_object.name == name),
-        key=lambda e: e.metadata.creation_timestamp,
-    )
-    return [(e.reason, e.message) for e in evs]
 
 
 def serve_tiny(
@@ -107,40 +99,6 @@ def change_bundle(cluster: E2ECluster, ns: str, name: str, edit) -> None:
     cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
 
 
-def brief(cluster: E2ECluster, ns: str, md: dict[str, Any] | None) -> str:
-    """What a timed-out wait saw last: the object's phase, conditions and canary, and its pods."""
-    if md is None:
-        return "no object read"
-    st = md.get("status", {})
-    conds = [
-        f"{c['type']}={c['status']}({c.get('reason', '')}: {c.get('message', '')})"
-        for c in st.get("conditions", [])
-    ]
-    pods = [
-        f"{p.metadata.name} {p.status.phase} node={p.spec.node_name} "
-        + ",".join(f"{c.name}:ready={c.ready}" for c in p.status.container_statuses or [])
-        for p in cluster.core.list_namespaced_pod(ns).items
-    ]
-    return f"phase={st.get('phase')} canary={st.get('canary')} conditions={conds} pods={pods}"
-
-
-def wait_md(
-    cluster: E2ECluster, ns: str, name: str, ok: Callable[[dict[str, Any]], bool], timeout: float, what: str
-) -> dict[str, Any]:
-    """The ModelDeployment once `ok(object)` holds; a timeout says what status and pods it saw last."""
-    last: list[dict[str, Any]] = []
-
-    def pred() -> dict[str, Any] | None:
-        m = get_md(cluster, ns, name)
-        last[:] = [m]
-        return m if ok(m) else None
-
-    try:
-        return cluster.wait(pred, timeout, what)
-    except TimeoutError as e:
-        raise TimeoutError(f"{e}; last seen: {brief(cluster, ns, last[0] if last else None)}") from e
-
-
 def wait_phase(
     cluster: E2ECluster, ns: str, name: str, phases: tuple[str, ...], timeout: float
 ) -> dict[str, Any]:
@@ -152,10 +110,6 @@ def wait_phase(
         timeout,
         f"{name} phase in {phases}",
     )
-
-
-def stable_and_ready(m: dict[str, Any]) -> bool:
-    return m.get("status", {}).get("phase") == "Stable" and condition(m, "Ready").get("status") == "True"
 
 
 def rolled_back(m: dict[str, Any]) -> bool:

@@ -20,23 +20,25 @@ the ratio. The chart's Argo CD health is checked on the live objects of each new
 
 from __future__ import annotations
 
-import copy
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from modeldeploy.operator.api import Bundle
-from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL
 from modeldeploy_dev.argocd import checked
-from modeldeploy_dev.cluster.nodes import kwok_node
+from modeldeploy_dev.fake_prometheus import FakePrometheus
+from modeldeploy_dev.rollout_scenario import (
+    MIN_AVAILABLE,
+    REPLICAS,
+    ReadyWatch,
+    change,
+    gpu_pool,
+    pool_spec,
+    ready_by_bundle,
+    serve,
+)
 
 from .conftest import E2ECluster
-from .fake_prometheus import FakePrometheus
 from .test_operator import (  # noqa: F401  (fixtures)
     G,
     Operator,
@@ -49,125 +51,7 @@ from .test_operator import (  # noqa: F401  (fixtures)
     manifest,
     operator,
 )
-from .test_rollout import events, stable_and_ready, wait_md
-
-POOL = "modeldeploy.dev/pool"
-REPLICAS, MIN_AVAILABLE = 16, 12  # 75 % of 16, the default minAvailable
-
-
-@contextmanager
-def gpu_pool(cluster: E2ECluster, ns: str, nodes: int) -> Iterator[str]:
-    """`nodes` kwok nodes of 8 GPUs that only this namespace's ModelDeployment selects and tolerates."""
-    names = [f"{ns}-gpu-{i}" for i in range(nodes)]
-    for n in names:
-        body = kwok_node(n)
-        body["metadata"]["labels"][POOL] = ns
-        body["spec"]["taints"].append({"key": POOL, "value": ns, "effect": "NoSchedule"})
-        cluster.core.create_node(body)
-    try:
-        cluster.wait(
-            lambda: all(
-                any(
-                    c.type == "Ready" and c.status == "True"
-                    for c in cluster.core.read_node(n).status.conditions or []
-                )
-                for n in names
-            ),
-            60,
-            f"pool nodes {names} Ready",
-        )
-        yield ns
-    finally:
-        for n in names:
-            try:
-                cluster.core.delete_node(n)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-
-
-def pool_spec(name: str, pool: str, prom: FakePrometheus, **rollout: Any) -> dict[str, Any]:
-    spec = manifest(name)["spec"]
-    spec["replicas"] = REPLICAS
-    spec["topology"]["nodeSelector"] = {POOL: pool}
-    spec["topology"]["tolerations"] = [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": POOL, "operator": "Equal", "value": pool, "effect": "NoSchedule"},
-    ]
-    spec["readiness"] = {"loadTimeoutSeconds": 120}
-    spec["rollout"] = {
-        "conformanceGate": False,  # kwok pods serve nothing to run the suite against
-        "steps": [{"weight": 25, "pauseSeconds": 0}, {"weight": 50, "pauseSeconds": 0}],
-        "analysis": {"intervalSeconds": 5, "minSamples": 20, "maxTtftP95Ratio": 1.5,
-                     "prometheus": {"address": prom.address}},
-        "progressDeadlineSeconds": 600,
-    } | rollout  # fmt: skip
-    return spec
-
-
-def ready_by_bundle(cluster: E2ECluster, ns: str, name: str) -> Counter[str]:
-    """Ready pods that are not terminating, per bundle id."""
-    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"app.kubernetes.io/instance={name}").items
-    return Counter(
-        (p.metadata.labels or {}).get(BUNDLE_LABEL, "")
-        for p in pods
-        if p.metadata.deletion_timestamp is None
-        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-    )
-
-
-class ReadyWatch:
-    """Counts Ready pods every 0.1 s in a thread (bounded: at most `max_samples` polls); keeps the minimum."""
-
-    def __init__(self, cluster: E2ECluster, ns: str, name: str, max_samples: int = 3000) -> None:
-        self.cluster, self.ns, self.name, self.max_samples = cluster, ns, name, max_samples
-        self.samples: list[Counter[str]] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        for _ in range(self.max_samples):
-            if self._stop.is_set():
-                return
-            try:
-                self.samples.append(ready_by_bundle(self.cluster, self.ns, self.name))
-            except ApiException:
-                self.errors += 1
-            self._stop.wait(0.1)
-
-    @property
-    def minimum(self) -> int:
-        return min(sum(c.values()) for c in self.samples)
-
-    def __enter__(self) -> ReadyWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-
-def serve(cluster: E2ECluster, ns: str, name: str, spec: dict[str, Any]) -> str:
-    """Create the ModelDeployment, wait for all replicas Ready on the stable bundle; its bundle id."""
-    create(cluster, ns, manifest(name, **spec))
-    md = wait_md(cluster, ns, name, stable_and_ready, 120, f"{name} Stable and Ready")
-    stable = md["status"]["stable"]["bundle"]
-    cluster.wait(lambda: ready_by_bundle(cluster, ns, name)[stable] == spec["replicas"], 60, "all pods Ready")
-    return stable
-
-
-def change(cluster: E2ECluster, ns: str, name: str, max_num_seqs: int, slow: set[str] | None = None) -> str:
-    """Patch spec.bundle (a serving config change); the new bundle id, as the operator computes it,
-    added to `slow` (if given) before the operator can see the change."""
-    spec = copy.deepcopy(get_md(cluster, ns, name)["spec"])
-    spec["bundle"]["config"]["maxNumSeqs"] = max_num_seqs
-    bid = bundle_id(Bundle.model_validate(spec["bundle"]))
-    if slow is not None:
-        slow.add(bid)
-    cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
-    return bid
+from .test_rollout import events
 
 
 def settled(cluster: E2ECluster, ns: str, name: str, timeout: float, what: str, pred) -> dict[str, Any]:

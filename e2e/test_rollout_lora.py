@@ -40,13 +40,9 @@ MESSAGES = [{"role": "user", "content": "Which tenant are you?"}]
 
 def make_adapters(tmp: Path) -> dict[str, dict[str, str]]:
     """tenant-a, tenant-b and tenant-b's next revision, under <tmp>/models/adapters (the PV)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from lora_fixtures import ADAPTERS, make_adapter
-
     from modeldeploy.digest import dir_digest
     from modeldeploy.runtime.tiny_model import make_tiny_model
+    from modeldeploy_dev.lora_fixtures import ADAPTERS, make_adapter
 
     base = make_tiny_model(tmp / "base")  # seed 0: the same weights the PV's model gets
     out = {}

@@ -133,10 +133,9 @@ def test_unroll8_variant_matches_twin(make, emulated, monkeypatch):
 def test_engine_with_emulated_lora_kernels_matches_peft(emulated, monkeypatch, tiny_model, tmp_path):
     """Base, adapter A and adapter B rows in one batch with every hot op, the LoRA shrink/expand
     kernels included, routed to the (emulated) CUDA kernels: greedy tokens equal transformers + peft."""
-    from lora_fixtures import hf_greedy, make_adapters
-
     from modeldeploy.kernels import cuda_ops, dispatch
     from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy_dev.lora_fixtures import hf_greedy, make_adapters
 
     monkeypatch.setattr(dispatch, "_impl", lambda name, t: cuda_ops.KERNELS[name])
     base = tiny_model("llama")

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lora_fixtures import hf_greedy, make_adapters
 
 from modeldeploy.digest import DigestMismatch, dir_digest
 from modeldeploy.kernels import reference
 from modeldeploy.runtime import LLM, EngineConfig, SamplingParams
 from modeldeploy.runtime.engine.llm_engine import Engine
+from modeldeploy_dev.lora_fixtures import hf_greedy, make_adapters
 
 MAX_NEW = 12
 G = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)

@@ -7,7 +7,6 @@ import argparse
 
 import httpx
 import pytest
-from lora_fixtures import make_adapters
 
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.digest import dir_digest
@@ -15,6 +14,7 @@ from modeldeploy.runtime import LLM, EngineConfig, SamplingParams
 from modeldeploy.runtime.server import cli
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy_dev.harness import ThreadedServer
+from modeldeploy_dev.lora_fixtures import make_adapters
 
 BUNDLE = "bundle-lora-0001"
 MESSAGES = [{"role": "user", "content": "Which tenant are you?"}]

@@ -264,9 +264,8 @@ def test_a_drain_abort_is_an_event_and_an_error(llama_dir: Path, monkeypatch: py
 def test_the_adapter_a_request_names_is_on_its_span_and_log_line(
     llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lora_fixtures import make_adapters
-
     from modeldeploy.digest import dir_digest
+    from modeldeploy_dev.lora_fixtures import make_adapters
 
     adapters = make_adapters(llama_dir, tmp_path)
     name = sorted(adapters)[0]

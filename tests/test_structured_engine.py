@@ -10,87 +10,8 @@ import pytest
 
 from modeldeploy.runtime import LLM, SamplingParams
 from modeldeploy.runtime.engine.grammar import UnsupportedSchema, check_schema, schema_spec
+from modeldeploy_dev.structured_schemas import SCHEMAS
 
-# Representative schemas: nested objects, arrays, enums, required fields, bounded numbers, string patterns.
-# Strings are bounded by patterns: a random-weight model rarely closes a free string within a CI token budget.
-SCHEMAS = {
-    "person": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.(com|org)$"},
-        },
-        "required": ["name", "age"],
-    },
-    "order": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
-            "items": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "sku": {"enum": ["A1", "B2", "C3"]},
-                        "qty": {"type": "integer", "minimum": 1, "maximum": 99},
-                    },
-                    "required": ["sku", "qty"],
-                },
-                "minItems": 1,
-                "maxItems": 3,
-            },
-            "express": {"type": "boolean"},
-        },
-        "required": ["id", "items"],
-    },
-    "reading": {
-        "type": "object",
-        "properties": {
-            "sensor": {"enum": ["temp", "humidity", "pressure"]},
-            "value": {"type": "number", "minimum": -40, "maximum": 125},
-            "ok": {"type": "boolean"},
-        },
-        "required": ["sensor", "value", "ok"],
-    },
-    "nested": {
-        "type": "object",
-        "properties": {
-            "config": {
-                "type": "object",
-                "properties": {
-                    "replicas": {"type": "integer", "minimum": 1, "maximum": 8},
-                    "mode": {"enum": ["canary", "stable"]},
-                    "limits": {
-                        "type": "object",
-                        "properties": {"gpu": {"type": "integer", "minimum": 0, "maximum": 8}},
-                        "required": ["gpu"],
-                    },
-                },
-                "required": ["replicas", "mode", "limits"],
-            }
-        },
-        "required": ["config"],
-    },
-    "refs": {
-        "$defs": {
-            "point": {
-                "type": "array",
-                "prefixItems": [
-                    {"type": "integer", "minimum": -99, "maximum": 99},
-                    {"type": "integer", "minimum": 0, "maximum": 999},
-                ],
-            }
-        },
-        "type": "object",
-        "properties": {
-            "label": {"type": "string", "pattern": "^[a-z]{2,6}$"},
-            "path": {"type": "array", "items": {"$ref": "#/$defs/point"}, "maxItems": 2},
-            "kind": {"const": "polyline"},
-        },
-        "required": ["label", "kind"],
-    },
-}
 PROMPTS = [f"Record {i}: " for i in range(100)]
 
 
