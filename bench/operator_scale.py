@@ -6,7 +6,7 @@ then (--rollouts K) K ModelDeployments changing bundle at once on a full pool of
   .venv/bin/python bench/operator_scale.py --nodes 2000 --mds 1000 --floor 1
 
 The floor (--floor S): no operator. The bench creates each ModelDeployment and then, itself, the
-children the operator would (its Deployment, built by operator/children.py, and S of its 3 Services;
+children the operator would (its Deployment, built by operator/rollout/children.py, and S of its 3 Services;
 an object that has not rolled out has 1, `<name>`) and times them to all Deployments Ready. That is
 the control plane's own cost for the same objects: no operator can reach all-Stable faster on the
 same machine, so the operator's wall time is read as a ratio to it. (It leaves out what only an
@@ -21,7 +21,7 @@ created. Prints a markdown block for bench/results/operator.md.
 Concurrent rollouts (--rollouts K): a pool of kwok nodes `bench-pool-*` with exactly the GPUs of
 K ModelDeployments x R replicas x 1 GPU (labelled and tainted so only they land there: a full
 cluster), steps 25 % and 50 % without pause, analysis every 5 s from the Prometheus stand-in
-(e2e/fake_prometheus.py: kwok pods serve no metrics). Once all K are Stable with R Ready, every
+(modeldeploy_dev.fake_prometheus: kwok pods serve no metrics). Once all K are Stable with R Ready, every
 bundle is patched at once; status is listed every 0.5 s, per object: when its rollout started
 (status leaves Stable), when it was promoted, the capacity mode chosen. Starved: a rollout not
 promoted by --rollout-timeout, or one whose start waited far longer than the others'.
@@ -43,18 +43,23 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from modeldeploy.operator.api.v1alpha1.bundle import Bundle
+from modeldeploy.operator.api.v1alpha1.modeldeployment import (
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    ModelDeploymentSpec,
+)
+from modeldeploy.operator.rollout import children
+from modeldeploy.operator.rollout.bundle import bundle_id
+from modeldeploy_dev.cluster.nodes import kwok_node
+from modeldeploy_dev.crd_install import apply_crd as install_crd
+from modeldeploy_dev.fake_prometheus import FakePrometheus
+from modeldeploy_dev.wait import wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # e2e/fake_prometheus.py: analysis figures for kwok pods
-
-from e2e.fake_prometheus import FakePrometheus  # noqa: E402
-from modeldeploy.operator import api, children  # noqa: E402
-from modeldeploy.operator.api import Bundle  # noqa: E402
-from modeldeploy.operator.bundle import bundle_id  # noqa: E402
-from modeldeploy_dev.cluster.nodes import kwok_node  # noqa: E402
-from modeldeploy_dev.crd_install import apply_crd as install_crd  # noqa: E402
-from modeldeploy_dev.wait import wait_until  # noqa: E402
-
-G, V, P = api.GROUP, api.VERSION, api.PLURAL
+G, V, P = GROUP, VERSION, PLURAL
 NS = "bench-operator"
 METRICS_PORT = 18090
 SETTLE_S = 30.0  # after every node is Ready: kwok creates the nodes' Leases
@@ -65,7 +70,7 @@ DIGEST = "sha256:" + "b" * 64
 
 def md(i: int) -> dict:
     return {
-        "apiVersion": f"{G}/{V}", "kind": api.KIND, "metadata": {"name": f"md-{i:04d}"},
+        "apiVersion": f"{G}/{V}", "kind": KIND, "metadata": {"name": f"md-{i:04d}"},
         "spec": {
             "replicas": 1,
             "bundle": {"engine": {"image": IMAGE},
@@ -285,7 +290,7 @@ def floor(
 
     def one(i: int) -> None:
         obj = custom.create_namespaced_custom_object(G, V, NS, P, md(i))
-        spec = api.ModelDeploymentSpec.model_validate(obj["spec"])
+        spec = ModelDeploymentSpec.model_validate(obj["spec"])
         bid = bundle_id(spec.bundle)
         apps.create_namespaced_deployment(NS, children.deployment(obj, spec, bid, spec.replicas))
         for s in suffixes:

@@ -3,7 +3,7 @@
   .venv/bin/python bench/rollout_capacity.py --reps 3 --out bench/results/rollout_capacity.json
 
 Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG), with the e2e test's own
-setup (e2e/test_rollout_capacity.py: node pools of kwok nodes with exactly 8 GPUs, 16 replicas x
+setup (modeldeploy_dev.rollout_scenario, as e2e/test_rollout_capacity.py: node pools of kwok nodes with exactly 8 GPUs, 16 replicas x
 1 GPU, steps 25 % and 50 % with no pause, analysis every 5 s through the Prometheus stand-in).
 Each repetition, in a fresh namespace with its own `modeldeploy operator` subprocess:
 
@@ -32,27 +32,25 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the e2e package: its setup helpers are the scenario
-
-from e2e.conftest import E2ECluster  # noqa: E402
-from e2e.fake_prometheus import FakePrometheus  # noqa: E402
-from e2e.test_rollout import events  # noqa: E402
-from e2e.test_rollout_capacity import (  # noqa: E402
+from modeldeploy_dev.crd_install import apply_crd
+from modeldeploy_dev.e2e_cluster import E2ECluster
+from modeldeploy_dev.fake_prometheus import FakePrometheus
+from modeldeploy_dev.operator_process import OperatorProcess
+from modeldeploy_dev.rollout_scenario import (
     MIN_AVAILABLE,
     REPLICAS,
     ReadyWatch,
     change,
+    events,
     get_md,
     gpu_pool,
     pool_spec,
     ready_by_bundle,
     serve,
 )
-from modeldeploy_dev.crd_install import apply_crd  # noqa: E402
-from modeldeploy_dev.operator_process import OperatorProcess  # noqa: E402
-from modeldeploy_dev.wait import wait_until  # noqa: E402
+from modeldeploy_dev.wait import wait_until
 
+ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.1
 
 

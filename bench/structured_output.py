@@ -22,14 +22,12 @@ import platform
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def large_schema(tag: int) -> dict:
@@ -139,10 +137,10 @@ def large_vocab_masks(vocab: int, batches: list[int], reps: int) -> dict:
 
 
 def compile_times(model: str) -> list[dict]:
-    from test_structured_engine import SCHEMAS
     from transformers import AutoTokenizer
 
     from modeldeploy.runtime.engine.grammar import GrammarCompiler, schema_spec
+    from modeldeploy_dev.structured_schemas import SCHEMAS
 
     tok = AutoTokenizer.from_pretrained(model)
     rows = []

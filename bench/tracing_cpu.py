@@ -2,7 +2,7 @@
 
 Two real servers in this process (real uvicorn, tiny model, max_num_seqs=32): one built with
 OTEL_EXPORTER_OTLP_ENDPOINT unset (no tracer), one exporting every request's spans to an OTLP/HTTP
-receiver running in its own process. A load client in another process (bench/server_cpu.py's raw
+receiver running in its own process. A load client in another process (modeldeploy_dev.stream_load's raw
 SSE client) keeps 32 streams in flight. Rounds alternate off/on. A thread samples, every 20 ms,
 the engine's step count and running sequences and these CPU clocks (CPU time: what a thread ran,
 not how long it waited, so robust to the machine's other load):
@@ -38,7 +38,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 SECTION = "## Tracing on vs off (issue 19)"
 LAYOUTS = {
     "process": "the step loop in an engine core process of its own (`modeldeploy serve`'s default); the API "
@@ -50,8 +49,8 @@ PINNED = (
     "the engine cores on CPU 1"
 )
 CLIENT = (
-    "import asyncio, json, sys; sys.path.insert(0, {here!r}); import server_cpu as b; "
-    "r = asyncio.run(b.run_server({url!r}, {n}, {c}, {tokens})); "
+    "import asyncio, json; from modeldeploy_dev.stream_load import run_server; "
+    "r = asyncio.run(run_server({url!r}, {n}, {c}, {tokens})); "
     "print(json.dumps({{'tokens': r['tokens'], 'wall_s': r['wall_s']}}))"
 )
 
@@ -191,7 +190,7 @@ def one_round(s: object, n: int, c: int, tokens: int, tc: TracingClock | None) -
     20 ms; only intervals that begin and end with all `c` sequences running count (batch 32)."""
     eng = s.ctx.engine  # type: ignore[attr-defined]
     engine_cpu = engine_clock(s)
-    code = CLIENT.format(here=str(HERE), url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
+    code = CLIENT.format(url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
     samples: list[tuple[float, ...]] = []
     done = threading.Event()
 
@@ -257,7 +256,7 @@ def toggled(
     5 s schedule would have picked."""
     eng = s.ctx.engine  # type: ignore[attr-defined]
     loop_cpu = engine_clock(s)
-    code = CLIENT.format(here=str(HERE), url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
+    code = CLIENT.format(url=s.url, n=n, c=c, tokens=tokens)  # type: ignore[attr-defined]
     window = [0]
     samples: list[tuple[float, int, int, float, int]] = []
     done = threading.Event()
