@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Autoscaling a ModelDeployment (issue 18, item 4) against the real API server.
+"""Autoscaling a ModelDeployment against the real API server.
 
 - examples/autoscaling: the HPA and, with KEDA's CRD from its pinned module installed, the ScaledObject
   pass server-side validation with unknown fields refused (tests/test_autoscaling_examples.py checks

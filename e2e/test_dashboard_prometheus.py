@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""The Grafana dashboard's queries during a real canary, through a real Prometheus (issue 19, item 2).
+"""The Grafana dashboard's queries during a real canary, through a real Prometheus.
 
 Prometheus scrapes what the chart's monitors would: the ModelDeployment's pods on the process
 node (file-discovered, one target group per pod labelled `namespace`, `pod`, `modeldeployment`,

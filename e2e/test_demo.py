@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (the crd_installed fixture imported from test_operator is a parameter here)
-"""`make demo`'s story, run as is against the e2e session's cluster (issue 7, item 8).
+"""`make demo`'s story, run as is against the e2e session's cluster.
 
 The same `modeldeploy.demo.run_story` the command runs: the operator as a subprocess, the tiny
 model on the process node, a good bundle promoted and a slow one rolled back under load. The

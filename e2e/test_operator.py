@@ -1,5 +1,5 @@
-"""Operator core against the real API server (issue 6, "Must show"): CEL rejections, a tiny
-model served through a ModelDeployment, Unschedulable, restart safety, drift, deletion GC.
+"""Operator core against the real API server: CEL rejections, a tiny model served through a
+ModelDeployment, Unschedulable, restart safety, drift, deletion GC.
 
 The operator runs as a subprocess (`modeldeploy operator --namespace NS --standalone`) against
 the test cluster's kubeconfig, exactly as a user would run it outside the cluster.

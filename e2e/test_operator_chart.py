@@ -1,4 +1,4 @@
-"""The operator's Helm chart installs into the real API server with least privilege (issue 6)."""
+"""The operator's Helm chart installs into the real API server with least privilege."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
 def test_monitoring_objects_pass_the_real_prometheus_operator_crds(
     cluster: E2ECluster, namespace: str
 ) -> None:
-    """Issue 19: with monitoring.* on, the API server (holding the pinned prometheus-operator CRDs,
+    """With monitoring.* on, the API server (holding the pinned prometheus-operator CRDs,
     schema and all) accepts every rendered object under strict field validation (unknown or
     misspelt fields are errors, not pruned)."""
     from modeldeploy_dev.upstream_crds import MONITORING_KINDS, go, monitoring_crd_files

@@ -1,4 +1,4 @@
-"""`modeldeploy serve` on a tiny model as a real pod on the process node (issue 5, "Must show")."""
+"""`modeldeploy serve` on a tiny model as a real pod on the process node."""
 
 from __future__ import annotations
 

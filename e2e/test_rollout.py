@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Rollout on the local cluster with real runtime processes (issue 7, "Must show").
+"""Rollout on the local cluster with real runtime processes.
 
 Each scenario serves the tiny model through a ModelDeployment on the process node, keeps a
 bounded closed-loop load running against the endpoints of the `<name>` Service (read from

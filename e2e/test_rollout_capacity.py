@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Rollouts on a full GPU cluster (issue 18, "Must show"), on kwok GPU nodes with exact GPU counts.
+"""Rollouts on a full GPU cluster, on kwok GPU nodes with exact GPU counts.
 
 Each test makes a node pool of its own: kwok nodes with exactly 8 allocatable nvidia.com/gpu,
 labelled and tainted for the test's namespace alone, so the fit check and the scheduler see

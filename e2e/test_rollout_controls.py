@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Manual rollout controls and Argo CD health on live objects (issue 7, "Must show").
+"""Manual rollout controls and Argo CD health on live objects.
 
 A step with `awaitPromotion` holds the canary for a human: Argo CD must call that Suspended.
 `modeldeploy rollout promote` and `abort` run as the real CLI against the cluster. At each

@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Rollout faults on the local cluster (issue 7, "Must show"): the operator killed in every
+"""Rollout faults on the local cluster: the operator killed in every
 phase resumes to the same end state, and a bundle that breaks the serving contract is
 rolled back by the conformance gate before it gets any traffic.
 

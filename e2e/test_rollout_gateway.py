@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Traffic by Gateway API weights, against the real Gateway API CRDs (issue 7, item 3).
+"""Traffic by Gateway API weights, against the real Gateway API CRDs.
 
 The CRDs come from the pinned sigs.k8s.io/gateway-api module (fetched through the Go module
 proxy, like the control plane), so the API server validates every HTTPRoute the operator

@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""LoRA adapters as pinned parts of the bundle, on the process node (issue 14, "Must show").
+"""LoRA adapters as pinned parts of the bundle, on the process node.
 
 A ModelDeployment serves the tiny model with two PEFT adapters (made here with `peft`, on
 the same PersistentVolume as the model); chat answers under each adapter's name. Changing

@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""Canary analysis through a real Prometheus, end to end (issue 7, item 4's optional source).
+"""Canary analysis through a real Prometheus, end to end (the optional analysis source).
 
 Prometheus scrapes the ModelDeployment's pods on the process node every second; the test keeps
 its file-discovered target list equal to the pods of the object (what kubernetes_sd would do).

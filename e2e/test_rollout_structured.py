@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""The structured-output gate on the local cluster (issue 13): a bundle that declares
+"""The structured-output gate on the local cluster: a bundle that declares
 `config.structuredOutput: true` is canaried through the conformance gate with its
 `structured_output` check (constrained requests really reach the canary pod) and promoted; then an
 engine image whose constrained decoding is broken (it serves response_format unconstrained; the

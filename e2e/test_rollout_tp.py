@@ -1,7 +1,7 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""A tensor-parallel ModelDeployment (gpusPerReplica 2, tensorParallel 2) on the process node
-(issue 12, "Must show"): the pod's args carry the TP size, the runtime really runs two ranks
-(gloo on CPU), and a bundle change passes the conformance gate and is promoted under load."""
+"""A tensor-parallel ModelDeployment (gpusPerReplica 2, tensorParallel 2) on the process node:
+the pod's args carry the TP size, the runtime really runs two ranks (gloo on CPU), and a bundle
+change passes the conformance gate and is promoted under load."""
 
 from __future__ import annotations
 

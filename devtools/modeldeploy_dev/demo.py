@@ -252,7 +252,7 @@ def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
         return
     if wait:
         name = f"{ns}-models"
-        with contextlib.suppress(TimeoutError):  # best effort, as before: a later run recreates it
+        with contextlib.suppress(TimeoutError):  # best effort: a later run recreates it
             wait_until(
                 lambda: all(p.metadata.name != name for p in core.list_persistent_volume().items), 60, 0.5
             )
