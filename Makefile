@@ -54,7 +54,7 @@ clean: ## Remove out/ and build outputs.
 
 ##@ Operator
 
-crds: setup ## Regenerate crds/ and the chart copies from operator/api.py.
+crds: setup ## Regenerate crds/ and the chart copies from the API types (operator/api/v1alpha1/).
 	$(PY) -m modeldeploy crd
 
 # The model examples/modeldeployment-tiny.yaml pins (seeded: its digest is fixed).

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, config
 
-from modeldeploy.operator.progression import RFC3339
+from modeldeploy.operator.rollout.progression import RFC3339
 from modeldeploy_dev.cluster.local import LocalCluster, Settings
 from modeldeploy_dev.cluster.nodes import kwok_node, node_ready
 from modeldeploy_dev.wait import wait_until

@@ -36,7 +36,7 @@ from modeldeploy.conformance.bench.report import git_revision
 from modeldeploy.conformance.bench.runner import Bench, BenchConfig
 from modeldeploy.conformance.bench.server import probe
 from modeldeploy.conformance.prom import Metrics
-from modeldeploy.operator.progression import RFC3339
+from modeldeploy.operator.rollout.progression import RFC3339
 from modeldeploy_dev.wait import wait_until
 
 

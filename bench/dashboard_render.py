@@ -3,7 +3,7 @@
 Grafana cannot be built or installed from the registries this project reaches (its server is
 AGPL Go, not on PyPI/npm as a runnable), so this draws the same queries: two real `modeldeploy
 serve` processes (stable: 4 slots, canary: 1 slot, so the canary is visibly slower), the
-operator's per-object gauges (operator/object_metrics.py, served from this process) moving
+operator's per-object gauges (operator/controller/object_metrics.py, served from this process) moving
 through Deploying -> Canary 25 % -> Canary 50 %, a real Prometheus scraping all three (labels as
 the chart's monitors set them) and a closed-loop load split by the canary weight. Every panel
 query of charts/modeldeploy-operator/dashboards/modeldeploy.json is run as a range query and
@@ -68,7 +68,7 @@ def main() -> int:
     import matplotlib.pyplot as plt
     from prometheus_client import start_http_server
 
-    from modeldeploy.operator.object_metrics import ObjectMetrics
+    from modeldeploy.operator.controller.object_metrics import ObjectMetrics
     from modeldeploy_dev.prometheus import Prom
 
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-render-"))

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modeldeploy.operator.children import PORT
+from modeldeploy.operator.rollout.children import PORT
 from modeldeploy_dev.load import Load
 from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 

@@ -45,7 +45,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from modeldeploy.operator.children import RUN_AS
+from modeldeploy.operator.rollout.children import RUN_AS
 from modeldeploy_dev.cluster.local import LocalCluster, Settings, cache_root
 from modeldeploy_dev.cluster.realnode import cleanup
 from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP

@@ -14,15 +14,9 @@ import pytest
 import yaml
 
 from modeldeploy.cli import main as cli_main
-from modeldeploy.operator.api import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    CohortStatus,
-    HistoryEntry,
-    ModelDeploymentStatus,
-)
-from modeldeploy.operator.commands import ABORT, PROMOTE, ROLLBACK_TO
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
+from modeldeploy.operator.api.v1alpha1.status import CohortStatus, HistoryEntry, ModelDeploymentStatus
+from modeldeploy.operator.rollout.commands import ABORT, PROMOTE, ROLLBACK_TO
 
 from .conftest import E2ECluster
 from .test_operator import crd_installed  # noqa: F401  (fixture)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from modeldeploy.operator.children import PORT
+from modeldeploy.operator.rollout.children import PORT
 from modeldeploy_dev.load import Load
 from modeldeploy_dev.prometheus import PROMETHEUS, Prom, write_targets
 

@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from modeldeploy.operator.children import PORT
+from modeldeploy.operator.rollout.children import PORT
 from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster

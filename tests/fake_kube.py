@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from modeldeploy.operator.api import GROUP, VERSION
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, VERSION
 
 MD = "ModelDeployment"
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from modeldeploy.operator import promql
-from modeldeploy.operator.api import Analysis, AnalysisResult
-from modeldeploy.operator.metrics_source import Cohorts, analyze_interval
-from modeldeploy.operator.topology import NodeInfo
+from modeldeploy.operator.analysis import promql
+from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.rollout.topology import NodeInfo
 
 IMAGE = "registry.local/modeldeploy@sha256:" + "a" * 64
 DIGEST = "sha256:" + "b" * 64
@@ -81,5 +82,5 @@ def prometheus_analysis(
     if now is not None:
         src.clock = lambda: now
     return analyze_interval(
-        src, Cohorts("uid", namespace, stable, canary, since=since), cfg, step=step, time=time
+        src, AnalysisWindow("uid", namespace, stable, canary, since=since), cfg, step=step, time=time
     )

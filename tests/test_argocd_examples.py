@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from lupa import lua51
 
-from modeldeploy.operator.api import KIND, ModelDeployment
+from modeldeploy.operator.api.v1alpha1.modeldeployment import KIND, ModelDeployment
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples/argocd"

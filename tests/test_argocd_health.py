@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentStatus
+from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition, ModelDeploymentStatus
 from modeldeploy_dev.argocd import LUA, health
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ import yaml
 from test_chart_monitoring import errors, strict
 
 from modeldeploy.conformance.measures import WAITING
-from modeldeploy.operator import api, crd
+from modeldeploy.operator.api import crd
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, KIND, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples" / "autoscaling"
@@ -45,7 +46,7 @@ def test_hpa_targets_the_model_deployment_on_the_adapter_metric() -> None:
     adapter, hpa = docs("hpa-requests-waiting.yaml")
     assert (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2", "HorizontalPodAutoscaler")
     ref = hpa["spec"]["scaleTargetRef"]
-    assert ref == {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "name": target_name()}
+    assert ref == {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": target_name()}
     [metric] = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == WAITING
     assert metric["pods"]["target"]["type"] == "AverageValue"
@@ -70,7 +71,7 @@ def test_keda_scaled_object_passes_kedas_crd_and_queries_the_queue_depth(scaledo
     assert so["apiVersion"] == scaledobject_schema["apiVersion"] and so["kind"] == "ScaledObject"
     assert errors(scaledobject_schema["schema"], so) == []
     ref = so["spec"]["scaleTargetRef"]
-    assert ref == {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "name": target_name()}
+    assert ref == {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": target_name()}
     [trigger] = so["spec"]["triggers"]
     assert trigger["type"] == "prometheus" and WAITING + "{" in trigger["metadata"]["query"]
     assert (

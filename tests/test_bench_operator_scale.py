@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from modeldeploy.operator.crd import crd
+from modeldeploy.operator.api.crd import crd
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("operator_scale", ROOT / "bench/operator_scale.py")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from modeldeploy.conformance.result import CheckResult
 from modeldeploy.conformance.suite import Report
-from modeldeploy.operator.analysis import CohortSample
-from modeldeploy.operator.gate import summarize
-from modeldeploy.operator.pods import pod_url, ready_pod_ips
-from modeldeploy.operator.scrape import Baselines, CohortScrape
+from modeldeploy.operator.analysis.gate import summarize
+from modeldeploy.operator.analysis.pods import pod_url, ready_pod_ips
+from modeldeploy.operator.analysis.scrape import Baselines, CohortScrape
+from modeldeploy.operator.analysis.verdicts import CohortSample
 
 
 def test_pod_url_forms() -> None:
@@ -111,7 +111,7 @@ def test_rollout_modules_leave_out_torch_and_the_runtime() -> None:
     import sys
 
     code = (
-        "import sys, modeldeploy.operator.metrics_source, modeldeploy.operator.gate, modeldeploy.operator.routing, "
+        "import sys, modeldeploy.operator.analysis.sources, modeldeploy.operator.analysis.gate, modeldeploy.operator.rollout.routing, "
         "modeldeploy.operator.rollout_cli\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
         "or m.startswith('modeldeploy.runtime')]\nprint(bad)\nsys.exit(1 if bad else 0)"

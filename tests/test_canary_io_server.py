@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 from modeldeploy.conformance.prom import Metrics
-from modeldeploy.operator.api import Analysis
-from modeldeploy.operator.gate import ConformanceRunner
-from modeldeploy.operator.metrics_source import Cohorts, analyze_interval
-from modeldeploy.operator.scrape import Baselines, PodScrape, scrape_cohort
+from modeldeploy.operator.analysis.gate import ConformanceRunner
+from modeldeploy.operator.analysis.scrape import Baselines, PodScrape, scrape_cohort
+from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis
 from modeldeploy_dev.wait import wait_until
 
 BUNDLE = "bundle-canary-io-1"
@@ -255,7 +255,7 @@ def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path,
         dead = f"127.0.0.1:{_free_port()}"
 
         def interval():
-            cohorts = Cohorts(
+            cohorts = AnalysisWindow(
                 "uid-analysis", "ns", stable.bundle, canary.bundle,
                 (stable.target,), (canary.target, dead), mark=("step", 0),
             )  # fmt: skip

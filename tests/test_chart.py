@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modeldeploy.operator.chart import Values
+from modeldeploy.operator.api.chart import Values
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "modeldeploy-operator"
 

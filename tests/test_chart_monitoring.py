@@ -18,9 +18,9 @@ import yaml
 from operator_fixtures import md
 from test_chart import CHART, helm
 
-from modeldeploy.operator import children
-from modeldeploy.operator.api import ModelDeploymentSpec
-from modeldeploy.operator.bundle import bundle_id
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.rollout import children
+from modeldeploy.operator.rollout.bundle import bundle_id
 
 MONITORING = (
     "monitoring.podMonitor.enabled=true",

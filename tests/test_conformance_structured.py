@@ -8,8 +8,8 @@ import pytest
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.structured import SCHEMA, violations
-from modeldeploy.operator.api import ServingConfig
-from modeldeploy.operator.gate import ConformanceRunner
+from modeldeploy.operator.analysis.gate import ConformanceRunner
+from modeldeploy.operator.api.v1alpha1.bundle import ServingConfig
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server import structured as server_structured
 from modeldeploy.runtime.server.config import ServerConfig

@@ -162,7 +162,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
     from prometheus_client import start_http_server
     from test_canary_io_server import Serve, _free_port
 
-    from modeldeploy.operator.object_metrics import ObjectMetrics
+    from modeldeploy.operator.controller.object_metrics import ObjectMetrics
     from modeldeploy_dev.prometheus import Prom
 
     tmp = tmp_path_factory.mktemp("dashboard")

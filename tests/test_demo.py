@@ -9,16 +9,16 @@ import io
 from rich.console import Console
 
 from modeldeploy.cli import COMMANDS, commands
-from modeldeploy.operator.api import (
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.status import (
     AnalysisResult,
     CohortStatus,
     Condition,
     MetricVerdict,
-    ModelDeploymentSpec,
     ModelDeploymentStatus,
     RolloutStatus,
 )
-from modeldeploy.operator.bundle import bundle_id
+from modeldeploy.operator.rollout.bundle import bundle_id
 from modeldeploy_dev import demo, demo_cli
 
 DIGEST = "sha256:" + "a" * 64

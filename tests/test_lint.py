@@ -20,7 +20,7 @@ def test_the_dependency_contracts_hold() -> None:
 def test_a_forbidden_import_breaks_its_contract() -> None:
     r = run(
         extra={
-            "modeldeploy/kernels/forbidden_probe.py": "import modeldeploy.operator.plan\n",
+            "modeldeploy/kernels/forbidden_probe.py": "import modeldeploy.operator.rollout.plan\n",
             "modeldeploy/operator/forbidden_probe.py": "import torch\n",
             "modeldeploy/conformance/forbidden_probe.py": "import modeldeploy_dev.load\n",
         }

@@ -11,8 +11,16 @@ import pytest
 from operator_fixtures import DIGEST, IMAGE, md
 from pydantic import ValidationError
 
-from modeldeploy.operator import api, children, crd
-from modeldeploy.operator.bundle import bundle_id, canonical_json
+from modeldeploy.operator.api import crd
+from modeldeploy.operator.api.v1alpha1.bundle import (
+    MAX_ADAPTERS,
+    MSG_ADAPTER_MODEL,
+    MSG_ADAPTER_NAME,
+    MSG_ADAPTER_UNIQUE,
+)
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.rollout import children
+from modeldeploy.operator.rollout.bundle import bundle_id, canonical_json
 
 DIGEST_A = "sha256:" + "c" * 64
 DIGEST_B = "sha256:" + "d" * 64
@@ -32,8 +40,8 @@ TWO = [
 ]
 
 
-def spec(obj: dict[str, Any]) -> api.ModelDeploymentSpec:
-    return api.ModelDeploymentSpec.model_validate(obj["spec"])
+def spec(obj: dict[str, Any]) -> ModelDeploymentSpec:
+    return ModelDeploymentSpec.model_validate(obj["spec"])
 
 
 def test_adapters_are_part_of_the_bundle_id():
@@ -61,7 +69,7 @@ def test_no_adapters_leaves_the_bundle_id_alone():
         ([{k: v for k, v in TWO[0].items() if k != "digest"}], {}, "digest"),
         ([{**TWO[0], "digest": "sha256:abc"}], {}, "64 lowercase hex"),
         ([{**TWO[0], "uri": "hf://org/adapter"}], {}, "pvc://"),
-        ([{**TWO[0], "name": f"t{i}"} for i in range(api.MAX_ADAPTERS + 1)], {}, "at most 16 items"),
+        ([{**TWO[0], "name": f"t{i}"} for i in range(MAX_ADAPTERS + 1)], {}, "at most 16 items"),
         ([{**TWO[0], "name": "model"}], {}, "must differ from the served model name"),
         ([{**TWO[0], "name": "chat"}], {"servedModelName": "chat"}, "must differ from the served model name"),
         (TWO, {"maxLoras": 0}, "greater than or equal to 1"),
@@ -83,15 +91,15 @@ def test_crd_carries_the_adapter_rules():
     ]["bundle"]
     adapters = bundle["properties"]["adapters"]
     item = adapters["items"]
-    assert adapters["maxItems"] == api.MAX_ADAPTERS
-    assert api.MSG_ADAPTER_UNIQUE in _rules(adapters)
+    assert adapters["maxItems"] == MAX_ADAPTERS
+    assert MSG_ADAPTER_UNIQUE in _rules(adapters)
     assert set(item["required"]) == {"name", "uri", "revision", "digest"}
     assert (
-        api.MSG_ADAPTER_NAME in _rules(item["properties"]["name"])
+        MSG_ADAPTER_NAME in _rules(item["properties"]["name"])
         and item["properties"]["name"]["maxLength"] == 63
     )
     assert "64 lowercase hex" in _rules(item["properties"]["digest"])[0]
-    assert api.MSG_ADAPTER_MODEL in _rules(bundle)
+    assert MSG_ADAPTER_MODEL in _rules(bundle)
 
 
 def test_pod_gets_serve_flags_the_runtime_parses():

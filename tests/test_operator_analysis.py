@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from modeldeploy.operator.analysis import CohortSample, Histogram, analyze
-from modeldeploy.operator.api import Analysis
+from modeldeploy.operator.analysis.verdicts import CohortSample, Histogram, analyze
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis
 from modeldeploy.runtime.server.metrics import ServerMetrics
 
 

@@ -10,8 +10,8 @@ from fake_kube import MD, FakeKube
 from kubernetes.client.exceptions import ApiException
 from operator_fixtures import md
 
-from modeldeploy.operator.actions import Create, Delete, Event, Patch, PatchStatus
-from modeldeploy.operator.apply import ApplyError, Hooks, apply, batches
+from modeldeploy.operator.controller.apply import ApplyError, Hooks, apply, batches
+from modeldeploy.operator.rollout.actions import Create, Delete, Event, Patch, PatchStatus
 
 
 def _svc(name: str) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from typing import Any
 from operator_fixtures import gpu_nodes, md
 from test_operator_plan import advance_to, analysis, at, converge, sizes
 
-from modeldeploy.operator.capacity import Have, replace_step
-from modeldeploy.operator.claims import claim_pending
-from modeldeploy.operator.plan import Event, Observed
-from modeldeploy.operator.progression import epoch
-from modeldeploy.operator.rollout import Policy, RolloutState, Signals, Step, advance, cohort_replicas
-from modeldeploy.operator.topology import NodeInfo, gpu_requests, spare_fit
+from modeldeploy.operator.controller.claims import claim_pending
+from modeldeploy.operator.rollout.capacity import Have, replace_step
+from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance, cohort_replicas
+from modeldeploy.operator.rollout.plan import Event, Observed
+from modeldeploy.operator.rollout.progression import epoch
+from modeldeploy.operator.rollout.topology import NodeInfo, gpu_requests, spare_fit
 
 P = Policy(replicas=16, steps=(Step(25, 0), Step(50, 0)), capacity="Replace", min_available=12)
 
@@ -41,7 +41,7 @@ def test_replace_step_moves_within_min_available_one_batch_at_a_time() -> None:
 
 
 def test_spare_fit_counts_allocatable_minus_requested_on_matching_nodes() -> None:
-    from modeldeploy.operator.api import Topology
+    from modeldeploy.operator.api.v1alpha1.topology import Topology
 
     topo = Topology(gpus_per_replica=1, gpu_type="NVIDIA-H200")
     full = [replace(n, requested=8) for n in gpu_nodes(2)]
@@ -68,7 +68,7 @@ def test_spare_fit_counts_allocatable_minus_requested_on_matching_nodes() -> Non
 def test_gpus_freed_for_a_pending_canary_are_not_spare() -> None:
     """The starvation the 100-rollout bench found: GPUs a Replace rollout freed for its own Pending
     canary pods looked spare to the next Auto decision, which chose Surge and took them."""
-    from modeldeploy.operator.api import Topology
+    from modeldeploy.operator.api.v1alpha1.topology import Topology
 
     topo = Topology(gpus_per_replica=1, gpu_type="NVIDIA-H200")
     freed = [replace(gpu_nodes(2)[0], requested=4), replace(gpu_nodes(2)[1], requested=8)]  # 4 spare GPUs
@@ -89,7 +89,7 @@ def test_gpus_freed_for_a_pending_canary_are_not_spare() -> None:
 
 
 def test_a_pending_pod_claims_only_nodes_its_affinity_and_tolerations_allow() -> None:
-    from modeldeploy.operator.claims import schedulable
+    from modeldeploy.operator.controller.claims import schedulable
 
     node = replace(gpu_nodes(1)[0], labels={"pool": "a", "gen": "5"})
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
@@ -206,8 +206,8 @@ def test_full_cluster_rolls_out_in_replace_mode_never_below_min_available() -> N
 
 
 def test_keep_prior_within_its_gpu_budget() -> None:
-    from modeldeploy.operator.api import ModelDeploymentSpec
-    from modeldeploy.operator.progression import policy
+    from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+    from modeldeploy.operator.rollout.progression import policy
 
     spec = md(replicas=4, topology={"gpusPerReplica": 2, "tensorParallel": 2})["spec"]
     spec["rollout"] = {"keepPrior": {"replicas": 3, "maxGPUs": 4, "seconds": 60}}
@@ -265,7 +265,7 @@ def test_explicit_replace_with_min_available_zero_moves_the_whole_step_at_once()
 
 
 def test_capacity_decisions_are_recognised_in_the_status_a_plan_writes() -> None:
-    from modeldeploy.operator.plan import PatchStatus, capacity_decided
+    from modeldeploy.operator.rollout.plan import PatchStatus, capacity_decided
 
     before = {"phase": "Stable", "rollout": {"reason": "Initial", "prior": "Cold"}}
     start = {"phase": "Deploying", "rollout": {"reason": "NewBundle", "startedAt": "t1", "prior": "Cold"}}
@@ -281,7 +281,7 @@ def test_capacity_decisions_are_recognised_in_the_status_a_plan_writes() -> None
 
 def test_a_first_deployment_asks_no_spare_fit(monkeypatch) -> None:
     """No canary can start before there is a stable: its spare_fit (every node, every pass) is skipped."""
-    from modeldeploy.operator import plan as plan_module
+    from modeldeploy.operator.rollout import plan as plan_module
 
     asked: list[int] = []
     real = plan_module.spare_fit

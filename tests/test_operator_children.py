@@ -8,9 +8,9 @@ import sys
 import pytest
 from operator_fixtures import DIGEST, IMAGE, md
 
-from modeldeploy.operator import children
-from modeldeploy.operator.api import ModelDeploymentSpec
-from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, canonical_json, deployment_name
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.rollout import children
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, bundle_id, canonical_json, deployment_name
 
 
 def build(**spec):

@@ -6,7 +6,7 @@ from collections import Counter
 
 from operator_fixtures import gpu_nodes, md
 
-from modeldeploy.operator.claims import Claim, claimed, place, pod_counts
+from modeldeploy.operator.controller.claims import Claim, claimed, place, pod_counts
 
 TOPO = {
     "gpusPerReplica": 1,

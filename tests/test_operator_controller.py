@@ -10,11 +10,11 @@ from typing import Any
 from fake_kube import MD, FakeKube
 from operator_fixtures import md
 
-from modeldeploy.operator.analysis import CohortSample
-from modeldeploy.operator.bundle import MANAGED_BY
-from modeldeploy.operator.controller import Controller
-from modeldeploy.operator.drift import DESIRED_HASH
-from modeldeploy.operator.scrape import CohortScrape
+from modeldeploy.operator.analysis.scrape import CohortScrape
+from modeldeploy.operator.analysis.verdicts import CohortSample
+from modeldeploy.operator.controller.reconciler import Controller
+from modeldeploy.operator.rollout.bundle import MANAGED_BY
+from modeldeploy.operator.rollout.drift import DESIRED_HASH
 
 NS, NAME = "ns", "chat"
 
@@ -189,7 +189,7 @@ def test_an_auto_capacity_choice_reads_fresh_gpu_usage_not_the_cached_node_list(
 
 
 def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
-    from modeldeploy.operator.observe import NodeCache
+    from modeldeploy.operator.controller.observe import NodeCache
 
     kube, now = CountingKube(), [0.0]
     kube.nodes = [_node(0)]
@@ -210,7 +210,7 @@ def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
 def test_no_node_fits_is_judged_on_a_recent_node_list() -> None:
     """Passes plan on a node list up to NODE_TTL_S (60 s) old, but Degraded/Unschedulable only on one at
     most UNFIT_TTL_S (15 s) old: a GPU node added for a new object counts within 15 s, as before."""
-    from modeldeploy.operator.observe import NODE_TTL_S, UNFIT_TTL_S, NodeCache
+    from modeldeploy.operator.controller.observe import NODE_TTL_S, UNFIT_TTL_S, NodeCache
 
     kube, now = CountingKube(), [100.0]
     kube.nodes = [_node(0)]

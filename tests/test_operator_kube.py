@@ -6,8 +6,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from modeldeploy.operator import kube
-from modeldeploy.operator.kube import Kube
+from modeldeploy.operator.controller import kube
+from modeldeploy.operator.controller.kube import Kube
 
 
 class PagedLister:

@@ -7,8 +7,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 from test_operator_plan import advance_to, analysis, at, stable_then_change
 
-from modeldeploy.operator.object_metrics import ObjectMetrics, series
-from modeldeploy.operator.progression import epoch
+from modeldeploy.operator.controller.object_metrics import ObjectMetrics, series
+from modeldeploy.operator.rollout.progression import epoch
 
 
 def published(ns: str, name: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

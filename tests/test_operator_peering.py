@@ -1,4 +1,4 @@
-"""Peering (operator/peering.py): the oldest replica has the highest priority, kopf's activity
+"""Peering (operator/controller/peering.py): the oldest replica has the highest priority, kopf's activity
 rule on the peering object's status, the per-scope cache, and the Controller's standby gate."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from fake_kube import MD, FakeKube
 from kubernetes.client.exceptions import ApiException
 from operator_fixtures import md
 
-from modeldeploy.operator import metrics
-from modeldeploy.operator.controller import Controller
-from modeldeploy.operator.peering import CACHE_S, Peering, PeeringConfig, is_active, start_priority
+from modeldeploy.operator.controller import metrics
+from modeldeploy.operator.controller.peering import CACHE_S, Peering, PeeringConfig, is_active, start_priority
+from modeldeploy.operator.controller.reconciler import Controller
 
 NOW = dt.datetime(2026, 12, 1, 20, 0, tzinfo=dt.UTC)
 
@@ -98,7 +98,8 @@ def test_the_cli_passes_identity_and_priority_to_kopf_only_with_peering(
 
     import kopf
 
-    from modeldeploy.operator import cli, peering
+    from modeldeploy.operator import cli
+    from modeldeploy.operator.controller import peering
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))

@@ -8,10 +8,19 @@ from typing import Any
 import pytest
 from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
-from modeldeploy.operator.api import AnalysisResult, MetricVerdict
-from modeldeploy.operator.plan import Annotate, Create, Delete, Event, Observed, Patch, PatchStatus, plan
-from modeldeploy.operator.progression import epoch as _epoch
-from modeldeploy.operator.topology import NodeInfo
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, MetricVerdict
+from modeldeploy.operator.rollout.plan import (
+    Annotate,
+    Create,
+    Delete,
+    Event,
+    Observed,
+    Patch,
+    PatchStatus,
+    plan,
+)
+from modeldeploy.operator.rollout.progression import epoch as _epoch
+from modeldeploy.operator.rollout.topology import NodeInfo
 
 NOW = "2026-01-01T00:00:00Z"
 

@@ -1,8 +1,8 @@
-"""Image pull failures name the image (operator/pull.py): the reason a rollout rolls back with."""
+"""Image pull failures name the image (operator/controller/pull.py): the reason a rollout rolls back with."""
 
 from __future__ import annotations
 
-from modeldeploy.operator.pull import crash_failure, pull_failure
+from modeldeploy.operator.controller.pull import crash_failure, pull_failure
 
 IMAGE = "127.0.0.1:5011/modeldeploy/runtime@sha256:" + "0" * 64
 
@@ -35,8 +35,8 @@ def test_a_first_failed_attempt_or_a_running_pod_is_not_a_failure() -> None:
 
 
 def test_load_probe_reports_a_pull_failure_as_the_bundles_load_error() -> None:
-    from modeldeploy.operator.bundle import BUNDLE_LABEL
-    from modeldeploy.operator.observe import LoadProbe
+    from modeldeploy.operator.controller.observe import LoadProbe
+    from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL
 
     p = pod("ImagePullBackOff", "not found")
     p["metadata"] = {"uid": "u1", "labels": {BUNDLE_LABEL: "b1"}}
@@ -65,8 +65,8 @@ def test_a_serving_container_that_crashed_and_is_not_ready_is_a_failure() -> Non
 
 
 def test_load_probe_reports_a_crash_as_the_bundles_load_error() -> None:
-    from modeldeploy.operator.bundle import BUNDLE_LABEL
-    from modeldeploy.operator.observe import LoadProbe
+    from modeldeploy.operator.controller.observe import LoadProbe
+    from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL
 
     p = crashed(2, 1)
     p["metadata"]["labels"] = {BUNDLE_LABEL: "b2"}

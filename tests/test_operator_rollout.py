@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from modeldeploy.operator.api import AnalysisResult, MetricVerdict
-from modeldeploy.operator.rollout import (
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, MetricVerdict
+from modeldeploy.operator.rollout.machine import (
     Policy,
     RolloutState,
     Signals,

@@ -10,9 +10,9 @@ from typing import Any
 from fake_kube import MD, FakeKube
 from operator_fixtures import md
 
-from modeldeploy.operator.bundle import INSTANCE_LABEL, MANAGED_BY
-from modeldeploy.operator.controller import Controller
-from modeldeploy.operator.store import Store
+from modeldeploy.operator.controller.reconciler import Controller
+from modeldeploy.operator.controller.store import Store
+from modeldeploy.operator.rollout.bundle import INSTANCE_LABEL, MANAGED_BY
 
 NS, NAME = "ns", "chat"
 LABELS = {INSTANCE_LABEL: NAME, "app.kubernetes.io/managed-by": MANAGED_BY}

@@ -7,20 +7,20 @@ from typing import Any
 
 from operator_fixtures import as_observed, gpu_nodes, md
 
-from modeldeploy.operator import children
-from modeldeploy.operator import plan as p
-from modeldeploy.operator.actions import Annotate, Create, Delete, Event, Observed, Patch, PatchStatus
-from modeldeploy.operator.api import (
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.status import (
     AnalysisResult,
     CohortStatus,
     Condition,
     MetricVerdict,
-    ModelDeploymentSpec,
     ModelDeploymentStatus,
 )
-from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id
-from modeldeploy.operator.commands import PROMOTE
-from modeldeploy.operator.rollout import RolloutState
+from modeldeploy.operator.rollout import children
+from modeldeploy.operator.rollout import plan as p
+from modeldeploy.operator.rollout.actions import Annotate, Create, Delete, Event, Observed, Patch, PatchStatus
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, bundle_id
+from modeldeploy.operator.rollout.commands import PROMOTE
+from modeldeploy.operator.rollout.machine import RolloutState
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -40,9 +40,9 @@ def dep(bundle: str, replicas: int, ready: int = 0) -> dict[str, Any]:
     }
 
 
-def cohorts(ready: int, all_ready: bool, bundle: str = "b1") -> p.Cohorts:
+def cohorts(ready: int, all_ready: bool, bundle: str = "b1") -> p.CohortSummary:
     stable = CohortStatus(bundle=bundle, replicas=2, ready_replicas=ready)
-    return p.Cohorts(stable, None, ready, ready >= 2, all_ready)
+    return p.CohortSummary(stable, None, ready, ready >= 2, all_ready)
 
 
 # plan_rollout

@@ -8,9 +8,11 @@ import pytest
 from operator_fixtures import md
 from pydantic import ValidationError
 
-from modeldeploy.operator.api import ModelDeploymentSpec, Topology, quantity_bytes
-from modeldeploy.operator.plan import Create, Observed, PatchStatus, plan
-from modeldeploy.operator.topology import GPU_MEMORY_LABEL, NodeInfo, fit
+from modeldeploy.operator.api.v1alpha1.common import quantity_bytes
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.topology import Topology
+from modeldeploy.operator.rollout.plan import Create, Observed, PatchStatus, plan
+from modeldeploy.operator.rollout.topology import GPU_MEMORY_LABEL, NodeInfo, fit
 
 GPU_TAINT = (("nvidia.com/gpu", "present", "NoSchedule"),)
 H100 = "NVIDIA-H100-80GB-HBM3"  # 81559 MiB = 79.6Gi per GPU, as GPU feature discovery labels it
@@ -146,8 +148,8 @@ def test_plan_degrades_tp1_and_deploys_tp2() -> None:
 def test_accepted_is_fit_asked_of_each_node_alone_and_remembered_per_list() -> None:
     """fit() per node was the operator's largest CPU cost at 2,000 nodes: `accepted` answers for the whole
     list at once, the same nodes, and a Nodes list keeps the answer for its copies (claims.place)."""
-    from modeldeploy.operator.claims import place
-    from modeldeploy.operator.topology import Nodes, accepted
+    from modeldeploy.operator.controller.claims import place
+    from modeldeploy.operator.rollout.topology import Nodes, accepted
 
     nodes = Nodes(
         [

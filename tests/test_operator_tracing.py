@@ -7,9 +7,9 @@ import time
 import pytest
 from test_operator_plan import advance_to, analysis, at, stable_then_change
 
-from modeldeploy.operator.plan import Observed, plan
-from modeldeploy.operator.progression import epoch
-from modeldeploy.operator.tracing import OperatorTracing
+from modeldeploy.operator.controller.tracing import OperatorTracing
+from modeldeploy.operator.rollout.plan import Observed, plan
+from modeldeploy.operator.rollout.progression import epoch
 
 otlp = pytest.importorskip("modeldeploy_dev.otlp", reason="opentelemetry-proto not installed")
 

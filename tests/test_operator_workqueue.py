@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY
 
-from modeldeploy.operator import workqueue
-from modeldeploy.operator.workqueue import WorkQueue
+from modeldeploy.operator.controller import workqueue
+from modeldeploy.operator.controller.workqueue import WorkQueue
 
 METRIC = "modeldeploy_operator_reconcile_requests_total"
 

@@ -20,10 +20,11 @@ import pytest
 from operator_fixtures import md, prometheus_analysis
 from pydantic import ValidationError
 
-from modeldeploy.operator import promql
-from modeldeploy.operator.api import Analysis, ModelDeploymentSpec, PrometheusSource
-from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
-from modeldeploy.operator.scrape import Baselines, PodScrape
+from modeldeploy.operator.analysis import promql
+from modeldeploy.operator.analysis.scrape import Baselines, PodScrape
+from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval, source_for
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis, PrometheusSource
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 
 # --- API -------------------------------------------------------------------------------------
 
@@ -90,7 +91,7 @@ def test_the_old_bare_address_field_is_rejected_not_ignored() -> None:
 
 
 def test_crd_carries_the_same_rules() -> None:
-    from modeldeploy.operator import crd
+    from modeldeploy.operator.api import crd
 
     node = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for part in ("spec", "rollout", "analysis", "prometheus"):
@@ -356,7 +357,7 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     cfg = _cfg(prom.address)
     result, problem = analyze_interval(
         source_for(cfg, Baselines()),
-        Cohorts("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
+        AnalysisWindow("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
         cfg,
         step=0,
         time="t",
@@ -365,7 +366,7 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     prom.vector('requests_total{bundle="canary"', [])
     result, problem = analyze_interval(
         source_for(cfg, Baselines()),
-        Cohorts("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
+        AnalysisWindow("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
         cfg,
         step=0,
         time="t",
@@ -375,7 +376,7 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     seen = len(prom.seen)
     result, problem = analyze_interval(
         source_for(Analysis(min_samples=10), Baselines()),
-        Cohorts("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
+        AnalysisWindow("uid", "ns", "stable", "canary", mark=("canary", 0, None)),
         Analysis(min_samples=10),
         step=0,
         time="t",

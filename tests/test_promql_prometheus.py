@@ -21,9 +21,9 @@ from operator_fixtures import prometheus_analysis
 from test_canary_io_server import Serve
 
 from modeldeploy.operator.analysis import promql
+from modeldeploy.operator.analysis.scrape import Baselines, scrape_cohort
 from modeldeploy.operator.analysis.verdicts import CohortSample, analyze
 from modeldeploy.operator.api.v1alpha1.analysis import Analysis, PrometheusSource
-from modeldeploy.operator.analysis.scrape import Baselines, scrape_cohort
 from modeldeploy_dev.lora_fixtures import make_adapters
 from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 

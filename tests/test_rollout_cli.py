@@ -7,7 +7,7 @@ import pytest
 from modeldeploy.cli import COMMANDS
 from modeldeploy.cli import main as cli_main
 from modeldeploy.operator import rollout_cli as rc
-from modeldeploy.operator.api import (
+from modeldeploy.operator.api.v1alpha1.status import (
     AnalysisResult,
     CohortStatus,
     Condition,
@@ -15,8 +15,8 @@ from modeldeploy.operator.api import (
     MetricVerdict,
     ModelDeploymentStatus,
 )
-from modeldeploy.operator.commands import ABORT, PROMOTE, ROLLBACK_TO, command_from_annotations
-from modeldeploy.operator.progression import now_iso
+from modeldeploy.operator.rollout.commands import ABORT, PROMOTE, ROLLBACK_TO, command_from_annotations
+from modeldeploy.operator.rollout.progression import now_iso
 
 HISTORY = [
     HistoryEntry(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from operator_fixtures import md
 
-from modeldeploy.operator import routing
-from modeldeploy.operator.api import ModelDeploymentSpec
-from modeldeploy.operator.bundle import instance_labels
-from modeldeploy.operator.children import PORT, service
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.rollout import routing
+from modeldeploy.operator.rollout.bundle import instance_labels
+from modeldeploy.operator.rollout.children import PORT, service
 
 GATEWAY = {
     "parentRefs": [

@@ -12,7 +12,7 @@ def apply_crd(ext: Any, timeout: float = 60) -> str:
     """`ext`: a kubernetes ApiextensionsV1Api. Returns the CRD's name; TimeoutError if never Established."""
     from kubernetes.client.exceptions import ApiException
 
-    from modeldeploy.operator.crd import crd
+    from modeldeploy.operator.api.crd import crd
 
     body = crd()
     name = body["metadata"]["name"]

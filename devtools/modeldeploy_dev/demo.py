@@ -26,7 +26,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from modeldeploy.operator.api import GROUP, PLURAL, VERSION
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
 from modeldeploy.operator.rollout_cli import VERDICT_STYLE, analysis_table, cohort_text
 from modeldeploy_dev.operator_process import OperatorProcess
 from modeldeploy_dev.wait import wait_until
@@ -329,8 +329,8 @@ class _Story:
 
     def change(self, label: str, edit: Callable[[dict[str, Any]], None]) -> None:
         """Patch spec as GitOps would and record the new bundle id the operator will compute."""
-        from modeldeploy.operator.api import ModelDeploymentSpec
-        from modeldeploy.operator.bundle import bundle_id
+        from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+        from modeldeploy.operator.rollout.bundle import bundle_id
 
         spec = copy.deepcopy(self.get()["spec"])
         edit(spec)

@@ -2,7 +2,7 @@
 
 kwok's simulated GPU pods become Ready but run nothing, so neither the operator's pod scrape
 nor a real Prometheus has figures for them. This answers `/api/v1/query` the way Prometheus
-would answer the operator's default queries (operator/promql.py) over such pods: per bundle
+would answer the operator's default queries (operator/analysis/promql.py) over such pods: per bundle
 (the `bundle="..."` matcher of each query), window increases of the TTFT and inter-token
 histograms and of the finished requests by outcome. A bundle in `slow` has its TTFT spread up
 to 5 s, the others answer under 0.1 s, so the operator's real Prometheus source and analysis

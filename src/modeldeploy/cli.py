@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "modeldeploy.operator.cli",
         "run the ModelDeployment operator (kopf) against the current kubeconfig",
     ),
-    "crd": ("modeldeploy.operator.crd", "generate the ModelDeployment CRD from the API types"),
+    "crd": ("modeldeploy.operator.api.crd", "generate the ModelDeployment CRD from the API types"),
     "fetch": ("modeldeploy.fetch", "download a model over http(s) and verify its digest (init container)"),
     "serve": ("modeldeploy.runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
     "conformance": ("modeldeploy.conformance.cli", "run the serving-contract suite against a server URL"),

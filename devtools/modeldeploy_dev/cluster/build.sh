@@ -119,7 +119,7 @@ go_install() {
   log "built $name ($pkg@$version) in $(( $(date +%s) - t0 ))s -> $out/$name"
 }
 
-# Prometheus, for the tests of canary analysis through its HTTP API (operator/promql.py), and promtool.
+# Prometheus, for the tests of canary analysis through its HTTP API (operator/analysis/promql.py), and promtool.
 # Module v0.3MM.P is Prometheus 3.MM.P. `remove_all_sd` leaves out the cloud service
 # discovery plugins (static and file SD stay): the tests use static targets only.
 build_prometheus() {

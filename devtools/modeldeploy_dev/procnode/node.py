@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from modeldeploy.operator.progression import RFC3339
+from modeldeploy.operator.rollout.progression import RFC3339
 from modeldeploy_dev.cluster.nodes import gpu_node
 from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.pids import kill_leftovers

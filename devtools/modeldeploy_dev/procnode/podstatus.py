@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-from modeldeploy.operator.progression import RFC3339
+from modeldeploy.operator.rollout.progression import RFC3339
 
 if TYPE_CHECKING:
     from modeldeploy_dev.procnode.worker import Container, PodWorker

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from modeldeploy.operator.progression import RFC3339
+from modeldeploy.operator.rollout.progression import RFC3339
 from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.pids import proc_start_time
 from modeldeploy_dev.procnode.podstatus import pod_status

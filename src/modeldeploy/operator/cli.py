@@ -39,8 +39,8 @@ def main(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     identity = priority = None
-    if args.peering and not args.standalone:  # several replicas: one active (operator/peering.py)
-        from modeldeploy.operator import peering
+    if args.peering and not args.standalone:  # several replicas: one active (operator/controller/peering.py)
+        from modeldeploy.operator.controller import peering
 
         identity, priority = peering.own_identity(), peering.start_priority()
         peering.CONFIG = peering.PeeringConfig(args.peering, identity, priority, not args.namespace)

@@ -14,11 +14,11 @@ from types import MappingProxyType
 
 import kopf
 
-from modeldeploy.operator import metrics, peering
-from modeldeploy.operator.api import GROUP, PLURAL, VERSION
-from modeldeploy.operator.bundle import MANAGED_BY
-from modeldeploy.operator.controller import Controller
-from modeldeploy.operator.kube import Kube
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
+from modeldeploy.operator.controller import metrics, peering
+from modeldeploy.operator.controller.kube import Kube
+from modeldeploy.operator.controller.reconciler import Controller
+from modeldeploy.operator.rollout.bundle import MANAGED_BY
 
 RESYNC_S = float(os.environ.get("MODELDEPLOY_RESYNC_SECONDS", "30"))
 log = logging.getLogger("modeldeploy.operator")

@@ -20,9 +20,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from modeldeploy.operator.api import GROUP, PLURAL, VERSION
-from modeldeploy.operator.commands import ABORT, ANNOTATIONS, PROMOTE, ROLLBACK_TO
-from modeldeploy.operator.progression import now_iso
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
+from modeldeploy.operator.rollout.commands import ABORT, ANNOTATIONS, PROMOTE, ROLLBACK_TO
+from modeldeploy.operator.rollout.progression import now_iso
 
 ACTIONS = ("status", "promote", "abort", "rollback")
 

@@ -32,7 +32,7 @@ def summarize(report: Report, limit: int = 1000) -> tuple[bool, str]:
     return report.passed, text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-Key = tuple[str, str]  # (md uid, bundle id)
+CanaryKey = tuple[str, str]  # (md uid, bundle id)
 Runner = Callable[[ConformanceConfig], Report]
 
 
@@ -64,11 +64,11 @@ class ConformanceRunner:
         self._run, self._clock = run, clock
         self._slots = threading.BoundedSemaphore(max_parallel)
         self._lock = threading.Lock()
-        self._runs: dict[Key, _Run] = {}
+        self._runs: dict[CanaryKey, _Run] = {}
 
     def start(
         self,
-        key: Key,
+        key: CanaryKey,
         url: str,
         api_key: str | None = None,
         model: str | None = None,
@@ -92,12 +92,12 @@ class ConformanceRunner:
         t.start()
         return True
 
-    def ensure(self, key: Key, url: str, **kw: Any) -> tuple[bool, str] | None:
+    def ensure(self, key: CanaryKey, url: str, **kw: Any) -> tuple[bool, str] | None:
         """Start if needed, then `result()`: the one call the Verifying phase makes per reconcile."""
         self.start(key, url, **kw)
         return self.result(key)
 
-    def result(self, key: Key) -> tuple[bool, str] | None:
+    def result(self, key: CanaryKey) -> tuple[bool, str] | None:
         """(passed, summary) once finished or past the deadline; None while running or never started."""
         with self._lock:
             run = self._runs.get(key)
@@ -110,12 +110,12 @@ class ConformanceRunner:
                 )
             return run.result
 
-    def running(self, key: Key) -> bool:
+    def running(self, key: CanaryKey) -> bool:
         with self._lock:
             run = self._runs.get(key)
             return run is not None and run.thread.is_alive()
 
-    def forget(self, key: Key) -> None:
+    def forget(self, key: CanaryKey) -> None:
         """Drop a finished result (new canary, rollback); a thread still running keeps the key busy."""
         with self._lock:
             run = self._runs.get(key)
@@ -134,7 +134,7 @@ class ConformanceRunner:
         with self._lock:
             return any(k[0] == md_uid for k in self._runs)
 
-    def wait(self, key: Key, timeout: float) -> tuple[bool, str] | None:
+    def wait(self, key: CanaryKey, timeout: float) -> tuple[bool, str] | None:
         """Block up to `timeout` for a result: for tests and the CLI, never for the reconcile loop."""
         with self._lock:
             run = self._runs.get(key)
@@ -142,7 +142,7 @@ class ConformanceRunner:
             run.thread.join(timeout)
         return self.result(key)
 
-    def _work(self, key: Key, cfg: ConformanceConfig) -> None:
+    def _work(self, key: CanaryKey, cfg: ConformanceConfig) -> None:
         with self._slots:
             try:
                 outcome = summarize(self._run(cfg))

@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from modeldeploy.operator.analysis import ITL, REQUESTS, TTFT, CohortSample, Histogram
-from modeldeploy.operator.api import PrometheusSource
-from modeldeploy.operator.pods import read_bounded
+from modeldeploy.operator.analysis.pods import read_bounded
+from modeldeploy.operator.analysis.verdicts import ITL, REQUESTS, TTFT, CohortSample, Histogram
+from modeldeploy.operator.api.v1alpha1.analysis import PrometheusSource
 
 if TYPE_CHECKING:
-    from modeldeploy.operator.metrics_source import Cohorts
+    from modeldeploy.operator.analysis.sources import AnalysisWindow
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class Prometheus:
     ) -> None:
         self.src, self.interval_s, self.clock = src, interval_s, clock
 
-    def read(self, cohorts: Cohorts) -> tuple[CohortSample, CohortSample, str]:
+    def read(self, cohorts: AnalysisWindow) -> tuple[CohortSample, CohortSample, str]:
         now = self.clock()
         span = window(self.src, cohorts.since, now, self.interval_s)
         try:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from modeldeploy.operator.analysis import CohortSample
-from modeldeploy.operator.children import PORT
-from modeldeploy.operator.pods import pod_url, read_bounded
+from modeldeploy.operator.analysis.pods import pod_url, read_bounded
+from modeldeploy.operator.analysis.verdicts import CohortSample
+from modeldeploy.operator.rollout.children import PORT
 
 if TYPE_CHECKING:
-    from modeldeploy.operator.metrics_source import Cohorts
+    from modeldeploy.operator.analysis.sources import AnalysisWindow
 
 MAX_PODS = 32  # pods scraped per cohort and interval (the rest reported as skipped)
 MAX_PARALLEL = 8  # concurrent scrapes: worst case ceil(32/8) * timeout per cohort
@@ -155,14 +155,14 @@ _NONE = object()
 class PodScrape:
     """`MetricsSource` over the cohorts' pods: scrape both, take each one's delta since the window opened.
 
-    The first read of a window (new `Cohorts.mark`) has no samples yet: its verdict is
+    The first read of a window (new `AnalysisWindow.mark`) has no samples yet: its verdict is
     Inconclusive, which holds the step until the next interval.
     """
 
     def __init__(self, baselines: Baselines, port: int = PORT, timeout: float = 1.0) -> None:
         self.baselines, self.port, self.timeout = baselines, port, timeout
 
-    def read(self, cohorts: Cohorts) -> tuple[CohortSample, CohortSample, str]:
+    def read(self, cohorts: AnalysisWindow) -> tuple[CohortSample, CohortSample, str]:
         deltas, problems = [], []
         for bundle, ips in ((cohorts.stable, cohorts.stable_pods), (cohorts.canary, cohorts.canary_pods)):
             sc = scrape_cohort(ips, bundle, self.port, self.timeout)

@@ -15,14 +15,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
-from modeldeploy.operator.analysis import CohortSample, analyze
-from modeldeploy.operator.api import Analysis, AnalysisResult
-from modeldeploy.operator.promql import Prometheus
-from modeldeploy.operator.scrape import Baselines, PodScrape
+from modeldeploy.operator.analysis.promql import Prometheus
+from modeldeploy.operator.analysis.scrape import Baselines, PodScrape
+from modeldeploy.operator.analysis.verdicts import CohortSample, analyze
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
 
 
 @dataclass(frozen=True)
-class Cohorts:
+class AnalysisWindow:
     """The two cohorts one analysis interval compares, and the window it covers."""
 
     md_uid: str
@@ -36,7 +37,7 @@ class Cohorts:
 
 
 class MetricsSource(Protocol):
-    def read(self, cohorts: Cohorts) -> tuple[CohortSample, CohortSample, str]:
+    def read(self, cohorts: AnalysisWindow) -> tuple[CohortSample, CohortSample, str]:
         """This window's (stable, canary) samples, and '' or a line naming what could not be read."""
         ...
 
@@ -49,7 +50,11 @@ def source_for(cfg: Analysis, baselines: Baselines) -> MetricsSource:
 
 
 def analyze_interval(
-    source: MetricsSource, cohorts: Cohorts, cfg: Analysis, step: int | None = None, time: str | None = None
+    source: MetricsSource,
+    cohorts: AnalysisWindow,
+    cfg: Analysis,
+    step: int | None = None,
+    time: str | None = None,
 ) -> tuple[AnalysisResult, str]:
     """One analysis interval: read both cohorts from `source`, judge them; (result, '' or problems)."""
     stable, canary, problems = source.read(cohorts)

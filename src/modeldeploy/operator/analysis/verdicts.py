@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from modeldeploy.conformance import measures
 from modeldeploy.conformance.measures import FAILED, INVALID, ITL, REQUESTS, TTFT, Histogram
 from modeldeploy.conformance.prom import Metrics
-from modeldeploy.operator.api import Analysis, AnalysisResult, MetricVerdict
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, MetricVerdict
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeldeploy.operator.api import GROUP, PLURAL
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL
 
 
 def rules() -> list[dict[str, Any]]:

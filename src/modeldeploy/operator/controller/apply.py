@@ -23,11 +23,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from modeldeploy.operator import metrics
-from modeldeploy.operator.actions import Action, Annotate, Create, Delete, Event, Patch, PatchStatus
-from modeldeploy.operator.api import GROUP, VERSION
-from modeldeploy.operator.bundle import MANAGED_BY
-from modeldeploy.operator.kube import Kube
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, VERSION
+from modeldeploy.operator.controller import metrics
+from modeldeploy.operator.controller.kube import Kube
+from modeldeploy.operator.rollout.actions import Action, Annotate, Create, Delete, Event, Patch, PatchStatus
+from modeldeploy.operator.rollout.bundle import MANAGED_BY
 
 FAILPOINT_ENV = "MODELDEPLOY_FAILPOINT"
 APPLY_THREADS = 16  # creates, Events and observe's LISTs of all reconciles (kube.POOL_SIZE covers them)

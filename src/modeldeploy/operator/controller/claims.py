@@ -24,13 +24,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modeldeploy.operator.api import ModelDeploymentSpec, Toleration, Topology
-from modeldeploy.operator.bundle import BUNDLE_LABEL, INSTANCE_LABEL
-from modeldeploy.operator.progression import warm_budget
-from modeldeploy.operator.rollout import UNDER_TEST
-from modeldeploy.operator.topology import NodeInfo, Nodes, accepted, pod_gpus, tolerates
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.topology import Toleration, Topology
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL
+from modeldeploy.operator.rollout.machine import UNDER_TEST
+from modeldeploy.operator.rollout.progression import warm_budget
+from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, accepted, pod_gpus, tolerates
 
-Key = tuple[str, str]  # (namespace, name)
+ObjectKey = tuple[str, str]  # (namespace, name)
 PodCounts = Counter[tuple[str, str, str]]  # (namespace, instance, bundle) -> pods the node list shows
 
 

@@ -16,8 +16,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from modeldeploy.operator.api import GROUP, PLURAL, VERSION
-from modeldeploy.operator.routing import KIND as ROUTE_KIND
+from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
+from modeldeploy.operator.rollout.routing import KIND as ROUTE_KIND
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
 LIST_PAGE = 250  # nodes or pods per page of a cluster-wide list

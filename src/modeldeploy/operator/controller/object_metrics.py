@@ -17,8 +17,8 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from modeldeploy.operator.api import Rollout
-from modeldeploy.operator.rollout import ACTIVE_PHASES, AWAITING
+from modeldeploy.operator.api.v1alpha1.rollout import Rollout
+from modeldeploy.operator.rollout.machine import ACTIVE_PHASES, AWAITING
 
 KEY = ("namespace", "modeldeployment")
 PHASES = ("Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack", "Degraded")

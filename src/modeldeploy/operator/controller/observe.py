@@ -18,22 +18,31 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from modeldeploy.operator import commands, metrics
-from modeldeploy.operator.actions import Observed
-from modeldeploy.operator.api import AnalysisResult, ModelDeploymentSpec
-from modeldeploy.operator.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
-from modeldeploy.operator.claims import Claim, Key, PodCounts, claim_pending, claimed, counted
-from modeldeploy.operator.gate import ConformanceRunner
-from modeldeploy.operator.kube import Kube
-from modeldeploy.operator.metrics_source import Cohorts, analyze_interval, source_for
-from modeldeploy.operator.pods import pod_ready, pod_url, ready_pod_ips
-from modeldeploy.operator.progression import epoch, iso
-from modeldeploy.operator.pull import crash_failure, pull_failure
-from modeldeploy.operator.rollout import UNDER_TEST
-from modeldeploy.operator.routing import KIND as ROUTE_KIND
-from modeldeploy.operator.scrape import Baselines
-from modeldeploy.operator.store import Store
-from modeldeploy.operator.topology import NodeInfo, Nodes, gpu_requests
+from modeldeploy.operator.analysis.gate import ConformanceRunner
+from modeldeploy.operator.analysis.pods import pod_ready, pod_url, ready_pod_ips
+from modeldeploy.operator.analysis.scrape import Baselines
+from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval, source_for
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.controller import metrics
+from modeldeploy.operator.controller.claims import (
+    Claim,
+    ObjectKey,
+    PodCounts,
+    claim_pending,
+    claimed,
+    counted,
+)
+from modeldeploy.operator.controller.kube import Kube
+from modeldeploy.operator.controller.pull import crash_failure, pull_failure
+from modeldeploy.operator.controller.store import Store
+from modeldeploy.operator.rollout import commands
+from modeldeploy.operator.rollout.actions import Observed
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
+from modeldeploy.operator.rollout.machine import UNDER_TEST
+from modeldeploy.operator.rollout.progression import epoch, iso
+from modeldeploy.operator.rollout.routing import KIND as ROUTE_KIND
+from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
 # How old the node list a pass plans on may be. What a pass reads of it is mostly what nodes are (labels,
 # allocatable GPUs, taints), which rarely changes; relisting 2,000 nodes and every bound pod each 15 s
@@ -63,7 +72,7 @@ class NodeCache:
         self._lock = threading.Lock()
         self._at, self._nodes = 0.0, None  # when the current list was begun (clock)
         self._seen: PodCounts = Counter()  # pods per (namespace, bundle) the current list counted
-        self._claims: dict[Key, Claim] = {}
+        self._claims: dict[ObjectKey, Claim] = {}
 
     def _fresh(self, since: float | None) -> bool:
         if self._nodes is None:
@@ -90,20 +99,20 @@ class NodeCache:
         finally:
             self._lock.release()
 
-    def for_decision(self, key: Key, since: float) -> list[NodeInfo]:
+    def for_decision(self, key: ObjectKey, since: float) -> list[NodeInfo]:
         """A list begun at or after `since` with every other object's claim placed on it."""
         nodes = self.get(since)
         others = [c for k, c in list(self._claims.items()) if k != key]
         return claimed(nodes, others, self._seen)
 
-    def claim(self, key: Key, claim: Claim | None) -> None:
+    def claim(self, key: ObjectKey, claim: Claim | None) -> None:
         """Record (None: drop) what this object's last plan wants, for the decisions of the others."""
         if claim is None or not claim.wants:
             self._claims.pop(key, None)
         else:
             self._claims[key] = claim
 
-    def claims(self, key: Key) -> bool:
+    def claims(self, key: ObjectKey) -> bool:
         return key in self._claims
 
 
@@ -271,7 +280,7 @@ class Observer:
             return
         since = (st.get("rollout") or {}).get("phaseSince")
         stable = (st.get("stable") or {}).get("bundle")
-        cohorts = Cohorts(
+        cohorts = AnalysisWindow(
             meta["uid"], ns, stable, canary, ips(stable), ips(canary), (canary, step, since), epoch(since)
         )
         stamp = iso(now)

@@ -18,28 +18,27 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from modeldeploy.operator import apply as applying
-from modeldeploy.operator import metrics
-from modeldeploy.operator.actions import Action, PatchStatus
-from modeldeploy.operator.apply import Hooks, apply
-from modeldeploy.operator.children import PORT
-from modeldeploy.operator.claims import Claim
-from modeldeploy.operator.drift import DESIRED_HASH
-from modeldeploy.operator.gate import ConformanceRunner
-from modeldeploy.operator.kube import Kube
-from modeldeploy.operator.object_metrics import ObjectMetrics
-from modeldeploy.operator.observe import UNFIT_TTL_S, LoadProbe, NodeCache, Observer
-from modeldeploy.operator.plan import capacity_decided, plan, unschedulable
-from modeldeploy.operator.progression import now_iso
-from modeldeploy.operator.rollout import IN_FLIGHT
-from modeldeploy.operator.scrape import Baselines
-from modeldeploy.operator.store import MD, Store
-from modeldeploy.operator.tracing import OperatorTracing
-from modeldeploy.operator.workqueue import WorkQueue
+from modeldeploy.operator.analysis.gate import ConformanceRunner
+from modeldeploy.operator.analysis.scrape import Baselines
+from modeldeploy.operator.controller import apply as applying
+from modeldeploy.operator.controller import metrics
+from modeldeploy.operator.controller.apply import Hooks, apply
+from modeldeploy.operator.controller.claims import Claim, ObjectKey
+from modeldeploy.operator.controller.kube import Kube
+from modeldeploy.operator.controller.object_metrics import ObjectMetrics
+from modeldeploy.operator.controller.observe import UNFIT_TTL_S, LoadProbe, NodeCache, Observer
+from modeldeploy.operator.controller.store import MD, Store
+from modeldeploy.operator.controller.tracing import OperatorTracing
+from modeldeploy.operator.controller.workqueue import WorkQueue
+from modeldeploy.operator.rollout.actions import Action, PatchStatus
+from modeldeploy.operator.rollout.children import PORT
+from modeldeploy.operator.rollout.drift import DESIRED_HASH
+from modeldeploy.operator.rollout.machine import IN_FLIGHT
+from modeldeploy.operator.rollout.plan import capacity_decided, plan, unschedulable
+from modeldeploy.operator.rollout.progression import now_iso
 
 OWN_WRITES = 4  # status writes per object whose watch events are recognised as our own echoes
 ROLLOUT_TICK_S = 2.0  # while a rollout is active, reconcile again this soon (gate, pauses)
-Key = tuple[str, str]  # (namespace, name)
 
 
 class Controller:
@@ -58,7 +57,7 @@ class Controller:
         for callers that change the API server between passes without telling the Controller."""
         self.kube = kube
         self.store = Store() if cache else None
-        self.doubted: set[Key] = set()  # keys whose next pass reads fresh, not from the store
+        self.doubted: set[ObjectKey] = set()  # keys whose next pass reads fresh, not from the store
         self.leader = leader  # peering: whether this replica is the active one for a namespace
         self.nodes = NodeCache(kube)
         self.deciding = threading.Lock()  # capacity decisions, one at a time (claims.py)
@@ -72,12 +71,14 @@ class Controller:
         self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s, workers)  # workers: see enqueue
         self.reconciles = 0  # completed, for the liveness probe
         self._guard = threading.Lock()
-        self._locks: dict[Key, threading.Lock] = {}  # one reconcile per object at a time
-        self.known: set[Key] = set()  # ModelDeployments seen by the watch, for the periodic resync
-        self.uids: dict[Key, str] = {}
-        self.own_writes: dict[Key, tuple[str, ...]] = {}  # resourceVersions of our last status writes
-        self.last_done: dict[Key, float] = {}  # monotonic time of the last completed reconcile
-        self.children: dict[str, tuple[Key, tuple]] = {}  # child uid -> (owner, what plan() reads of it)
+        self._locks: dict[ObjectKey, threading.Lock] = {}  # one reconcile per object at a time
+        self.known: set[ObjectKey] = set()  # ModelDeployments seen by the watch, for the periodic resync
+        self.uids: dict[ObjectKey, str] = {}
+        self.own_writes: dict[ObjectKey, tuple[str, ...]] = {}  # resourceVersions of our last status writes
+        self.last_done: dict[ObjectKey, float] = {}  # monotonic time of the last completed reconcile
+        self.children: dict[
+            str, tuple[ObjectKey, tuple]
+        ] = {}  # child uid -> (owner, what plan() reads of it)
         self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
         self.tracing = OperatorTracing()  # reconcile/analysis spans when OTEL_EXPORTER_OTLP_ENDPOINT is set
 
@@ -128,7 +129,7 @@ class Controller:
         self.forget(key)  # gone: nothing of it is kept
         return []
 
-    def _read(self, key: Key, fresh: bool) -> dict[str, Any] | None:
+    def _read(self, key: ObjectKey, fresh: bool) -> dict[str, Any] | None:
         """The ModelDeployment from the store, else (or `fresh`) a GET, kept in the store."""
         if not fresh and self.store is not None and (kept := self.store.md(*key)) is not None:
             return kept
@@ -137,13 +138,13 @@ class Controller:
             self.store.put(md, MD)
         return md
 
-    def doubt(self, key: Key) -> None:
+    def doubt(self, key: ObjectKey) -> None:
         """The next pass of `key` reads fresh (no effect without the store)."""
         if self.store is not None:
             with self._guard:
                 self.doubted.add(key)
 
-    def _reconcile(self, key: Key, md: dict[str, Any], fresh: bool = True) -> list[Action]:
+    def _reconcile(self, key: ObjectKey, md: dict[str, Any], fresh: bool = True) -> list[Action]:
         now, uid, t0 = now_iso(), md["metadata"]["uid"], time.time()
 
         def status_written(resource_version: str) -> None:
@@ -235,7 +236,7 @@ class Controller:
                 self.children[uid] = seen
         return owner
 
-    def _created(self, owner: Key, child: Mapping[str, Any]) -> None:
+    def _created(self, owner: ObjectKey, child: Mapping[str, Any]) -> None:
         """Remember what plan() reads of a child we just created, so that its first watch events (the
         Deployment controller's revision annotation and first status, none of which plan() reads) do not
         each cost the owner a reconcile; readiness changing later does."""
@@ -253,12 +254,12 @@ class Controller:
 
         return removed
 
-    def due(self, key: Key, period_s: float) -> bool:
+    def due(self, key: ObjectKey, period_s: float) -> bool:
         """Whether the periodic resync should reconcile `key`: not reconciled lately, and no pass of it
         running, waiting for a worker or ticking (that pass is as good as a resync)."""
         return time.monotonic() - self.last_done.get(key, 0.0) >= period_s and not self.queue.holds(key)
 
-    def forget(self, key: Key, uid: str | None = None) -> None:
+    def forget(self, key: ObjectKey, uid: str | None = None) -> None:
         """Drop every entry kept for a deleted object (after any reconcile of it in flight)."""
         with self._lock(key):
             self.queue.forget(key)
@@ -302,7 +303,7 @@ class Controller:
         self.gate.forget_md(uid)
         self.baselines.forget(uid)
 
-    def _lock(self, key: Key) -> threading.Lock:
+    def _lock(self, key: ObjectKey) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from modeldeploy.operator.bundle import INSTANCE_LABEL, MANAGED_BY
+from modeldeploy.operator.rollout.bundle import INSTANCE_LABEL, MANAGED_BY
 
 KINDS = ("Deployment", "Service")  # the children served from here (HTTPRoutes and Pods are listed fresh)
 MD = "ModelDeployment"

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from modeldeploy.operator import metrics
+from modeldeploy.operator.controller import metrics
 
 RETRY_S = 5.0  # a pass that raised is asked for again this soon (the next event or resync may come first)
 log = logging.getLogger("modeldeploy.operator")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeldeploy.operator.api import AnalysisResult
-from modeldeploy.operator.topology import NodeInfo
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.rollout.topology import NodeInfo
 
 
 @dataclass(frozen=True)

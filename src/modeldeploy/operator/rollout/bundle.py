@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from modeldeploy.operator.api import Bundle
+from modeldeploy.operator.api.v1alpha1.bundle import Bundle
 
 BUNDLE_LABEL = "modeldeploy.dev/bundle"
 INSTANCE_LABEL = "app.kubernetes.io/instance"  # the owning ModelDeployment's name

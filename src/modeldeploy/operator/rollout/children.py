@@ -15,8 +15,9 @@ import math
 from typing import Any
 from urllib.parse import urlparse
 
-from modeldeploy.operator.api import AdapterRef, Artifact, ModelDeploymentSpec
-from modeldeploy.operator.bundle import (
+from modeldeploy.operator.api.v1alpha1.bundle import AdapterRef, Artifact
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.rollout.bundle import (
     BUNDLE_LABEL,
     bundle_labels,
     deployment_name,

@@ -6,7 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from modeldeploy.operator.actions import Action, Create, Event, Patch
+from modeldeploy.operator.api.v1alpha1.common import quantity_value
+from modeldeploy.operator.rollout.actions import Action, Create, Event, Patch
 
 DESIRED_HASH = "modeldeploy.dev/desired-hash"
 
@@ -29,11 +30,9 @@ def subset(want: Any, have: Any) -> bool:
 
 
 def _same_quantity(a: str, b: str) -> bool:
-    from kubernetes.utils.quantity import parse_quantity
-
     try:
-        return parse_quantity(a) == parse_quantity(b)
-    except (ValueError, TypeError, ArithmeticError):
+        return quantity_value(a) == quantity_value(b)
+    except (ValueError, ArithmeticError):
         return False
 
 

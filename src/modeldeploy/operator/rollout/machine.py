@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
-from modeldeploy.operator.analysis import fmt
-from modeldeploy.operator.api import AnalysisResult, resolve_count
-from modeldeploy.operator.capacity import Have, replace_step
+from modeldeploy.operator.analysis.verdicts import fmt
+from modeldeploy.operator.api.v1alpha1.common import resolve_count
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.rollout.capacity import Have, replace_step
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
 ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving

@@ -23,8 +23,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modeldeploy.operator import children, progression, routing
-from modeldeploy.operator.actions import (  # noqa: F401  (re-exported: plan's vocabulary)
+from modeldeploy.operator.analysis.verdicts import describe
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition, ModelDeploymentStatus
+from modeldeploy.operator.rollout import children, progression, routing
+from modeldeploy.operator.rollout.actions import (  # noqa: F401  (re-exported: plan's vocabulary)
     Action,
     Annotate,
     Create,
@@ -34,16 +37,14 @@ from modeldeploy.operator.actions import (  # noqa: F401  (re-exported: plan's v
     Patch,
     PatchStatus,
 )
-from modeldeploy.operator.analysis import describe
-from modeldeploy.operator.api import CohortStatus, Condition, ModelDeploymentSpec, ModelDeploymentStatus
-from modeldeploy.operator.bundle import BUNDLE_LABEL, bundle_id, selector_labels
-from modeldeploy.operator.capacity import INSUFFICIENT, Have
-from modeldeploy.operator.drift import (  # noqa: F401  (DESIRED_HASH re-exported)
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, bundle_id, selector_labels
+from modeldeploy.operator.rollout.capacity import INSUFFICIENT, Have
+from modeldeploy.operator.rollout.drift import (  # noqa: F401  (DESIRED_HASH re-exported)
     DESIRED_HASH,
     one_created,
     reconcile_child,
 )
-from modeldeploy.operator.rollout import (
+from modeldeploy.operator.rollout.machine import (
     ACTIVE_PHASES,
     IN_FLIGHT,
     Policy,
@@ -55,8 +56,8 @@ from modeldeploy.operator.rollout import (
     cohort_replicas,
     serving_bundles,
 )
-from modeldeploy.operator.status import cohort, condition, replica_failure
-from modeldeploy.operator.topology import fit, spare_fit
+from modeldeploy.operator.rollout.status import cohort, condition, replica_failure
+from modeldeploy.operator.rollout.topology import fit, spare_fit
 
 Degraded = tuple[str, str] | None  # (reason, message) of a Degraded=True condition
 
@@ -100,7 +101,7 @@ class Inputs:
 
 
 @dataclass(frozen=True)
-class Cohorts:
+class CohortSummary:
     """Status figures of the stable and canary cohorts, and the readiness the conditions read."""
 
     stable: CohortStatus
@@ -276,7 +277,7 @@ def plan_cohorts(
     sizes: dict[str, int],
     canary_id: str | None,
     live: dict[str, dict[str, Any]],
-) -> Cohorts:
+) -> CohortSummary:
     """Replica and load-progress figures of the stable and (while in flight) canary cohorts.
 
     A Deployment this plan creates is named in status already (`live`, no status: 0 ready), so the
@@ -289,7 +290,7 @@ def plan_cohorts(
 
     stable = figures(state.stable)
     stable_ready = stable.ready_replicas >= x.spec.replicas
-    return Cohorts(
+    return CohortSummary(
         stable=stable,
         canary=figures(canary_id) if canary_id else None,
         ready_total=sum(_ready(x.by_bundle.get(b)) for b in sizes),
@@ -315,7 +316,7 @@ def plan_degraded(x: Inputs, state: RolloutState, unfit: str | None, route_probl
     return None
 
 
-def plan_phase(state: RolloutState, degraded: Degraded, cohorts: Cohorts, bid: str) -> str:
+def plan_phase(state: RolloutState, degraded: Degraded, cohorts: CohortSummary, bid: str) -> str:
     """status.phase: the machine's phase, except Degraded (broken, not a rollout) and first-load Deploying."""
     rollout_failed = degraded is not None and degraded[0] in progression.FAILURE_REASONS
     if degraded and not rollout_failed and not cohorts.all_ready and state.phase not in IN_FLIGHT:
@@ -326,7 +327,7 @@ def plan_phase(state: RolloutState, degraded: Degraded, cohorts: Cohorts, bid: s
 
 
 def plan_conditions(
-    x: Inputs, state: RolloutState, degraded: Degraded, cohorts: Cohorts, waiting: str | None = None
+    x: Inputs, state: RolloutState, degraded: Degraded, cohorts: CohortSummary, waiting: str | None = None
 ) -> list[Condition]:
     """Ready, Progressing and Degraded; lastTransitionTime kept while a condition's status holds."""
     ready_n, want = cohorts.stable.ready_replicas, x.spec.replicas
@@ -373,7 +374,7 @@ def plan_status(
     state: RolloutState,
     phase: str,
     conditions: list[Condition],
-    cohorts: Cohorts,
+    cohorts: CohortSummary,
     sizes: dict[str, int],
     weight: int,
 ) -> ModelDeploymentStatus:

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from modeldeploy.operator.api import (
-    HistoryEntry,
-    ModelDeploymentSpec,
-    ModelDeploymentStatus,
-    RolloutStatus,
-    resolve_count,
-)
-from modeldeploy.operator.rollout import IN_FLIGHT, Policy, RolloutState, Step
+from modeldeploy.operator.api.v1alpha1.common import resolve_count
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.status import HistoryEntry, ModelDeploymentStatus, RolloutStatus
+from modeldeploy.operator.rollout.machine import IN_FLIGHT, Policy, RolloutState, Step
 
 # Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
 FAILURE_REASONS = (

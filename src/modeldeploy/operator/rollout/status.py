@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeldeploy.operator.api import CohortStatus, Condition
+from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition
 
 
 def condition(

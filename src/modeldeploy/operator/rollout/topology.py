@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeldeploy.operator.api import Toleration, Topology
-from modeldeploy.operator.children import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from modeldeploy.operator.api.v1alpha1.topology import Toleration, Topology
+from modeldeploy.operator.rollout.children import GPU_PRODUCT_LABEL, GPU_RESOURCE
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU (GPU feature discovery)
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from modeldeploy.operator._model import _Model
-from modeldeploy.operator.api_common import _cel
+from modeldeploy.operator.api.v1alpha1._model import _Model
+from modeldeploy.operator.api.v1alpha1.common import _cel
 
 
 class SLO(_Model):
@@ -88,7 +88,7 @@ PromQLTemplate = Annotated[
 
 
 class PrometheusQueries(_Model):
-    """PromQL templates replacing the built-in ones (see operator/promql.py for the defaults).
+    """PromQL templates replacing the built-in ones (see operator/analysis/promql.py for the defaults).
 
     Each returns one cohort's increase over the window: the histogram ones one series per
     `le` (cumulative counts, +Inf included), the outcome one one series per `outcome`.

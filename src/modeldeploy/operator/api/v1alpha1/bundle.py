@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from modeldeploy.operator._model import _Model
-from modeldeploy.operator.api_common import _cel, _matches
+from modeldeploy.operator.api.v1alpha1._model import _Model
+from modeldeploy.operator.api.v1alpha1.common import _cel, _matches
 
 PINNED_IMAGE_RE = r"^[^@ ]+@sha256:[0-9a-f]{64}$"
 DIGEST_RE = r"^sha256:[0-9a-f]{64}$"

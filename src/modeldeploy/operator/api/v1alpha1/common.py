@@ -59,6 +59,30 @@ def quantity_bytes(q: Quantity) -> int:
     return int(value.to_integral_value(rounding=ROUND_CEILING))
 
 
+_ANY_QUANTITY_RE = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(n|u|m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E))?$"
+)
+_SUBUNIT = MappingProxyType({"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")})
+
+
+def quantity_value(q: Quantity) -> Decimal:
+    """Any Kubernetes quantity ("500m", "4Gi", "1e3", 2) as an exact Decimal; ValueError otherwise.
+
+    Exact, so two spellings of one value ("0.5" and "500m") compare equal and no rounding hides a
+    difference; `quantity_bytes` is the byte-only, rounded-up reading.
+    """
+    if isinstance(q, bool):
+        raise ValueError(f"not a quantity: {q!r}")
+    if isinstance(q, int):
+        return Decimal(q)
+    m = _ANY_QUANTITY_RE.match(q.strip())
+    if not m:
+        raise ValueError(f"not a Kubernetes quantity: {q!r}")
+    number, exponent, suffix = m.groups()
+    scale = _SUBUNIT[suffix] if suffix in _SUBUNIT else Decimal(_SUFFIX[suffix or ""])
+    return Decimal(number + (exponent or "")) * scale
+
+
 def _check_bytes(v: Quantity | None) -> Quantity | None:
     if v is not None:
         quantity_bytes(v)

@@ -1,14 +1,13 @@
-"""ModelDeployment API types (serving.modeldeploy.dev/v1alpha1): the single source of truth.
+"""The ModelDeployment object and its spec (serving.modeldeploy.dev/v1alpha1), with the cross-field rules.
 
 The CRD schema (`modeldeploy crd`) is generated from these models, and the operator parses
 every object through them, so the API server and the operator agree on shape, defaults and
 rules. CEL rules (`x-kubernetes-validations`) sit next to the field they guard; the same
 checks run in pydantic so a unit test or `plan()` sees the error the API server would give.
 
-This module holds the object and its spec; the parts live beside it, one concept a file:
-api_bundle (what is served), api_topology (where a replica runs), api_rollout (how a change rolls
-out), api_analysis (how a canary is judged), api_status (what the operator reports), api_common
-(shared checks). Every public name is re-exported here: the API is one namespace, `api.X`.
+The parts live beside this module, one concept a file: bundle (what is served), topology (where
+a replica runs), rollout (how a change rolls out), analysis (how a canary is judged), status
+(what the operator reports), common (shared checks). Import each name from its own module.
 """
 
 from __future__ import annotations
@@ -17,169 +16,19 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from modeldeploy.operator._model import _Model
-from modeldeploy.operator.api_analysis import (
-    MSG_PROM_QUERY,
-    MSG_PROM_SELECTOR,
-    MSG_PROM_URL,
-    MSG_PROM_WINDOW,
-    PROM_DURATION_RE,
-    PROM_MATCHERS_RE,
-    PROM_SELECTOR_RE,
-    PROM_TEMPLATE_RE,
-    PROM_URL_RE,
-    SLO,
-    Analysis,
-    PromAddress,
-    PrometheusQueries,
-    PrometheusSource,
-    PromQLTemplate,
-    PromSelector,
-    PromWindow,
-)
-from modeldeploy.operator.api_bundle import (
-    ADAPTER_NAME_RE,
-    DEFAULT_SERVED_NAME,
-    DIGEST_RE,
-    MAX_ADAPTERS,
-    MSG_ADAPTER_MODEL,
-    MSG_ADAPTER_NAME,
-    MSG_ADAPTER_UNIQUE,
-    MSG_DIGEST,
-    MSG_IMAGE,
-    MSG_TOKENIZER,
-    MSG_URI,
-    PINNED_IMAGE_RE,
-    URI_RE,
-    AdapterRef,
-    Artifact,
+from modeldeploy.operator.api.v1alpha1._model import _Model
+from modeldeploy.operator.api.v1alpha1.bundle import (
     Bundle,
-    Digest,
-    EngineRef,
-    PinnedImage,
-    SecretKeyRef,
-    ServingConfig,
-    TokenizerRef,
-    Uri,
 )
-from modeldeploy.operator.api_common import (
-    MSG_COUNT_OR_PERCENT,
-    PERCENT_RE,
-    ByteQuantity,
-    CountOrPercent,
-    Quantity,
-    quantity_bytes,
-    resolve_count,
-)
-from modeldeploy.operator.api_rollout import (
-    MSG_STEPS,
-    GatewayAPI,
-    GatewayParentRef,
-    KeepPrevious,
-    KeepPrior,
+from modeldeploy.operator.api.v1alpha1.rollout import (
     Rollout,
-    RolloutStep,
-    TrafficRouting,
 )
-from modeldeploy.operator.api_status import (
-    AnalysisResult,
-    CohortStatus,
-    Condition,
-    HistoryEntry,
-    MetricVerdict,
+from modeldeploy.operator.api.v1alpha1.status import (
     ModelDeploymentStatus,
-    RolloutStatus,
 )
-from modeldeploy.operator.api_topology import (
-    MSG_TP,
-    SHM_PER_RANK_GI,
+from modeldeploy.operator.api.v1alpha1.topology import (
     Resources,
-    Toleration,
     Topology,
-)
-
-__all__ = (  # a tuple: operator/ modules keep no mutable module state (tests/test_operator_state.py)
-    "ADAPTER_NAME_RE",
-    "AdapterRef",
-    "Analysis",
-    "AnalysisResult",
-    "Artifact",
-    "Bundle",
-    "ByteQuantity",
-    "CohortStatus",
-    "Condition",
-    "CountOrPercent",
-    "DEFAULT_SERVED_NAME",
-    "DIGEST_RE",
-    "Digest",
-    "EngineRef",
-    "GROUP",
-    "GatewayAPI",
-    "GatewayParentRef",
-    "HistoryEntry",
-    "KIND",
-    "KeepPrevious",
-    "KeepPrior",
-    "MAX_ADAPTERS",
-    "MSG_ADAPTER_MODEL",
-    "MSG_ADAPTER_NAME",
-    "MSG_ADAPTER_UNIQUE",
-    "MSG_COUNT_OR_PERCENT",
-    "MSG_DIGEST",
-    "MSG_IMAGE",
-    "MSG_PROM_QUERY",
-    "MSG_PROM_SELECTOR",
-    "MSG_PROM_URL",
-    "MSG_PROM_WINDOW",
-    "MSG_STEPS",
-    "MSG_TOKENIZER",
-    "MSG_TP",
-    "MSG_GRAPHS_CPU",
-    "MSG_GRAPHS_TP",
-    "MSG_TP_ADAPTERS",
-    "MSG_TP_CPU",
-    "MSG_URI",
-    "MetricVerdict",
-    "ModelDeployment",
-    "ModelDeploymentSpec",
-    "ModelDeploymentStatus",
-    "Observability",
-    "PERCENT_RE",
-    "PINNED_IMAGE_RE",
-    "PLURAL",
-    "PROM_DURATION_RE",
-    "PROM_MATCHERS_RE",
-    "PROM_SELECTOR_RE",
-    "PROM_TEMPLATE_RE",
-    "PROM_URL_RE",
-    "PinnedImage",
-    "PromAddress",
-    "PromQLTemplate",
-    "PromSelector",
-    "PromWindow",
-    "PrometheusQueries",
-    "PrometheusSource",
-    "Quantity",
-    "Readiness",
-    "Resources",
-    "Rollout",
-    "RolloutStatus",
-    "RolloutStep",
-    "SHM_PER_RANK_GI",
-    "SHORT_NAMES",
-    "SINGULAR",
-    "SLO",
-    "SecretKeyRef",
-    "ServingConfig",
-    "TokenizerRef",
-    "Toleration",
-    "Topology",
-    "TrafficRouting",
-    "URI_RE",
-    "Uri",
-    "VERSION",
-    "quantity_bytes",
-    "resolve_count",
 )
 
 GROUP = "serving.modeldeploy.dev"

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from modeldeploy.operator._model import _Model
-from modeldeploy.operator.api_analysis import Analysis
-from modeldeploy.operator.api_common import CountOrPercent, _cel
+from modeldeploy.operator.api.v1alpha1._model import _Model
+from modeldeploy.operator.api.v1alpha1.analysis import Analysis
+from modeldeploy.operator.api.v1alpha1.common import CountOrPercent, _cel
 
 MSG_STEPS = "rollout.steps weights must be strictly increasing"
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from modeldeploy.operator._model import _Model
+from modeldeploy.operator.api.v1alpha1._model import _Model
 
 
 class Condition(_Model):

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from modeldeploy.operator._model import _Model
-from modeldeploy.operator.api_common import ByteQuantity, Quantity, _cel, quantity_bytes
+from modeldeploy.operator.api.v1alpha1._model import _Model
+from modeldeploy.operator.api.v1alpha1.common import ByteQuantity, Quantity, _cel, quantity_bytes
 
 MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica"
 # Default /dev/shm per tensor-parallel rank: 1Gi at TP=1 (the value before TP, so those pods keep
