@@ -38,9 +38,16 @@ def dry_run(cluster: E2ECluster, ns: str, path: Path) -> str:
     for d in docs:
         d["metadata"]["namespace"] = ns
     r = cluster.kubectl(
-        "apply", "--dry-run=server", "--validate=strict", "-n", ns, "-f", "-",
-        input=yaml.safe_dump_all(docs), check=False,
-    )  # fmt: skip
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(docs),
+        check=False,
+    )
     assert r.returncode == 0, f"{path.name}: {r.stdout}\n{r.stderr}"
     return r.stdout
 
@@ -94,13 +101,29 @@ def test_hpa_scales_a_model_deployment_on_its_runtime_queue_depth_and_back(
     adapter = Adapter(cluster.api, cluster.kubeconfig, tmp_path)
     try:
         adapter.start()
-        hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": name},
-               "spec": {"scaleTargetRef": {"apiVersion": f"{G}/{V}", "kind": "ModelDeployment", "name": name},
-                        "minReplicas": 1, "maxReplicas": 2,
-                        "metrics": [{"type": "Pods", "pods": {"metric": {"name": WAITING},
-                                     "target": {"type": "AverageValue", "averageValue": "2"}}}],
-                        "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0},
-                                     "scaleDown": {"stabilizationWindowSeconds": 0}}}}  # fmt: skip
+        hpa = {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": name},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": f"{G}/{V}", "kind": "ModelDeployment", "name": name},
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "metrics": [
+                    {
+                        "type": "Pods",
+                        "pods": {
+                            "metric": {"name": WAITING},
+                            "target": {"type": "AverageValue", "averageValue": "2"},
+                        },
+                    }
+                ],
+                "behavior": {
+                    "scaleUp": {"stabilizationWindowSeconds": 0},
+                    "scaleDown": {"stabilizationWindowSeconds": 0},
+                },
+            },
+        }
         client_v2 = client.AutoscalingV2Api(cluster.api)
         client_v2.create_namespaced_horizontal_pod_autoscaler(ns, hpa)
         sel = f"app.kubernetes.io/instance={name}"
@@ -129,22 +152,36 @@ def test_hpa_scales_a_model_deployment_on_its_runtime_queue_depth_and_back(
             scaled_down = time.monotonic() - t1
         peak = max((v for _, _, v in relay.seen), default=0.0)
         status = client_v2.read_namespaced_horizontal_pod_autoscaler(name, ns).status
-        print(f"[timing] HPA: load -> spec.replicas 2 in {scaled_up:.1f}s, load stopped -> 1 in {scaled_down:.1f}s; "
-              f"{WAITING} peak {peak:g} per pod; relay errors {relay.errors[:3]}; load {load.by_ip()}")  # fmt: skip
+        print(
+            f"[timing] HPA: load -> spec.replicas 2 in {scaled_up:.1f}s, "
+            f"load stopped -> 1 in {scaled_down:.1f}s; "
+            f"{WAITING} peak {peak:g} per pod; relay errors {relay.errors[:3]}; load {load.by_ip()}"
+        )
         assert peak > 2, relay.seen
         assert up["status"]["replicas"] in (1, 2) and done["status"]["phase"] == "Stable", done["status"]
         assert down["status"]["phase"] in ("Stable", "Deploying"), down["status"]
-        rescales = [e.message for e in cluster.core.list_namespaced_event(ns).items
-                    if e.involved_object.kind == "HorizontalPodAutoscaler" and e.reason == "SuccessfulRescale"]  # fmt: skip
+        rescales = [
+            e.message
+            for e in cluster.core.list_namespaced_event(ns).items
+            if e.involved_object.kind == "HorizontalPodAutoscaler" and e.reason == "SuccessfulRescale"
+        ]
         print("HPA rescales:", rescales)
         assert any(m.startswith("New size: 2") and f"{WAITING} above target" in m for m in rescales), rescales
         assert any(m.startswith("New size: 1") and "below target" in m for m in rescales), rescales
         assert status.current_metrics and status.current_metrics[0].pods.metric.name == WAITING, status
         cluster.wait(
-            lambda: len([p for p in cluster.core.list_namespaced_pod(ns, label_selector=sel).items
-                         if p.metadata.deletion_timestamp is None]) == 1,
+            lambda: (
+                len(
+                    [
+                        p
+                        for p in cluster.core.list_namespaced_pod(ns, label_selector=sel).items
+                        if p.metadata.deletion_timestamp is None
+                    ]
+                )
+                == 1
+            ),
             120,
             "one pod left",
-        )  # fmt: skip
+        )
     finally:
         adapter.close()

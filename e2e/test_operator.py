@@ -129,13 +129,31 @@ def _pv_with_tiny_model(cluster: E2ECluster, ns: str, tmp: Path) -> str:
 
     model = make_tiny_model(tmp / "models" / "tiny-llama")
     pv = f"{ns}-models"
-    cluster.core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-        "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(tmp / "models"), "type": "Directory"},
-        "claimRef": {"namespace": ns, "name": "models"}}})  # fmt: skip
-    cluster.core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "models"}, "spec": {
-        "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
-        "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+    cluster.core.create_persistent_volume(
+        {
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(tmp / "models"), "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": "models"},
+            },
+        }
+    )
+    cluster.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "models"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
     return dir_digest(model)
 
 

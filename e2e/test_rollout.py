@@ -135,8 +135,10 @@ def test_good_bundle_promoted_across_an_operator_kill_then_rollback_to(
         operator.start()
         done = wait_phase(cluster, namespace, "chat", ("Stable", "Degraded"), 300)
         # the same figure e2e/test_real_node.py prints for containers (bench/results/real_node.md)
-        print(f"[timing] good bundle change -> promoted, operator killed {killed - t0:.1f}s in: "
-              f"{time.monotonic() - t0:.1f}s (process node)")  # fmt: skip
+        print(
+            f"[timing] good bundle change -> promoted, operator killed {killed - t0:.1f}s in: "
+            f"{time.monotonic() - t0:.1f}s (process node)"
+        )
         st = done["status"]
         assert st["phase"] == "Stable" and st["stable"]["bundle"] != old, (
             st,
@@ -221,7 +223,8 @@ def test_slow_bundle_fails_analysis_and_rolls_back(
             print("status:", get_md(cluster, namespace, "slow")["status"], "\nload:", load.by_ip())
             raise
         print(
-            f"[timing] slow bundle change -> rolled back by analysis: {time.monotonic() - t0:.1f}s (process node)"
+            f"[timing] slow bundle change -> rolled back by analysis: {time.monotonic() - t0:.1f}s "
+            "(process node)"
         )
         failed_at = cluster.wait(lambda: watch.seen.get("AnalysisFailed"), 10, "AnalysisFailed Event seen")
         out_at = cluster.wait(
@@ -245,7 +248,8 @@ def test_slow_bundle_fails_analysis_and_rolls_back(
         f"{out_at - failed_at:+.2f}s (0.1 s polling)"
     )
     print(
-        f"load during the failed canary, by pod ip (old {old_ips}): {load.by_ip()}; analysis {st['lastAnalysis']}"
+        f"load during the failed canary, by pod ip (old {old_ips}): {load.by_ip()}; "
+        f"analysis {st['lastAnalysis']}"
     )
     assert not stable_errors(load, old_ips), (load.by_ip(), load.transport_errors)
     canary = st["failedBundles"][0]

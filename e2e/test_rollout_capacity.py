@@ -77,13 +77,21 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
         with ReadyWatch(cluster, ns, name) as watch:
             t0 = time.monotonic()
             new = change(cluster, ns, name, max_num_seqs=2)
-            md = settled(cluster, ns, name, 180, "promoted", lambda s: s["phase"] == "Stable"
-                         and s["stable"]["bundle"] == new and not s.get("canary"))  # fmt: skip
+            md = settled(
+                cluster,
+                ns,
+                name,
+                180,
+                "promoted",
+                lambda s: s["phase"] == "Stable" and s["stable"]["bundle"] == new and not s.get("canary"),
+            )
             took = time.monotonic() - t0
         st = md["status"]
         msg = new_bundle_message(cluster, ns, name)
-        print(f"[timing] full cluster, Replace: bundle change -> promoted {took:.1f}s; min Ready "
-              f"{watch.minimum} of {REPLICAS} over {len(watch.samples)} polls (0.1 s); NewBundle: {msg}")  # fmt: skip
+        print(
+            f"[timing] full cluster, Replace: bundle change -> promoted {took:.1f}s; min Ready "
+            f"{watch.minimum} of {REPLICAS} over {len(watch.samples)} polls (0.1 s); NewBundle: {msg}"
+        )
         assert "capacity Replace (Auto: 16 more replicas" in msg and "0 of 16 GPUs spare" in msg, msg
         assert st["rollout"]["capacity"] == "Replace" and st["rollout"]["capacityReason"].startswith("Auto: ")
         assert any(c[old] and c[new] for c in watch.samples), watch.samples  # it watched the rollout itself
@@ -91,8 +99,14 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
         reasons = [r for r, _ in events(cluster, ns, name)]
         assert "Promoted" in reasons and "AnalysisPassed" in reasons, reasons
         # the stable gave its GPUs up in batches no larger than the 4 replicas above minAvailable
-        sizes = sorted({int(m.rsplit(" ", 1)[1]) for r, m in events(cluster, ns, name)
-                        if r == "Scaled" and f"(bundle {old})" in m}, reverse=True)  # fmt: skip
+        sizes = sorted(
+            {
+                int(m.rsplit(" ", 1)[1])
+                for r, m in events(cluster, ns, name)
+                if r == "Scaled" and f"(bundle {old})" in m
+            },
+            reverse=True,
+        )
         assert sizes and all(
             a - b <= REPLICAS - MIN_AVAILABLE for a, b in zip([REPLICAS, *sizes], sizes, strict=False)
         ), sizes
@@ -117,12 +131,17 @@ def test_full_cluster_replace_keeps_min_available_promotes_then_slow_bundle_roll
                 lambda s: slow in s.get("failedBundles", []),
             )
             decided = time.monotonic()
-            cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS}), 120,
-                         "16 Ready on the stable bundle, none of the canary")  # fmt: skip
+            cluster.wait(
+                lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS}),
+                120,
+                "16 Ready on the stable bundle, none of the canary",
+            )
             full = time.monotonic()
         st = md["status"]
-        print(f"[timing] full cluster, Replace: slow bundle change -> rolled back {decided - t0:.1f}s; rollback "
-              f"decision -> {REPLICAS} Ready on stable {full - decided:.1f}s; min Ready {back.minimum}")  # fmt: skip
+        print(
+            f"[timing] full cluster, Replace: slow bundle change -> rolled back {decided - t0:.1f}s; "
+            f"rollback decision -> {REPLICAS} Ready on stable {full - decided:.1f}s; min Ready {back.minimum}"
+        )
         assert st["stable"]["bundle"] == new and st["phase"] == "Stable", st
         assert condition(md, "Degraded")["reason"] == "AnalysisFailed", condition(md, "Degraded")
         checked(md, "Degraded", "degraded-replace-analysis-failed-kwok")
@@ -147,12 +166,20 @@ def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operato
         with ReadyWatch(cluster, ns, name) as watch:
             t0 = time.monotonic()
             new = change(cluster, ns, name, max_num_seqs=2)
-            md = settled(cluster, ns, name, 180, "promoted", lambda s: s["phase"] == "Stable"
-                         and s["stable"]["bundle"] == new and not s.get("canary"))  # fmt: skip
+            md = settled(
+                cluster,
+                ns,
+                name,
+                180,
+                "promoted",
+                lambda s: s["phase"] == "Stable" and s["stable"]["bundle"] == new and not s.get("canary"),
+            )
             took = time.monotonic() - t0
         msg = new_bundle_message(cluster, ns, name)
-        print(f"[timing] spare GPUs, Surge: bundle change -> promoted {took:.1f}s; min Ready {watch.minimum}; "
-              f"NewBundle: {msg}")  # fmt: skip
+        print(
+            f"[timing] spare GPUs, Surge: bundle change -> promoted {took:.1f}s; min Ready {watch.minimum}; "
+            f"NewBundle: {msg}"
+        )
         assert "capacity Surge (Auto: 16 more replicas" in msg and "16 of 32 GPUs spare" in msg, msg
         assert md["status"]["rollout"]["capacity"] == "Surge", md["status"]["rollout"]
         # Surge: the stable fleet stayed whole beside the canary until promotion
@@ -161,8 +188,11 @@ def test_spare_gpus_surge(cluster: E2ECluster, namespace: str, operator: Operato
         rollout = md["status"]["rollout"]
         assert rollout["prior"] == "Warm" and "maxGPUs 2" in rollout["priorReason"], rollout
         checked(md, "Healthy", "healthy-surge-promoted-prior-warm-kwok")
-        cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS, old: 2}), 60,
-                     "16 Ready on the new bundle, 2 warm on the prior")  # fmt: skip
+        cluster.wait(
+            lambda: ready_by_bundle(cluster, ns, name) == Counter({new: REPLICAS, old: 2}),
+            60,
+            "16 Ready on the new bundle, 2 warm on the prior",
+        )
 
 
 def test_scale_during_canary_at_25_percent_keeps_the_ratio(
@@ -178,8 +208,11 @@ def test_scale_during_canary_at_25_percent_keeps_the_ratio(
         settled(cluster, ns, name, 120, "canary at 25 %", lambda s: s["phase"] == "Canary")
 
         def cohorts(stable: int, canary: int) -> None:
-            cluster.wait(lambda: ready_by_bundle(cluster, ns, name) == Counter({old: stable, new: canary}), 120,
-                         f"{stable} stable + {canary} canary Ready")  # fmt: skip
+            cluster.wait(
+                lambda: ready_by_bundle(cluster, ns, name) == Counter({old: stable, new: canary}),
+                120,
+                f"{stable} stable + {canary} canary Ready",
+            )
             deps = {
                 d.metadata.labels[BUNDLE_LABEL]: d.spec.replicas
                 for d in cluster.apps.list_namespaced_deployment(ns).items
@@ -233,8 +266,14 @@ def test_a_min_available_that_cannot_be_kept_waits_with_insufficient_capacity(
             cluster.custom.patch_namespaced_custom_object(
                 G, V, ns, P, name, {"spec": {"rollout": {"minAvailable": "75%"}}}
             )
-            settled(cluster, ns, name, 180, "promoted", lambda s: s["phase"] == "Stable"
-                    and s["stable"]["bundle"] == new and not s.get("canary"))  # fmt: skip
+            settled(
+                cluster,
+                ns,
+                name,
+                180,
+                "promoted",
+                lambda s: s["phase"] == "Stable" and s["stable"]["bundle"] == new and not s.get("canary"),
+            )
         # nothing moved while it waited
         assert waited and all(c == Counter({old: REPLICAS}) for c in waited), waited
         assert watch.minimum >= MIN_AVAILABLE, watch.samples

@@ -119,7 +119,8 @@ def test_http_route_follows_the_rollout_and_a_failing_analysis_zeroes_the_canary
     assert [w for _, w in watch.weights] == [0, 50, 0], watch.weights  # gate at 0, step at 50, rollback to 0
     failed_at, zero_at = watch.seen["AnalysisFailed"], watch.weights[-1][0]
     print(
-        f"gateway: AnalysisFailed Event seen -> canary weight 0 in the HTTPRoute seen: {zero_at - failed_at:+.2f}s "
+        "gateway: AnalysisFailed Event seen -> canary weight 0 in the HTTPRoute seen: "
+        f"{zero_at - failed_at:+.2f}s "
         f"(both polled every 0.1 s); load {load.by_ip()}"
     )
     assert not stable_errors(load, old_ips), (load.by_ip(), load.transport_errors)

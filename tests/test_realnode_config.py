@@ -1,5 +1,6 @@
-"""The real node's configuration files (devtools/modeldeploy_dev/cluster/realnode/config.py): the settings this machine
-forces are present, every path stays under the node directory, and bad input is refused by name."""
+"""The real node's configuration files (devtools/modeldeploy_dev/cluster/realnode/config.py): the
+settings this machine forces are present, every path stays under the node directory, and bad input
+is refused by name."""
 
 from __future__ import annotations
 

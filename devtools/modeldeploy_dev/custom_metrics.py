@@ -69,10 +69,17 @@ class Adapter:
 
     def start(self, timeout: float = 60) -> None:
         kc = f"={self.kubeconfig}"
-        argv = [str(ADAPTER), f"--secure-port={self.port}", "--bind-address=127.0.0.1",
-                f"--cert-dir={self.workdir / 'certs'}", f"--lister-kubeconfig{kc}",
-                f"--authentication-kubeconfig{kc}", f"--authorization-kubeconfig{kc}",
-                "--authorization-always-allow-paths=/healthz,/readyz,/livez", "--v=2"]  # fmt: skip
+        argv = [
+            str(ADAPTER),
+            f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1",
+            f"--cert-dir={self.workdir / 'certs'}",
+            f"--lister-kubeconfig{kc}",
+            f"--authentication-kubeconfig{kc}",
+            f"--authorization-kubeconfig{kc}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez",
+            "--v=2",
+        ]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._register()
@@ -82,7 +89,10 @@ class Adapter:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"adapter exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             conds = {v: reg.read_api_service(f"{v}.{GROUP}").status for v in VERSIONS}
-            if all(any(c.type == "Available" and c.status == "True" for c in (s.conditions or [])) for s in conds.values()):  # fmt: skip
+            if all(
+                any(c.type == "Available" and c.status == "True" for c in (s.conditions or []))
+                for s in conds.values()
+            ):
                 return
             time.sleep(0.5)
         raise TimeoutError(
@@ -92,15 +102,26 @@ class Adapter:
     def _register(self) -> None:
         core, reg = client.CoreV1Api(self.api), client.ApiregistrationV1Api(self.api)
         svc = {"metadata": {"name": SERVICE}, "spec": {"type": "ExternalName", "externalName": "localhost"}}
-        _create_or_replace(lambda: core.create_namespaced_service(NAMESPACE, svc),
-                           lambda: core.delete_namespaced_service(SERVICE, NAMESPACE))  # fmt: skip
+        _create_or_replace(
+            lambda: core.create_namespaced_service(NAMESPACE, svc),
+            lambda: core.delete_namespaced_service(SERVICE, NAMESPACE),
+        )
         for i, v in enumerate(VERSIONS):
-            body = {"metadata": {"name": f"{v}.{GROUP}"}, "spec": {
-                "group": GROUP, "version": v, "groupPriorityMinimum": 100, "versionPriority": 100 + i,
-                "insecureSkipTLSVerify": True,
-                "service": {"namespace": NAMESPACE, "name": SERVICE, "port": self.port}}}  # fmt: skip
-            _create_or_replace(lambda b=body: reg.create_api_service(b),
-                               lambda b=body: reg.delete_api_service(b["metadata"]["name"]))  # fmt: skip
+            body = {
+                "metadata": {"name": f"{v}.{GROUP}"},
+                "spec": {
+                    "group": GROUP,
+                    "version": v,
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 100 + i,
+                    "insecureSkipTLSVerify": True,
+                    "service": {"namespace": NAMESPACE, "name": SERVICE, "port": self.port},
+                },
+            }
+            _create_or_replace(
+                lambda b=body: reg.create_api_service(b),
+                lambda b=body: reg.delete_api_service(b["metadata"]["name"]),
+            )
 
     def close(self) -> None:
         reg, core = client.ApiregistrationV1Api(self.api), client.CoreV1Api(self.api)
@@ -136,19 +157,29 @@ def _create_or_replace(create: Any, delete: Any) -> None:
 
 def metric_value(text: str, name: str) -> float | None:
     """The sum of `name`'s samples in a Prometheus text exposition (None when absent)."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " ")]  # fmt: skip
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
+    ]
     return sum(values) if values else None
 
 
 class Relay:
     """Every `period_s`, each Ready pod matching `selector` in `ns`: its `/metrics` value of `metric`
-    written to the adapter for that pod. Bounded: at most `max_rounds` rounds; `seen` keeps what was written."""
+    written to the adapter for that pod. Bounded: at most `max_rounds` rounds; `seen` keeps what
+    was written."""
 
     def __init__(
-        self, api: client.ApiClient, ns: str, selector: str, metric: str, port: int = 8000,
-        period_s: float = 1.0, max_rounds: int = 900,
-    ) -> None:  # fmt: skip
+        self,
+        api: client.ApiClient,
+        ns: str,
+        selector: str,
+        metric: str,
+        port: int = 8000,
+        period_s: float = 1.0,
+        max_rounds: int = 900,
+    ) -> None:
         self.core, self.ns, self.selector, self.metric, self.port = (
             client.CoreV1Api(api),
             ns,

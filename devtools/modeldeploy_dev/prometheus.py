@@ -1,4 +1,5 @@
-"""A real Prometheus (built from its Go module by devtools/modeldeploy_dev/cluster/build.sh) for analysis tests.
+"""A real Prometheus (built from its Go module by devtools/modeldeploy_dev/cluster/build.sh) for
+analysis tests.
 
 Static targets with a `namespace` label, and optionally a file-discovered job whose target
 file a test rewrites as pods come and go (there is no Kubernetes discovery in this build).
@@ -55,7 +56,10 @@ class Prom:
             for job, (t, ns) in targets.items()
         )
         if file_sd is not None:
-            jobs += f"  - job_name: pods\n    file_sd_configs:\n      - files: ['{file_sd}']\n        refresh_interval: 1s\n"
+            jobs += (
+                f"  - job_name: pods\n    file_sd_configs:\n"
+                f"      - files: ['{file_sd}']\n        refresh_interval: 1s\n"
+            )
         cfg = tmp / "prometheus.yml"
         cfg.write_text(f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{jobs}")
         self.url = f"http://127.0.0.1:{_free_port()}"

@@ -33,8 +33,9 @@ from typing import Any
 TOOL_TEMPLATE = (
     "{{ bos_token }}{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}"
     "</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['tool_calls'] %}{% for c in m['tool_calls'] %}<tool_call>{{ c['function'] | tojson }}</tool_call>"
-    "{% endfor %}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if m['tool_calls'] %}{% for c in m['tool_calls'] %}"
+    "<tool_call>{{ c['function'] | tojson }}</tool_call>{% endfor %}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 WEATHER = {

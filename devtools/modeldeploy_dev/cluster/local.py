@@ -104,7 +104,8 @@ class Binaries:
 CLIENT_QPS, CLIENT_BURST = 100, 200
 CLIENT_RATE_PATCHES = "".join(
     f"- name: {c}\n  extraArgs:\n"
-    f"  - {{key: kube-api-qps, value: '{CLIENT_QPS}'}}\n  - {{key: kube-api-burst, value: '{CLIENT_BURST}'}}\n"
+    f"  - {{key: kube-api-qps, value: '{CLIENT_QPS}'}}\n"
+    f"  - {{key: kube-api-burst, value: '{CLIENT_BURST}'}}\n"
     for c in ("kube-controller-manager", "kube-scheduler")
 )
 
@@ -264,6 +265,7 @@ class LocalCluster:
             from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 
             gw, port = self.real_node().net.gateway, self.api_port()
+            pki = self.cluster_dir / "pki"
             # in-cluster clients verify https://10.0.0.1 against the ServiceAccount's ca.crt
             options = f"  kubeApiserverPort: {port}\n  kubeApiserverCertSANs: ['{SERVICE_IP}', '{gw}']\n"
             # (override: true replaces a flag kwokctl sets; without it a flag is added)
@@ -275,8 +277,8 @@ class LocalCluster:
                 # `kubectl logs/exec` on the real node: the apiserver shows kubelet a client
                 # certificate of the cluster CA (kubelet refuses anonymous requests)
                 "  - {key: kubelet-preferred-address-types, value: InternalIP}\n"
-                f"  - {{key: kubelet-client-certificate, value: '{self.cluster_dir / 'pki' / 'admin.crt'}'}}\n"
-                f"  - {{key: kubelet-client-key, value: '{self.cluster_dir / 'pki' / 'admin.key'}'}}\n"
+                f"  - {{key: kubelet-client-certificate, value: '{pki / 'admin.crt'}'}}\n"
+                f"  - {{key: kubelet-client-key, value: '{pki / 'admin.key'}'}}\n"
             )
         cfg = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n"

@@ -2,9 +2,10 @@
 
 Only the `modeldeploy` CLI runs here: container `command` = ["modeldeploy", ...], or no command
 and the image's ENTRYPOINT/CMD taken from Dockerfile.runtime (`modeldeploy serve` + default
-args); it is run as the `modeldeploy` script next to this interpreter. There is no mount namespace, so volumes are mapped
-by path rewriting: an argument, env value or workingDir equal to a volumeMount's mountPath, or
-below it (also as the value of `--flag=` or `NAME=`), is rewritten to the volume's local directory:
+args); it is run as the `modeldeploy` script next to this interpreter. There is no mount
+namespace, so volumes are mapped by path rewriting: an argument, env value or workingDir equal to a
+volumeMount's mountPath, or below it (also as the value of `--flag=` or `NAME=`), is rewritten to
+the volume's local directory:
   hostPath              -> its path on this machine
   persistentVolumeClaim -> the bound PV's hostPath/local path, else <state>/pvc/<ns>/<claim>/
   emptyDir              -> <state>/pods/<uid>/volumes/<name>/

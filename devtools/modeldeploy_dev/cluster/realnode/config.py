@@ -126,7 +126,11 @@ def containerd_toml(lay: Layout, runc: str, cni_bin_dir: str, pause_ref: str) ->
     return f"""version = 3
 root = {_toml_str(lay.containerd_root)}
 state = {_toml_str(lay.containerd_state)}
-disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+disabled_plugins = [
+  "io.containerd.nri.v1.nri",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
 
 [grpc]
   address = {_toml_str(lay.containerd_sock)}
@@ -174,7 +178,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 
 def registry_hosts_toml(host_port: str) -> str:
     """certs.d/<host:port>/hosts.toml: the loopback registry speaks plain HTTP."""
-    return f'server = "http://{host_port}"\n\n[host."http://{host_port}"]\n  capabilities = ["pull", "resolve"]\n'
+    return (
+        f'server = "http://{host_port}"\n\n'
+        f'[host."http://{host_port}"]\n  capabilities = ["pull", "resolve"]\n'
+    )
 
 
 def cni_conflist(name: str, net: NodeNet, data_dir: Path) -> dict:

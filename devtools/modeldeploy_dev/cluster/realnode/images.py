@@ -30,7 +30,8 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 def context_of(dockerfile: str) -> list[str]:
     """The build context is exactly what the Dockerfile COPYs from it (sources of `COPY a b dest`,
     not `COPY --from=...`), so nothing else of the repository can slip into an image. A path
-    inside another one listed (src/modeldeploy/kernels/cpu inside src) comes with it and is not listed again."""
+    inside another one listed (src/modeldeploy/kernels/cpu inside src) comes with it and is not
+    listed again."""
     names: set[str] = set()
     for line in (ROOT / dockerfile).read_text().splitlines():
         words = line.split()
@@ -75,10 +76,18 @@ def base_image() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs"
         subprocess.run(
-            [debootstrap, "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-             "bookworm", str(rootfs), "http://deb.debian.org/debian"],
-            check=True, timeout=1200, capture_output=True,
-        )  # fmt: skip
+            [
+                debootstrap,
+                "--variant=minbase",
+                "--include=python3,python3-venv,ca-certificates",
+                "bookworm",
+                str(rootfs),
+                "http://deb.debian.org/debian",
+            ],
+            check=True,
+            timeout=1200,
+            capture_output=True,
+        )
         if HOST_CA.exists():  # pip in the build trusts what the host trusts
             shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
         tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True)
@@ -142,8 +151,10 @@ def write_examples(refs: dict[str, str], out: Path) -> list[Path]:
     if "operator" in refs:
         repo, digest = refs["operator"].split("@")
         values = out / "operator-values.yaml"
-        values.write_text(f"# helm install mdop charts/modeldeploy-operator -f {values.name}\n"
-                          f"image:\n  repository: {repo}\n  digest: {digest}\n")  # fmt: skip
+        values.write_text(
+            f"# helm install mdop charts/modeldeploy-operator -f {values.name}\n"
+            f"image:\n  repository: {repo}\n  digest: {digest}\n"
+        )
         written.append(values)
     return written
 

@@ -99,7 +99,7 @@ class NodeBinaries:
                 self.containerd_dir / "containerd-shim-runc-v2",
                 self.ctr,
                 self.registry,
-            )  # fmt: skip
+            )
             if not os.access(p, os.X_OK)
         ]
         out += [str(t) for t in (self.pause_tar, self.probe_tar) if not t.is_file()]
@@ -140,8 +140,19 @@ class RealNode:
         Path(f"/proc/sys/net/ipv4/conf/{self.net.bridge}/forwarding").write_text("1\n")
         # Docker sets the FORWARD policy to DROP; bridged pod-to-pod frames pass iptables
         # (br_netfilter), so accept what stays on this bridge. Tagged for `down`.
-        rule = ["FORWARD", "-i", self.net.bridge, "-o", self.net.bridge, "-m", "comment",
-                "--comment", f"{cleanup.RULE_TAG}:{self.cluster}", "-j", "ACCEPT"]  # fmt: skip
+        rule = [
+            "FORWARD",
+            "-i",
+            self.net.bridge,
+            "-o",
+            self.net.bridge,
+            "-m",
+            "comment",
+            "--comment",
+            f"{cleanup.RULE_TAG}:{self.cluster}",
+            "-j",
+            "ACCEPT",
+        ]
         if subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
             subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True)
 
@@ -153,8 +164,10 @@ class RealNode:
         for cmd in ("iptables", "ip6tables"):
             if shutil.which(cmd) is None:
                 continue
-            for pos, rule in (("1", [*tcp, "-i", self.net.bridge, *tag, "-j", "ACCEPT"]),
-                              ("2", [*tcp, "!", "-i", "lo", *tag, "-j", "DROP"])):  # fmt: skip
+            for pos, rule in (
+                ("1", [*tcp, "-i", self.net.bridge, *tag, "-j", "ACCEPT"]),
+                ("2", [*tcp, "!", "-i", "lo", *tag, "-j", "DROP"]),
+            ):
                 if subprocess.run([cmd, "-C", "INPUT", *rule], capture_output=True).returncode != 0:
                     subprocess.run([cmd, "-I", "INPUT", pos, *rule], check=True, capture_output=True)
 
@@ -192,8 +205,10 @@ class RealNode:
         for d in (lay.base, lay.pki, lay.cni_conf_dir, lay.cni_data_dir, lay.kubelet_root, lay.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         ca = pki_dir / "ca.crt"
-        for user, cn, org in (("kubelet", f"system:node:{self.name}", "system:nodes"),
-                              ("kube-proxy", "system:kube-proxy", None)):  # fmt: skip
+        for user, cn, org in (
+            ("kubelet", f"system:node:{self.name}", "system:nodes"),
+            ("kube-proxy", "system:kube-proxy", None),
+        ):
             crt, key = sign_client_cert(ca, pki_dir / "ca.key", lay.pki, user, cn, org)
             lay.kubeconfig(user).write_text(kubeconfig_yaml(server, ca, crt, key, user))
         self._start_containerd(log)
@@ -247,12 +262,26 @@ class RealNode:
             return
         lay.kubelet_config.write_text(kubelet_yaml(lay, self.net, _free_port(self.net.gateway), ca))
         log(f"[real-node] starting kubelet {self.name} ({self.net.gateway}, pods {self.net.pod_cidr})")
-        self._spawn("kubelet", [
-            str(self.bins.kubelet), "--config", str(lay.kubelet_config),
-            "--kubeconfig", str(lay.kubeconfig("kubelet")), "--root-dir", str(lay.kubelet_root),
-            "--hostname-override", self.name, "--node-ip", self.net.gateway,
-            "--node-labels", NODE_KIND_LABEL, "--v", "2",
-        ])  # fmt: skip
+        self._spawn(
+            "kubelet",
+            [
+                str(self.bins.kubelet),
+                "--config",
+                str(lay.kubelet_config),
+                "--kubeconfig",
+                str(lay.kubeconfig("kubelet")),
+                "--root-dir",
+                str(lay.kubelet_root),
+                "--hostname-override",
+                self.name,
+                "--node-ip",
+                self.net.gateway,
+                "--node-labels",
+                NODE_KIND_LABEL,
+                "--v",
+                "2",
+            ],
+        )
 
     def _start_kube_proxy(self, log) -> None:  # noqa: ANN001
         lay = self.lay
@@ -311,9 +340,13 @@ class RealNode:
     def _spawn(self, component: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.lay.log(component), "ab") as logf:
             p = subprocess.Popen(
-                cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=env,
-            )  # fmt: skip
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
         self.lay.pidfile(component).write_text(str(p.pid))
 
     def pid(self, component: str) -> int | None:
@@ -370,8 +403,10 @@ class RealNode:
         with contextlib.suppress(TimeoutError):  # best effort: the node is deleted either way
             wait_until(
                 lambda: not core.list_pod_for_all_namespaces(field_selector=sel).items,
-                90, 0.5, f"the pods on {self.name} to go",
-            )  # fmt: skip
+                90,
+                0.5,
+                f"the pods on {self.name} to go",
+            )
         with contextlib.suppress(Exception):
             core.delete_node(self.name)
 

@@ -27,8 +27,13 @@ def _member(t: tarfile.TarFile, name: str) -> IO[bytes]:
     raise ValueError(f"{t.name}: no {name} (not an OCI image layout tar)")
 
 
-def _request(method: str, url: str, data: bytes | IO[bytes] | None = None, headers: dict | None = None,
-             length: int | None = None) -> tuple[int, dict[str, str]]:  # fmt: skip
+def _request(
+    method: str,
+    url: str,
+    data: bytes | IO[bytes] | None = None,
+    headers: dict | None = None,
+    length: int | None = None,
+) -> tuple[int, dict[str, str]]:
     h = dict(headers or {})
     if length is not None:
         h["Content-Length"] = str(length)
@@ -63,8 +68,13 @@ def push_layout(tar_path: Path, host: str, repo: str, tag: str | None = None) ->
             loc = urllib.parse.urljoin(f"http://{host}/", hdr["Location"])
             sep = "&" if "?" in loc else "?"
             body = _member(t, f"blobs/sha256/{d.split(':', 1)[1]}")
-            _request("PUT", f"{loc}{sep}digest={d}", body, {"Content-Type": "application/octet-stream"},
-                     length=blob["size"])  # fmt: skip
+            _request(
+                "PUT",
+                f"{loc}{sep}digest={d}",
+                body,
+                {"Content-Type": "application/octet-stream"},
+                length=blob["size"],
+            )
         for ref in [digest, *([tag] if tag else [])]:
             _request("PUT", f"{base}/manifests/{ref}", raw, {"Content-Type": media}, length=len(raw))
     return f"{host}/{repo}@{digest}"

@@ -25,9 +25,24 @@ def sign_client_cert(
     key.chmod(0o600)
     _openssl("req", "-new", "-key", str(key), "-subj", subj, "-out", str(csr))
     _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key), "-CAcreateserial",
-        "-CAserial", str(out_dir / "ca.srl"), "-days", str(days), "-extfile", str(ext), "-out", str(crt),
-    )  # fmt: skip
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca_crt),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-CAserial",
+        str(out_dir / "ca.srl"),
+        "-days",
+        str(days),
+        "-extfile",
+        str(ext),
+        "-out",
+        str(crt),
+    )
     csr.unlink()
     ext.unlink()
     return crt, key

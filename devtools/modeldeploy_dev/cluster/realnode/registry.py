@@ -57,9 +57,13 @@ class Registry:
         env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
         with open(self.run_dir / "registry.log", "ab") as log:
             p = subprocess.Popen(
-                [str(self.binary), "serve", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, env=env,
-            )  # fmt: skip
+                [str(self.binary), "serve", str(cfg)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
         self.pidfile.write_text(str(p.pid))
         failed = f"registry did not start on {self.host}; see {self.run_dir / 'registry.log'}"
 
@@ -86,10 +90,12 @@ class Registry:
         req = urllib.request.Request(
             f"http://{self.host}/v2/{repo}/manifests/{digest}",
             method="HEAD",
-            headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
-                     "application/vnd.docker.distribution.manifest.v2+json, "
-                     "application/vnd.oci.image.index.v1+json"},
-        )  # fmt: skip
+            headers={
+                "Accept": "application/vnd.oci.image.manifest.v1+json, "
+                "application/vnd.docker.distribution.manifest.v2+json, "
+                "application/vnd.oci.image.index.v1+json"
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return r.status == 200
