@@ -93,12 +93,18 @@ def _why_not() -> str | None:
     if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
         return "no cgroup filesystem mounted"
     missing = [t for t in ("runc", "iptables-save", "ip", "openssl") if shutil.which(t) is None]
-    missing += [f"/usr/lib/cni/{p}" for p in ("bridge", "host-local", "portmap", "loopback")
-                if not Path(f"/usr/lib/cni/{p}").exists()]  # fmt: skip
+    missing += [
+        f"/usr/lib/cni/{p}"
+        for p in ("bridge", "host-local", "portmap", "loopback")
+        if not Path(f"/usr/lib/cni/{p}").exists()
+    ]
     if shutil.which(os.environ.get("CC", "cc")) is None:
         missing.append("a C compiler (cc)")
     if missing:
-        return f"real node prerequisites missing: {missing} (apt-get install runc containernetworking-plugins iptables gcc; .ci/run does)"
+        return (
+            f"real node prerequisites missing: {missing} "
+            "(apt-get install runc containernetworking-plugins iptables gcc; .ci/run does)"
+        )
     return None
 
 
@@ -149,8 +155,11 @@ def ns(rn) -> Iterator[str]:
     k.core.create_namespace(
         {"metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     )
-    k.wait(lambda: any(a.metadata.name == "default" for a in k.core.list_namespaced_service_account(name).items),
-           60, "default ServiceAccount")  # fmt: skip
+    k.wait(
+        lambda: any(a.metadata.name == "default" for a in k.core.list_namespaced_service_account(name).items),
+        60,
+        "default ServiceAccount",
+    )
     yield name
     k.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=150)
 
@@ -161,8 +170,9 @@ def probe_ref(rn) -> str:
     return push_layout(c.real_node().bins.probe_tar, c.registry().host, "modeldeploy/probe")
 
 
-def probe_pod(name: str, image: str, args: list[str], labels: dict[str, str] | None = None,
-              restart: str = "Always") -> dict:  # fmt: skip
+def probe_pod(
+    name: str, image: str, args: list[str], labels: dict[str, str] | None = None, restart: str = "Always"
+) -> dict:
     c = {
         "name": "probe",
         "image": image,
@@ -175,9 +185,13 @@ def probe_pod(name: str, image: str, args: list[str], labels: dict[str, str] | N
         c["readinessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
     return {
         "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"containers": [c], "restartPolicy": restart, "terminationGracePeriodSeconds": 5,
-                 "automountServiceAccountToken": False},
-    }  # fmt: skip
+        "spec": {
+            "containers": [c],
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 5,
+            "automountServiceAccountToken": False,
+        },
+    }
 
 
 def is_ready(p: Any) -> bool:  # a kubernetes V1Pod
@@ -208,7 +222,7 @@ def test_pod_pulled_by_digest_runs_restricted_and_serves_through_a_cluster_ip(rn
         {
             "metadata": {"name": "web"},
             "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-        },  # fmt: skip
+        },
     )
     ip = svc.spec.cluster_ip
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(SERVICE_CIDR)
@@ -227,8 +241,11 @@ def test_pod_pulled_by_digest_runs_restricted_and_serves_through_a_cluster_ip(rn
     k.core.create_namespaced_pod(
         ns, probe_pod("client", probe_ref, ["get", f"http://{ip}/"], restart="Never")
     )
-    k.wait(lambda: k.core.read_namespaced_pod("client", ns).status.phase in ("Succeeded", "Failed"), 120,
-           "client pod to finish")  # fmt: skip
+    k.wait(
+        lambda: k.core.read_namespaced_pod("client", ns).status.phase in ("Succeeded", "Failed"),
+        120,
+        "client pod to finish",
+    )
     logs = k.kubectl("logs", "-n", ns, "client").stdout  # apiserver -> kubelet, with a CA client cert
     assert k.core.read_namespaced_pod("client", ns).status.phase == "Succeeded", logs
     assert logs.startswith("web "), logs
@@ -244,8 +261,11 @@ def test_pods_reach_the_api_through_the_kubernetes_service(rn, ns, probe_ref) ->
     body = probe_pod("api", probe_ref, ["get", f"https://{SERVICE_IP}/healthz", ca], restart="Never")
     body["spec"]["automountServiceAccountToken"] = True
     k.core.create_namespaced_pod(ns, body)
-    k.wait(lambda: k.core.read_namespaced_pod("api", ns).status.phase in ("Succeeded", "Failed"), 120,
-           "api pod to finish")  # fmt: skip
+    k.wait(
+        lambda: k.core.read_namespaced_pod("api", ns).status.phase in ("Succeeded", "Failed"),
+        120,
+        "api pod to finish",
+    )
     logs = k.kubectl("logs", "-n", ns, "api").stdout
     assert k.core.read_namespaced_pod("api", ns).status.phase == "Succeeded", logs
     assert logs == "ok", logs
@@ -296,7 +316,8 @@ def images(rn) -> Iterator[Callable[[str], str]]:
         if name not in refs:
             (b,) = img.build_all(c.registry().host, [name])
             print(
-                f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s size {b.size_bytes / 1e6:.0f} MB"
+                f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s "
+                f"size {b.size_bytes / 1e6:.0f} MB"
             )
             refs[name] = b.ref
         return refs[name]
@@ -313,10 +334,26 @@ def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
         "import importlib.util as u, importlib.metadata as m, sys, modeldeploy.operator.handlers;"
         "print(sorted(n for n in ('torch', 'transformers', 'modeldeploy_dev', 'modeldeploy.e2e', 'pytest')"
         " if u.find_spec(n.split('.')[0]) and u.find_spec(n)), 'torch' in sys.modules,"
-        " sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].startswith('modeldeploy')))"
+        " sorted(d.metadata['Name'] for d in m.distributions()"
+        " if d.metadata['Name'].startswith('modeldeploy')))"
     )
-    r = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
-                        images("operator"), "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "python3",
+            images("operator"),
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["[]", "False", "['modeldeploy']"], r.stdout
 
@@ -335,15 +372,43 @@ def local_pv_with_tiny_model(k: E2ECluster, ns: str, root: Path) -> str:
     for f in [model, *model.rglob("*")]:
         f.chmod(0o755 if f.is_dir() else 0o644)
     pv = f"{ns}-models"
-    affinity = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["real-0"]}]}]}}  # fmt: skip
-    k.core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-        "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(root / "models")},
-        "nodeAffinity": affinity, "claimRef": {"namespace": ns, "name": "models"}}})  # fmt: skip
-    k.core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "models"}, "spec": {
-        "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
-        "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+    affinity = {
+        "required": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["real-0"]}
+                    ]
+                }
+            ]
+        }
+    }
+    k.core.create_persistent_volume(
+        {
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "local": {"path": str(root / "models")},
+                "nodeAffinity": affinity,
+                "claimRef": {"namespace": ns, "name": "models"},
+            },
+        }
+    )
+    k.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "models"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
     return dir_digest(model)
 
 
@@ -378,9 +443,21 @@ def operator_release(rn, images) -> Iterator[str]:
     )
     repo, digest = images("operator").split("@")
     t0 = time.monotonic()
-    k.helm("install", "mdop", str(ROOT / "charts" / "modeldeploy-operator"), "-n", op_ns,
-           "--set", f"image.repository={repo}", "--set", f"image.digest={digest}",
-           "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
+    k.helm(
+        "install",
+        "mdop",
+        str(ROOT / "charts" / "modeldeploy-operator"),
+        "-n",
+        op_ns,
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.digest={digest}",
+        "--wait",
+        "--timeout",
+        "5m",
+        timeout=330,
+    )
     print(f"[timing] helm install -> operator Ready {time.monotonic() - t0:.1f}s")
     yield op_ns
     k.helm("uninstall", "mdop", "-n", op_ns, "--wait", check=False)
@@ -407,9 +484,15 @@ def test_helm_installed_operator_pod_is_ready_on_the_real_node(rn, images, opera
         return r.stdout.strip() == "yes"
 
     assert can("patch", "deployments.apps", "-n", "default")  # what it manages (the control)
-    for verb, what in (("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "nodes"),
-                       ("create", "clusterrolebindings"), ("update", "modeldeployments.serving.modeldeploy.dev"),
-                       ("delete", "customresourcedefinitions")):  # fmt: skip
+    for verb, what in (
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("create", "pods"),
+        ("delete", "nodes"),
+        ("create", "clusterrolebindings"),
+        ("update", "modeldeployments.serving.modeldeploy.dev"),
+        ("delete", "customresourcedefinitions"),
+    ):
         assert not can(verb, what, "-A"), f"the operator's ServiceAccount may {verb} {what}"
 
 
@@ -449,8 +532,11 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
                 return None
 
         model = k.wait(models, 60, f"{base}/v1/models through the ClusterIP")
-        r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
-            "model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})  # fmt: skip
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            timeout=120,
+            json={"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] > 0, r.text
 
@@ -459,8 +545,13 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
         started, results, ended = threading.Barrier(STREAMS + 1, timeout=120), [], []
 
         def stream() -> None:
-            body = {"model": model, "messages": [{"role": "user", "content": "count"}], "max_tokens": 160,
-                    "stream": True, "ignore_eos": True}  # fmt: skip
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": "count"}],
+                "max_tokens": 160,
+                "stream": True,
+                "ignore_eos": True,
+            }
             try:
                 with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=180) as r:
                     chunks = r.iter_text()
@@ -528,14 +619,22 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
         assert any(wrong in (e.message or "") and e.reason == "CanaryFailed" for e in events), [
             (e.reason, e.message) for e in events
         ]
-        r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
-            "model": model, "messages": [{"role": "user", "content": "again"}], "max_tokens": 4})  # fmt: skip
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            timeout=120,
+            json={"model": model, "messages": [{"role": "user", "content": "again"}], "max_tokens": 4},
+        )
         assert r.status_code == 200, r.text  # the prior bundle still serves
 
         # apply -> Ready once more, the runtime image now in the node's containerd: no pull
         k.kubectl("delete", "md", "tiny", "-n", ns, "--wait=true", timeout=180)
-        k.wait(lambda: not [p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-")],
-               180, "tiny's pods gone")  # fmt: skip
+        k.wait(
+            lambda: (
+                not [p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-")]
+            ),
+            180,
+            "tiny's pods gone",
+        )
         t0 = time.monotonic()
         k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(tiny_md("tiny", runtime, model_digest)))
         k.wait(lambda: md_ready(k, ns, "tiny"), 600, "ModelDeployment tiny Ready again (image cached)")
@@ -543,8 +642,11 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
             f"[timing] kubectl apply -> runtime Ready, image cached on the node {time.monotonic() - t0:.1f}s"
         )
         pod = next(p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("tiny-"))
-        pulls = [e.message for e in k.core.list_namespaced_event(ns).items
-                 if e.involved_object.name == pod.metadata.name and e.reason in ("Pulling", "Pulled")]  # fmt: skip
+        pulls = [
+            e.message
+            for e in k.core.list_namespaced_event(ns).items
+            if e.involved_object.name == pod.metadata.name and e.reason in ("Pulling", "Pulled")
+        ]
         assert pulls and all("already present on machine" in m for m in pulls), pulls
     finally:
         k.kubectl("delete", "-n", ns, "modeldeployments", "--all", "--wait=true", check=False, timeout=180)
@@ -556,9 +658,10 @@ def peers(k: E2ECluster) -> dict[str, dict]:
     body = k.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "modeldeploy")
     now = dt.datetime.now(dt.UTC)
     return {
-        pid: info for pid, info in (body.get("status") or {}).items()
+        pid: info
+        for pid, info in (body.get("status") or {}).items()
         if dt.datetime.fromisoformat(info["lastseen"]) + dt.timedelta(seconds=info["lifetime"]) > now
-    }  # fmt: skip
+    }
 
 
 def operator_metric(ip: str, name: str, **labels: str) -> float:
@@ -584,13 +687,28 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
     c, k, _ = rn
     op_ns, chart = operator_release, str(ROOT / "charts" / "modeldeploy-operator")
     t0 = time.monotonic()
-    k.helm("upgrade", "mdop", chart, "-n", op_ns, "--reuse-values", "--set", "replicaCount=2",
-           "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
+    k.helm(
+        "upgrade",
+        "mdop",
+        chart,
+        "-n",
+        op_ns,
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+        "--wait",
+        "--timeout",
+        "5m",
+        timeout=330,
+    )
     print(f"[timing] helm upgrade replicaCount=2 -> both operator pods Ready {time.monotonic() - t0:.1f}s")
 
     def two_peers():  # noqa: ANN202 - both pods Ready and both in the peering object
-        pods = {p.metadata.name: p for p in k.core.list_namespaced_pod(op_ns).items
-                if p.metadata.deletion_timestamp is None and pod_ready(k, op_ns, p.metadata.name)}  # fmt: skip
+        pods = {
+            p.metadata.name: p
+            for p in k.core.list_namespaced_pod(op_ns).items
+            if p.metadata.deletion_timestamp is None and pod_ready(k, op_ns, p.metadata.name)
+        }
         live = peers(k)
         return (pods, live) if len(pods) == 2 and set(pods) <= set(live) else None
 
@@ -607,15 +725,21 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
         "device": "cpu",
         "servedModelName": "tiny-llama",
     }
-    # the step and analysis of e2e/test_rollout.py's serve_tiny: the wall times compare with the process node's
-    doc["spec"]["rollout"] = {"steps": [{"weight": 50, "pauseSeconds": 5}], "analysis": ANALYSIS,
-                              "progressDeadlineSeconds": 900, "keepPrevious": {"replicas": 0}}  # fmt: skip
+    # the step and analysis of e2e/test_rollout.py's serve_tiny: the wall times compare with the
+    # process node's
+    doc["spec"]["rollout"] = {
+        "steps": [{"weight": 50, "pauseSeconds": 5}],
+        "analysis": ANALYSIS,
+        "progressDeadlineSeconds": 900,
+        "keepPrevious": {"replicas": 0},
+    }
     try:
         t0 = time.monotonic()
         k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
         k.wait(lambda: md_ready(k, ns, "ha"), 600, "ModelDeployment ha Ready")
         print(
-            f"[timing] kubectl apply -> runtime Ready (image cached, 2 operator replicas) {time.monotonic() - t0:.1f}s"
+            "[timing] kubectl apply -> runtime Ready (image cached, 2 operator replicas) "
+            f"{time.monotonic() - t0:.1f}s"
         )
         old = k.custom.get_namespaced_custom_object(G, V, ns, P, "ha")["status"]["stable"]["bundle"]
 
@@ -625,8 +749,9 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
 
         def set_config(**kv: int) -> None:
             spec = k.custom.get_namespaced_custom_object(G, V, ns, P, "ha")["spec"]
-            k.custom.patch_namespaced_custom_object(G, V, ns, P, "ha", {"spec": {"bundle": {"config": {
-                **spec["bundle"]["config"], **kv}}}})  # fmt: skip
+            k.custom.patch_namespaced_custom_object(
+                G, V, ns, P, "ha", {"spec": {"bundle": {"config": {**spec["bundle"]["config"], **kv}}}}
+            )
 
         with Load(k.api, ns, "ha", workers=4) as load:
             t0 = time.monotonic()
@@ -651,10 +776,18 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
         # the standby took over: the promotion is its decision; the killed one came back as standby
         ips = {n: k.core.read_namespaced_pod(n, op_ns).status.pod_ip for n in (leader, standby)}
         assert operator_metric(ips[standby], "modeldeploy_operator_events_total", reason="Promoted") == 1
-        k.wait(lambda: (lambda p: p and p.status.container_statuses[0].restart_count >= 1)(pod_ready(k, op_ns, leader)),
-               120, "the killed operator container restarted and Ready")  # fmt: skip
-        live = k.wait(lambda: (lambda p: p if leader in p and standby in p else None)(peers(k)), 90,
-                      "the restarted replica back in the peering")  # fmt: skip
+        k.wait(
+            lambda: (lambda p: p and p.status.container_statuses[0].restart_count >= 1)(
+                pod_ready(k, op_ns, leader)
+            ),
+            120,
+            "the killed operator container restarted and Ready",
+        )
+        live = k.wait(
+            lambda: (lambda p: p if leader in p and standby in p else None)(peers(k)),
+            90,
+            "the restarted replica back in the peering",
+        )
         assert live[standby]["priority"] > live[leader]["priority"], live  # the older process stays active
         assert operator_metric(ips[leader], "modeldeploy_operator_events_total", reason="Promoted") == 0
 
@@ -664,13 +797,18 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
             G, V, ns, P, "ha", {"spec": {"rollout": {"analysis": analysis}}}
         )
         stable = st["stable"]["bundle"]
-        stable_ips = {p.status.pod_ip for p in k.core.list_namespaced_pod(
-            ns, label_selector=f"modeldeploy.dev/bundle={stable}").items}  # fmt: skip
+        stable_ips = {
+            p.status.pod_ip
+            for p in k.core.list_namespaced_pod(ns, label_selector=f"modeldeploy.dev/bundle={stable}").items
+        }
         with Load(k.api, ns, "ha", workers=8) as load:
             t0 = time.monotonic()
             set_config(maxNumSeqs=1)
-            md = k.wait(lambda: (lambda m: m if m and m["status"].get("failedBundles") else None)(phase("Stable")),
-                        600, "slow bundle rolled back")  # fmt: skip
+            md = k.wait(
+                lambda: (lambda m: m if m and m["status"].get("failedBundles") else None)(phase("Stable")),
+                600,
+                "slow bundle rolled back",
+            )
             slow_s = time.monotonic() - t0
         print(f"[timing] slow bundle change -> rolled back by analysis: {slow_s:.1f}s")
         deg = next(x for x in md["status"]["conditions"] if x["type"] == "Degraded")
@@ -694,8 +832,10 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
 
 
 def events(k: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
-    evs = sorted((e for e in k.core.list_namespaced_event(ns).items if e.involved_object.name == name),
-                 key=lambda e: e.metadata.creation_timestamp)  # fmt: skip
+    evs = sorted(
+        (e for e in k.core.list_namespaced_event(ns).items if e.involved_object.name == name),
+        key=lambda e: e.metadata.creation_timestamp,
+    )
     return [(e.reason, e.message) for e in evs]
 
 
@@ -735,8 +875,12 @@ def assert_runs_restricted(c: LocalCluster, container_id: str, uid: int) -> None
     mounts = [m.split() for m in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
     roots = [m for m in mounts if m[4] == "/"]
     assert roots and "ro" in roots[-1][5].split(","), roots  # the topmost mount on / of its mount namespace
-    lo = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link", "show", "lo"],
-                        capture_output=True, text=True, check=True).stdout  # fmt: skip
+    lo = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ip", "-o", "link", "show", "lo"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert re.search(r"<[^>]*\bUP\b", lo), lo
 
 

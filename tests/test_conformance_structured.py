@@ -16,9 +16,16 @@ from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy_dev.harness import ThreadedServer
 
 ONLY = [
-    "readiness", "normal_response", "streaming", "usage_accounting", "stop_sequences", "error_handling",
-    "cancellation", "bounded_load", "adapters",
-]  # fmt: skip
+    "readiness",
+    "normal_response",
+    "streaming",
+    "usage_accounting",
+    "stop_sequences",
+    "error_handling",
+    "cancellation",
+    "bounded_load",
+    "adapters",
+]
 
 
 @pytest.fixture(scope="module")

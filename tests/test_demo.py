@@ -30,15 +30,36 @@ def status(**kw) -> dict:
 
 
 CANARY = status(
-    phase="Canary", canary_weight=50, current_step=0,
-    stable=CohortStatus(bundle="base000000000000", revision="seed0", replicas=1, ready_replicas=1, load_progress=1),
-    canary=CohortStatus(bundle="slow000000000000", revision="seed0", replicas=1, ready_replicas=1, load_progress=1),
-    rollout=RolloutStatus(previous="prior00000000000"), failed_bundles=["bad0000000000000"],
-    last_analysis=AnalysisResult(verdict="Fail", step=0, metrics=[
-        MetricVerdict(metric="ttft_p95_seconds", stable=0.21, canary=0.93, threshold=0.315, samples=42, verdict="Fail"),
-        MetricVerdict(metric="error_rate", stable=0.0, canary=0.0, threshold=0.05, samples=42, verdict="Pass")]),
+    phase="Canary",
+    canary_weight=50,
+    current_step=0,
+    stable=CohortStatus(
+        bundle="base000000000000", revision="seed0", replicas=1, ready_replicas=1, load_progress=1
+    ),
+    canary=CohortStatus(
+        bundle="slow000000000000", revision="seed0", replicas=1, ready_replicas=1, load_progress=1
+    ),
+    rollout=RolloutStatus(previous="prior00000000000"),
+    failed_bundles=["bad0000000000000"],
+    last_analysis=AnalysisResult(
+        verdict="Fail",
+        step=0,
+        metrics=[
+            MetricVerdict(
+                metric="ttft_p95_seconds",
+                stable=0.21,
+                canary=0.93,
+                threshold=0.315,
+                samples=42,
+                verdict="Fail",
+            ),
+            MetricVerdict(
+                metric="error_rate", stable=0.0, canary=0.0, threshold=0.05, samples=42, verdict="Pass"
+            ),
+        ],
+    ),
     conditions=[Condition(type="Degraded", status="False", reason="Progressing")],
-)  # fmt: skip
+)
 COHORTS = [
     demo.Cohort("base", "base000000000000", "stable", ok=812, errors=0),
     demo.Cohort("slow", "slow000000000000", "canary", ok=95, errors=3),

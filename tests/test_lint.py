@@ -1,4 +1,5 @@
-"""`make lint`'s checks can fail: the import contracts catch a forbidden import, C901 a complex operator function."""
+"""`make lint`'s checks can fail: the import contracts catch a forbidden import, C901 a complex
+operator function."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ def test_a_forbidden_import_breaks_its_contract() -> None:
 def _ruff(path: str, source: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(RUFF), "check", "--stdin-filename", path, "--output-format", "concise", "-"],
-        input=source, cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        input=source,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_operator_functions_above_complexity_15_fail_lint() -> None:

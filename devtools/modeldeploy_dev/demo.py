@@ -138,7 +138,8 @@ def phase_line(s: Snapshot) -> str:
     a = st.get("lastAnalysis") or {}
     traffic = ", ".join(f"{c.label} {c.ok} ok/{c.errors} err" for c in s.cohorts) or "no load yet"
     return (
-        f"[{s.elapsed:6.1f}s] {st.get('phase') or 'Pending':<11} stable {(st.get('stable') or {}).get('bundle', '-')} "
+        f"[{s.elapsed:6.1f}s] {st.get('phase') or 'Pending':<11} "
+        f"stable {(st.get('stable') or {}).get('bundle', '-')} "
         f"canary {(st.get('canary') or {}).get('bundle', '-')} weight {st.get('canaryWeight', 0)}% "
         f"analysis {a.get('verdict', '-')} | {traffic} | {s.stage}"
     )
@@ -230,13 +231,31 @@ def model_volume(api: Any, ns: str, models_dir: Path) -> str:
         make_tiny_model(model, seed=0)
     core, pv = client.CoreV1Api(api), f"{ns}-models"
     remove_volume(api, ns, wait=True)  # a PV kept from an earlier run is bound to a claim that is gone
-    core.create_persistent_volume({"metadata": {"name": pv, "labels": {DEMO_LABEL: "true"}}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-        "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(models_dir.resolve()), "type": "Directory"},
-        "claimRef": {"namespace": ns, "name": "models"}}})  # fmt: skip
-    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "models"}, "spec": {
-        "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
-        "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": pv, "labels": {DEMO_LABEL: "true"}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(models_dir.resolve()), "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": "models"},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "models"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
     return dir_digest(model)
 
 
