@@ -43,7 +43,11 @@ def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def test_wheel_carries_the_product_and_no_test_infrastructure(wheel_names: list[str]) -> None:
-    for must in ("modeldeploy/operator/rollout/plan.py", "modeldeploy/runtime/server/app.py", "modeldeploy/cli.py"):
+    for must in (
+        "modeldeploy/operator/rollout/plan.py",
+        "modeldeploy/runtime/server/app.py",
+        "modeldeploy/cli.py",
+    ):
         assert must in wheel_names
     leaked = [
         n
