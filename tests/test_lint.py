@@ -50,7 +50,8 @@ def test_operator_functions_above_complexity_15_fail_lint() -> None:
     source = f"def branchy(x: int) -> int:\n{body}    return -1\n"
     r = _ruff("src/modeldeploy/operator/branchy.py", source)
     assert r.returncode == 1 and "C901 `branchy` is too complex (17 > 15)" in r.stdout, r.stdout + r.stderr
-    assert _ruff("src/modeldeploy/runtime/branchy.py", source).returncode == 0  # the bound is the operator's
+    # the bound is the product's: test infrastructure is not held to it
+    assert _ruff("devtools/modeldeploy_dev/branchy.py", source).returncode == 0
     small = "def calm(x: int) -> int:\n" + "".join(
         f"    if x == {i}:\n        return {i}\n" for i in range(14)
     )
