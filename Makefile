@@ -30,7 +30,7 @@ test: setup cluster-build ## Run every test: unit, integration and e2e (builds t
 unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
-lint: setup ## ruff check, ruff format --check and the DESIGN import contracts (import-linter).
+lint: setup ## ruff check, ruff format --check and the import contracts of docs/design.md (import-linter).
 	.venv/bin/ruff check --no-cache .
 	.venv/bin/ruff format --no-cache --check .
 	$(PY) -m modeldeploy_dev.lint_imports
