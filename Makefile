@@ -5,7 +5,7 @@ PIP ?= .venv/bin/pip
 OUT ?= out
 
 .DEFAULT_GOAL := setup
-.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example
+.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example gpu-test gpu-check bench
 
 ##@ General
 
@@ -91,3 +91,32 @@ cluster: setup cluster-build ## Start the local cluster and the process node.
 
 cluster-down: setup ## Tear the local cluster down.
 	$(PY) -m modeldeploy cluster down
+
+
+##@ Benchmarks
+
+# GPU targets never install anything and need no .venv: on a GPU machine `make gpu-check PY=python3
+# OUT=DIR` runs the working tree with PYTHONPATH=src:devtools (PY falls back to python3 when missing).
+GPU_PY = $(if $(wildcard $(PY)),$(PY),python3)
+GPU_ENV = PYTHONPATH=src:devtools$${PYTHONPATH:+:$$PYTHONPATH}
+
+gpu-test: ## GPU correctness tests (tests/gpu); they skip, with the reason, without CUDA.
+	$(GPU_ENV) $(GPU_PY) -m pytest -q -rs tests/gpu
+
+gpu-check: ## GPU tests + GPU timings, each under a timeout: $(OUT)/gpu_check.md, bench/results/gpu_check.md.
+	$(GPU_ENV) $(GPU_PY) bench/gpu_check.py $(OUT)
+
+# The CPU benches at their recorded settings (bench/README.md: roughly 20-30 minutes on 2 idle
+# cores); results go to $(BENCH_OUT), never over bench/results. The cluster benches are not here.
+BENCH_OUT ?= $(OUT)/bench
+bench: setup ## The CPU benches into $(BENCH_OUT) (20-30 minutes; see bench/README.md).
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/gemm_cpu.py --out $(BENCH_OUT)/gemm_cpu.json
+	$(PY) bench/paged_attention_cpu.py --out $(BENCH_OUT)/paged_attention_cpu.json
+	$(PY) bench/engine_cpu.py --out $(BENCH_OUT)/engine_cpu.json
+	$(PY) bench/profile_decode_cpu.py --out $(BENCH_OUT)/profile_decode_cpu.json
+	$(PY) bench/lora_cpu.py --out $(BENCH_OUT)/lora_cpu.json
+	$(PY) bench/tensor_parallel.py --out $(BENCH_OUT)/tensor_parallel.md
+	$(PY) bench/structured_output.py --out $(BENCH_OUT)/structured_output.md
+	$(PY) bench/server_cpu.py --out $(BENCH_OUT)/server_cpu.md
+	$(PY) bench/tracing_cpu.py --out $(BENCH_OUT)/server_cpu.md
