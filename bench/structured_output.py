@@ -163,6 +163,7 @@ def compile_times(model: str) -> list[dict]:
 async def ttft_while_compiling(model: str, rounds: int) -> dict:
     from modeldeploy.runtime import AsyncEngine, EngineConfig, SamplingParams
     from modeldeploy.runtime.engine.grammar import schema_spec
+    from modeldeploy.runtime.engine.stream import OutputStream
 
     eng = AsyncEngine(
         EngineConfig(model=model, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512)
@@ -183,13 +184,13 @@ async def ttft_while_compiling(model: str, rounds: int) -> dict:
         )
         t0 = time.perf_counter()
         if on_loop:  # the counterfactual: hand it to the step loop uncompiled, so the engine thread compiles
-            eng._queues[rid] = asyncio.Queue()
-            eng._post("add", (rid, ids, params, None))
+            stream = eng._streams[rid] = OutputStream()
+            eng._submit(rid, ids, params, None)
             while True:
-                out = await eng._queues[rid].get()
+                out = await stream.queue.get()
                 if isinstance(out, BaseException) or out.finished:
                     break
-            eng._queues.pop(rid, None)
+            eng._streams.pop(rid, None)
         else:
             async for _ in eng.generate(rid, ids, params):
                 pass

@@ -13,9 +13,10 @@ import pytest
 from modeldeploy.runtime import EngineConfig, SamplingParams
 from modeldeploy.runtime.engine.core_client import EngineCoreClient
 from modeldeploy.runtime.engine.engine_core import DeltaEncoder, usable_cpus
-from modeldeploy.runtime.engine.llm_engine import Engine
+from modeldeploy.runtime.engine.llm_engine import LLMEngine
 from modeldeploy.runtime.engine.output import EngineDead, RequestMetrics, RequestOutput
 from modeldeploy.runtime.engine.sampling_params import Structured
+from modeldeploy.runtime.engine.stream import OutputStream
 
 
 def _cfg(model, **kw) -> EngineConfig:
@@ -30,7 +31,7 @@ def _out(rid: str, text: str, new: list[int], finished: bool = False) -> Request
 
 def test_deltas_rebuild_the_cumulative_text_even_when_a_stop_string_shortens_it():
     enc, client = DeltaEncoder(), EngineCoreClient(EngineConfig(model="unused"))
-    client._prompts["r"] = [1, 2]
+    client._streams["r"] = OutputStream(1, [1, 2])
     seen = []
     for text, new, fin in [("Hel", [5], False), ("Hello wo", [6, 7], False), ("Hello", [8], True)]:
         seen.append(client._rebuild(enc.encode(_out("r", text, new, fin))))
@@ -55,13 +56,13 @@ async def _collect(client: EngineCoreClient, rid: str, prompt, params: SamplingP
 
 def test_outputs_equal_the_in_process_engine_and_abort_frees_blocks(llama_dir):
     """Greedy, seeded sampling, n > 1 with logprobs and a stop string: the core process gives what the
-    in-process Engine gives, field for field."""
+    in-process LLMEngine gives, field for field."""
     cases = {
         "greedy": ("The quick brown fox", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)),
         "seeded": ("Kubernetes", SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=7)),
         "n2": ("A paged", SamplingParams(max_tokens=6, temperature=0.8, seed=3, n=2, logprobs=2)),
     }
-    ref = Engine(_cfg(llama_dir))
+    ref = LLMEngine(_cfg(llama_dir))
     want = {}
     for rid, (prompt, params) in cases.items():
         ref.add_request(rid, prompt, params)

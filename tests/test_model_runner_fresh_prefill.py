@@ -11,7 +11,7 @@ import torch
 
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine import model_runner as MR
-from modeldeploy.runtime.engine.llm_engine import Engine
+from modeldeploy.runtime.engine.llm_engine import LLMEngine
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 
 
@@ -40,7 +40,7 @@ def test_sdpa_for_fresh_prompts_only_where_the_paged_prefill_is_the_twin(monkeyp
     assert dispatch.sdpa_for_fresh_prompts(cache) is True
 
 
-def _greedy(engine: Engine, rid: str, prompt: list[int], n: int = 12) -> list[int]:
+def _greedy(engine: LLMEngine, rid: str, prompt: list[int], n: int = 12) -> list[int]:
     engine.add_request(rid, prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     for _ in range(200):  # bounded: n tokens take at most n + a few steps
         for out in engine.step():
@@ -52,7 +52,7 @@ def _greedy(engine: Engine, rid: str, prompt: list[int], n: int = 12) -> list[in
 def test_fresh_and_paged_prefill_give_the_same_tokens(llama_dir, monkeypatch):
     """The same prompt: first fresh (SDPA), then with its prefix cached (paged kernel over the
     cached blocks, since the chunk after a cache hit is not fresh), then with the fast path off."""
-    engine = Engine(EngineConfig(model=str(llama_dir), device="cpu", enable_prefix_caching=True))
+    engine = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu", enable_prefix_caching=True))
     engine.runner.sdpa_fresh = True  # as without the C++ prefill, whatever this machine has
     seen: list[bool] = []
     fresh = MR.ModelRunner._fresh
@@ -71,6 +71,6 @@ def test_fresh_and_paged_prefill_give_the_same_tokens(llama_dir, monkeypatch):
     cached = _greedy(engine, "b", prompt)
     assert seen[0] is False  # the prefix came from the cache: the paged kernel ran
     monkeypatch.setattr(MR.ModelRunner, "_fresh", lambda self, plan: None)
-    engine2 = Engine(EngineConfig(model=str(llama_dir), device="cpu", enable_prefix_caching=False))
+    engine2 = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu", enable_prefix_caching=False))
     paged = _greedy(engine2, "c", prompt)
     assert first == cached == paged

@@ -14,6 +14,8 @@ _EXPORTS = {
     "EngineConfig": "modeldeploy.runtime.config",
     "RequestOutput": "modeldeploy.runtime.engine.output",
     "AsyncEngine": "modeldeploy.runtime.engine.async_engine",
+    "EngineClient": "modeldeploy.runtime.engine.client",
+    "make_client": "modeldeploy.runtime.engine.client",
 }
 
 __all__ = list(_EXPORTS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class Loaded:
     args: ModelArgs
     weights: dict[str, torch.Tensor]
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer
     dtype: torch.dtype
     device: torch.device
     max_model_len: int

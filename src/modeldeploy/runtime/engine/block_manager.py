@@ -52,7 +52,7 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
-    def _block_hash(self, parent: int, tokens: tuple[int, ...]) -> int:
+    def _block_hash(self, parent: int | None, tokens: tuple[int, ...]) -> int:
         return hash((parent, tokens))
 
     def _root(self, seq: Sequence) -> int:

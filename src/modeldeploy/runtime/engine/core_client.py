@@ -1,10 +1,9 @@
 """EngineCoreClient: the API server's handle on the engine core process (`engine_core.py`).
 
-The same interface as AsyncEngine (start, generate, abort, compile, stats, info, tokenizer, config,
-shutdown, error, on_fatal, on_abort_release), so the server does not know which layout runs. Here:
-prompts are tokenized (this process's own tokenizer, read from the same pinned directory), requests
-are checked against the effective config before they are queued, and a reader thread turns each
-step's message into outputs on the requests' asyncio queues (one `call_soon_threadsafe` per step).
+The process layout of `EngineClient`. Prompts are tokenized here (this process's own tokenizer,
+read from the same pinned directory) and requests are checked against the effective config
+before they are queued; a reader thread turns each step's message into outputs on the requests'
+streams (one `call_soon_threadsafe` per step).
 
 Failure is never a hang: a monitor thread waits on the core's process sentinel, so a core that exits
 for any reason (its step raised, a rank died, it was killed) fails every waiting request with
@@ -21,15 +20,22 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from modeldeploy.runtime.config import EngineConfig
-from modeldeploy.runtime.engine.output import EngineDead, EngineStats, RequestMetrics, RequestOutput
-from modeldeploy.runtime.engine.request_check import check_request
+from modeldeploy.runtime.engine import messages as m
+from modeldeploy.runtime.engine.client import EngineClient, Progress, no_progress
+from modeldeploy.runtime.engine.output import (
+    CompileResult,
+    EngineDead,
+    EngineStats,
+    RequestMetrics,
+    RequestOutput,
+)
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
-from modeldeploy.runtime.engine.stream import OutputStream
 
 STOP_TIMEOUT_S = 30.0
 
@@ -44,41 +50,29 @@ class _Choice:
     logprobs: list = dataclasses.field(default_factory=list)
 
 
-@dataclasses.dataclass
-class Compiled:
-    """The client's view of a grammar compile: the compiled object stays in the core's cache."""
-
-    compiled: Any
-    seconds: float
-    cached: bool
-
-
-class EngineCoreClient:
+class EngineCoreClient(EngineClient):
     def __init__(self, config: EngineConfig):
-        self.config = config
-        self.tokenizer: Any = None
-        self.error: BaseException | None = None
-        self.on_abort_release: Callable[[float], None] | None = None
-        self.on_fatal: Callable[[str], None] | None = None
-        self.step_delay_s = 0.0  # test hook, passed to the core at start
+        super().__init__(config)
         self.pid: int | None = None
-        self._info: dict = {}
+        self._info: dict[str, Any] = {}
         self._stats: EngineStats | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queues: dict[str, OutputStream] = {}
-        self._prompts: dict[str, list[int]] = {}
         self._choices: dict[tuple[str, int], _Choice] = {}
-        self._compiles: dict[int, asyncio.Future] = {}
+        self._compiles: dict[int, asyncio.Future[tuple[float, bool]]] = {}
         self._tokens = itertools.count()
-        self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._fatal_once = threading.Lock()
         self._stopping = False
-        self._proc: Any = None
+        self._proc: BaseProcess | None = None
         self._conn: mpc.Connection | None = None
+        self._on_message: dict[m.MessageKind, Callable[[Any], None]] = {
+            m.MessageKind.STEP: self._on_step,
+            m.MessageKind.ERROR: self._on_error,
+            m.MessageKind.COMPILE_DONE: self._on_compile_done,
+        }
 
     # --- lifecycle ------------------------------------------------------------------
-    async def start(self, progress: Callable[[str, float], None] = lambda p, f: None) -> None:
+    async def start(self, progress: Progress = no_progress) -> None:
         """Spawn the core (it loads while this process keeps answering health checks), read this
         process's tokenizer meanwhile, and return once the core has loaded and warmed up."""
         self._loop = asyncio.get_running_loop()
@@ -86,7 +80,7 @@ class EngineCoreClient:
         parent, child = ctx.Pipe(duplex=True)
         from modeldeploy.runtime.engine import engine_core
 
-        self._proc = ctx.Process(
+        proc = self._proc = ctx.Process(
             target=engine_core.main,
             args=(
                 child,
@@ -96,44 +90,45 @@ class EngineCoreClient:
             ),
             name="engine-core",
         )
-        self._proc.start()
+        proc.start()
         child.close()
-        self._conn, self.pid = parent, self._proc.pid
+        self._conn, self.pid = parent, proc.pid
         tokenizer = asyncio.create_task(asyncio.to_thread(self._read_tokenizer))
         try:
-            msg = await asyncio.to_thread(self._await_ready, progress)
+            ready = await asyncio.to_thread(self._await_ready, parent, proc, progress)
         except BaseException:
             tokenizer.cancel()
             await asyncio.to_thread(self._reap, 5.0)
             raise
-        _, self.config, self._info, self._stats = msg
+        self.config, self._info, self._stats = ready.config, ready.info, ready.stats
         self.tokenizer = await tokenizer
-        threading.Thread(target=self._read, name="engine-core-reader", daemon=True).start()
-        threading.Thread(target=self._monitor, name="engine-core-monitor", daemon=True).start()
+        threading.Thread(target=self._read, args=(parent,), name="engine-core-reader", daemon=True).start()
+        threading.Thread(target=self._monitor, args=(proc,), name="engine-core-monitor", daemon=True).start()
 
     def _read_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(Path(self.config.tokenizer or self.config.model))
 
-    def _await_ready(self, progress: Callable[[str, float], None]) -> tuple:
-        """Relay load progress until "ready"; a load error is raised here with its own type."""
+    @staticmethod
+    def _await_ready(conn: mpc.Connection, proc: BaseProcess, progress: Progress) -> m.Ready:
+        """Relay load progress until Ready; a load error is raised here with its own type."""
         while True:
-            ready = mpc.wait([self._conn, self._proc.sentinel])
-            if self._conn in ready:
+            ready = mpc.wait([conn, proc.sentinel])
+            if conn in ready:
                 try:
-                    msg = self._conn.recv()
+                    msg = conn.recv()
                 except (EOFError, OSError):
                     msg = None
-                if msg is not None and msg[0] == "progress":
-                    progress(msg[1], msg[2])
+                if isinstance(msg, m.Progress):
+                    progress(msg.phase, msg.fraction)
                     continue
-                if msg is not None and msg[0] == "ready":
+                if isinstance(msg, m.Ready):
                     return msg
-                if msg is not None and msg[0] == "load_failed":
-                    raise msg[1]
-            self._proc.join(5)
-            raise RuntimeError(f"engine core process exited while loading (exit code {self._proc.exitcode})")
+                if isinstance(msg, m.LoadFailed):
+                    raise msg.error
+            proc.join(5)
+            raise RuntimeError(f"engine core process exited while loading (exit code {proc.exitcode})")
 
     async def shutdown(self) -> None:
         """Stop the core (it stops its tensor-parallel ranks), waiting up to STOP_TIMEOUT_S."""
@@ -141,17 +136,19 @@ class EngineCoreClient:
         if self._proc is None:
             return
         if self.error is None:
-            self._send(("stop",))
+            self._send(m.Stop())
         await asyncio.to_thread(self._reap, STOP_TIMEOUT_S if self.error is None else 5.0)
 
     def _reap(self, timeout_s: float) -> None:
+        if self._proc is None:
+            return
         self._proc.join(timeout_s)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
 
     # --- the engine interface -------------------------------------------------------
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         info = dict(self._info)
         if info.get("lora") and self._stats is not None:  # what changes after load: the resident set
             resident = list(self._stats.lora_resident)
@@ -164,82 +161,44 @@ class EngineCoreClient:
             raise RuntimeError("engine not started")
         return self._stats
 
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer(prompt)["input_ids"])
-        return list(prompt)
-
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs (with n > 1, every choice's, tagged by `index`) until all choices finish;
-        leaving the loop early (break, cancel, disconnect) aborts the request."""
-        if self._conn is None:
-            raise RuntimeError("engine not started")
-        if self.error is not None:
-            raise EngineDead(f"engine failed: {self.error}")
-        params.validate()
-        ids = self.encode(prompt)
-        check_request(len(ids), params.max_tokens, self.config.max_model_len)
-        self._check_adapter(adapter)
-        stream = OutputStream(params.n)
-        with self._lock:
-            if request_id in self._queues:
-                raise ValueError(f"request_id: {request_id!r} is already running")
-            self._queues[request_id] = stream
-            self._prompts[request_id] = ids
-        if params.structured is not None:
-            await self.compile(params)  # a no-op cache hit when the server compiled it already
+    def _submit(self, request_id: str, ids: list[int], params: SamplingParams, adapter: str | None) -> None:
+        if params.structured is not None and params.structured.compiled is not None:
+            # the compiled grammar is this process's object; the core uses its own cached one
             params = dataclasses.replace(
                 params, structured=dataclasses.replace(params.structured, compiled=None)
             )
-        try:
-            self._send(("add", request_id, ids, params, adapter))
-            async for out in stream:
-                yield out
-        finally:
-            if not stream.finished:
-                self.abort(request_id)
-            with self._lock:
-                self._queues.pop(request_id, None)
-                self._prompts.pop(request_id, None)
+        self._send(m.Add(request_id, ids, params, adapter))
 
-    def _check_adapter(self, adapter: str | None) -> None:
-        """The engine's own adapter check (engine.adapter_id), before anything is queued."""
-        if not adapter:
-            return
-        names = [a["name"] for a in self.config.adapters]
-        if not names:
-            raise ValueError(f"model: unknown adapter {adapter!r}; no adapters are configured")
-        if adapter not in names:
-            raise ValueError(f"model: unknown adapter {adapter!r}; adapters: {', '.join(names)}")
-
-    async def compile(self, params: SamplingParams) -> Compiled:
-        """Compile the request's grammar on the core's compile thread (never on its step loop); the
-        compiled grammar stays in the core's cache for the request. ValueError: a bad schema."""
+    async def compile(self, params: SamplingParams) -> CompileResult:
+        """On the core's compile thread (never on its step loop); the compiled grammar stays in the
+        core's cache for the request, so `compiled` is None here."""
         if self.error is not None:
             raise EngineDead(f"engine failed: {self.error}")
+        if params.structured is None:
+            raise ValueError("structured: the request has no grammar to compile")
         token = next(self._tokens)
-        fut = self._loop.create_future()
+        fut = asyncio.get_running_loop().create_future()
         self._compiles[token] = fut
-        self._send(("compile", token, dataclasses.replace(params.structured, compiled=None)))
+        self._send(m.Compile(token, dataclasses.replace(params.structured, compiled=None)))
         try:
             seconds, cached = await fut
         finally:
             self._compiles.pop(token, None)
-        return Compiled(None, seconds, cached)
+        return CompileResult(None, seconds, cached)
 
     def abort(self, request_id: str) -> None:
         """Ask the core to abort (it frees the blocks within one step); a no-op once the core is dead."""
         if self.error is None:
             try:
-                self._send(("abort", request_id, time.monotonic()))
+                self._send(m.Abort(request_id, time.monotonic()))
             except EngineDead:
                 pass
 
     # --- the channel ----------------------------------------------------------------
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: m.Message) -> None:
         try:
+            if self._conn is None:
+                raise OSError("engine core not started")
             with self._send_lock:
                 self._conn.send(msg)
         except (OSError, EOFError, BrokenPipeError) as e:
@@ -247,80 +206,85 @@ class EngineCoreClient:
                 self._fail(RuntimeError(f"engine core channel closed: {e}"))
             raise EngineDead(f"engine failed: {self.error or e}") from None
 
-    def _read(self) -> None:
-        """Reader thread: every message from the core, until the channel closes."""
+    def _read(self, conn: mpc.Connection) -> None:
+        """Reader thread: every message from the core, until the channel closes or the core is fatal."""
         while True:
             try:
-                msg = self._conn.recv()
+                msg = conn.recv()
             except (EOFError, OSError):
                 return  # the monitor reports an unexpected exit
-            kind = msg[0]
-            if kind == "step":
-                _, deltas, releases, stats = msg
-                self._stats = stats
-                if releases and self.on_abort_release is not None:
-                    for s in releases:
-                        self.on_abort_release(s)
-                if deltas:
-                    self._loop.call_soon_threadsafe(self._deliver, [self._rebuild(d) for d in deltas])
-            elif kind == "error":
-                self._loop.call_soon_threadsafe(self._deliver, [msg[2]], msg[1])
-            elif kind == "compiled":
-                _, token, seconds, cached, error = msg
-                self._loop.call_soon_threadsafe(self._resolve, token, (seconds, cached), error)
-            elif kind == "fatal":
-                self._fail(RuntimeError(msg[1]))
+            handle = self._on_message.get(msg.kind)
+            if handle is None:  # Fatal, or a message that has no place after Ready
+                text = msg.message if isinstance(msg, m.Fatal) else f"unexpected message {msg.kind}"
+                self._fail(RuntimeError(text))
                 return
+            handle(msg)
 
-    def _rebuild(self, d: tuple) -> RequestOutput:
-        rid, index, new_ids, keep, add, delta_text, finished, reason, metrics, preempt, new_lps = d
-        key = (rid, index)
+    def _on_step(self, msg: m.Step) -> None:
+        self._stats = msg.stats
+        if msg.abort_releases and self.on_abort_release is not None:
+            for s in msg.abort_releases:
+                self.on_abort_release(s)
+        if msg.deltas:
+            self._call_soon(self._deliver, [self._rebuild(d) for d in msg.deltas])
+
+    def _on_error(self, msg: m.Error) -> None:
+        self._call_soon(self._deliver, [msg.error], msg.request_id)
+
+    def _on_compile_done(self, msg: m.CompileDone) -> None:
+        self._call_soon(self._resolve, msg)
+
+    def _call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _rebuild(self, d: m.Delta) -> RequestOutput:
+        key = (d.request_id, d.index)
         ch = self._choices.get(key)
         if ch is None:
-            with self._lock:
-                prompt = self._prompts.get(rid, [])
-            ch = self._choices[key] = _Choice(prompt)
-        ch.token_ids += new_ids
-        ch.text = ch.text[:keep] + add
-        ch.logprobs += new_lps
-        if finished:
+            stream = self._stream(d.request_id)
+            ch = self._choices[key] = _Choice(stream.prompt_token_ids if stream is not None else [])
+        ch.token_ids += d.new_token_ids
+        ch.text = ch.text[: d.text_keep] + d.text_add
+        ch.logprobs += d.new_logprobs
+        if d.finished:
             self._choices.pop(key, None)
         return RequestOutput(
-            request_id=rid,
+            request_id=d.request_id,
             prompt_token_ids=ch.prompt_token_ids,
             token_ids=list(ch.token_ids),
-            new_token_ids=new_ids,
+            new_token_ids=d.new_token_ids,
             text=ch.text,
-            delta_text=delta_text,
-            finished=finished,
-            finish_reason=reason,
-            metrics=RequestMetrics(*metrics),
-            num_preemptions=preempt,
-            index=index,
+            delta_text=d.delta_text,
+            finished=d.finished,
+            finish_reason=d.finish_reason,
+            metrics=RequestMetrics(*d.metrics),
+            num_preemptions=d.num_preemptions,
+            index=d.index,
             logprobs=list(ch.logprobs),
-            new_logprobs=new_lps,
+            new_logprobs=d.new_logprobs,
         )
 
     def _deliver(self, outs: list[Any], request_id: str | None = None) -> None:
-        """On the event loop: each output (or error) onto its request's queue."""
+        """On the event loop: each output (or error) onto its request's stream."""
         for out in outs:
-            q = self._queues.get(request_id if request_id is not None else out.request_id)
-            if q is not None:
-                q.put(out)
+            stream = self._stream(request_id if request_id is not None else out.request_id)
+            if stream is not None:
+                stream.put(out)
 
-    def _resolve(self, token: int, result: tuple, error: BaseException | None) -> None:
-        fut = self._compiles.get(token)
+    def _resolve(self, msg: m.CompileDone) -> None:
+        fut = self._compiles.get(msg.token)
         if fut is not None and not fut.done():
-            if error is not None:
-                fut.set_exception(error)
+            if msg.error is not None:
+                fut.set_exception(msg.error)
             else:
-                fut.set_result(result)
+                fut.set_result((msg.seconds, msg.cached))
 
-    def _monitor(self) -> None:
+    def _monitor(self, proc: BaseProcess) -> None:
         """Wait on the core's sentinel: an exit we did not ask for is fatal."""
-        self._proc.join()
+        proc.join()
         if not self._stopping:
-            self._fail(RuntimeError(f"engine core process exited (exit code {self._proc.exitcode})"))
+            self._fail(RuntimeError(f"engine core process exited (exit code {proc.exitcode})"))
 
     def _fail(self, e: BaseException) -> None:
         """The core is dead: every waiting request and compile gets EngineDead, the server is told."""
@@ -330,8 +294,8 @@ class EngineCoreClient:
         dead = EngineDead(f"engine failed: {e}")
 
         def fail_all() -> None:
-            for q in list(self._queues.values()):
-                q.put(dead)
+            for stream in self._streams_now():
+                stream.put(dead)
             for fut in list(self._compiles.values()):
                 if not fut.done():
                     fut.set_exception(dead)

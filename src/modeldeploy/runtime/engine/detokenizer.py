@@ -8,11 +8,12 @@ stop string could still be completing, its possible prefix is held back from the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
 class Detokenizer:
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer
     stop: list[str] = field(default_factory=list)
     text: str = ""  # decoded so far (may include a stop string's first chars)
     emitted: int = 0  # characters already handed out

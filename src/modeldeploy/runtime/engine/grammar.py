@@ -17,13 +17,13 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
+from modeldeploy.runtime.engine.output import CompileResult
 from modeldeploy.runtime.engine.sampling_params import Structured
 from modeldeploy.runtime.engine.sequence import Sequence
 
@@ -124,13 +124,6 @@ def schema_spec(kind: str, schema: Any = None) -> Structured:
     return Structured("json_schema", json.dumps(schema, separators=(",", ":")))
 
 
-@dataclass
-class CompileResult:
-    compiled: Any
-    seconds: float
-    cached: bool
-
-
 class GrammarCompiler:
     """Compiled grammars by schema hash, bounded LRU; `compile` may run on any thread."""
 
@@ -157,20 +150,8 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
         cached = hit is not None
-        if not cached:
-            try:
-                if spec.kind == "structural_tag":
-                    hit = self.compiler.compile_structural_tag(spec.schema)
-                elif spec.kind == "json_object":
-                    hit = self.compiler.compile_json_schema(
-                        '{"type": "object"}', any_whitespace=False, strict_mode=False
-                    )
-                else:
-                    hit = self.compiler.compile_json_schema(
-                        spec.schema, any_whitespace=False, strict_mode=True
-                    )
-            except (RuntimeError, ValueError) as e:
-                raise ValueError(f"response_format: the schema cannot be compiled: {e}") from None
+        if hit is None:
+            hit = self._compile(spec)
             with self._lock:
                 self._cache[key] = hit
                 while len(self._cache) > self.cache_size:
@@ -178,13 +159,26 @@ class GrammarCompiler:
         spec.compiled = hit
         return CompileResult(hit, time.perf_counter() - start, cached)
 
+    def _compile(self, spec: Structured) -> Any:
+        if spec.kind == "json_object":
+            schema, strict = '{"type": "object"}', False
+        elif spec.schema is None:
+            raise ValueError(f"response_format: a {spec.kind} constraint needs a schema")
+        else:
+            schema, strict = spec.schema, True
+        try:
+            if spec.kind == "structural_tag":
+                return self.compiler.compile_structural_tag(schema)
+            return self.compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=strict)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"response_format: the schema cannot be compiled: {e}") from None
+
     def __len__(self) -> int:
         return len(self._cache)
 
     def matcher(self, spec: Structured) -> Any:
-        if spec.compiled is None:
-            self.compile(spec)
-        return xgr.GrammarMatcher(spec.compiled)
+        compiled = spec.compiled if spec.compiled is not None else self.compile(spec).compiled
+        return xgr.GrammarMatcher(compiled)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:

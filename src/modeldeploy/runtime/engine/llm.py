@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import cast
 
 from modeldeploy.runtime.config import EngineConfig
-from modeldeploy.runtime.engine.llm_engine import Engine
+from modeldeploy.runtime.engine.llm_engine import LLMEngine
 from modeldeploy.runtime.engine.output import RequestOutput
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 
 
 class LLM:
     def __init__(self, model: str, **config):
-        self.engine = Engine(EngineConfig(model=str(model), **config))
+        self.engine = LLMEngine(EngineConfig(model=str(model), **config))
         self._next_id = 0
 
     @property
@@ -28,19 +29,22 @@ class LLM:
         """All prompts are submitted together and batched continuously; outputs keep prompt order
         (with n > 1, a prompt's n choices in index order).
         `adapter`: a LoRA adapter name for all prompts, or one per prompt (None = base model)."""
+        batch: list[str | list[int]]
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
-            prompts = [prompts]
+            batch = [cast("str | list[int]", prompts)]  # one prompt: text, or token ids
+        else:
+            batch = list(cast("Seq[str | list[int]]", prompts))
         params = params or SamplingParams()
-        plist = list(params) if isinstance(params, Seq) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"params: {len(plist)} SamplingParams for {len(prompts)} prompts")
-        alist = [adapter] * len(prompts) if adapter is None or isinstance(adapter, str) else list(adapter)
-        if len(alist) != len(prompts):
-            raise ValueError(f"adapter: {len(alist)} adapters for {len(prompts)} prompts")
+        plist = list(params) if isinstance(params, Seq) else [params] * len(batch)
+        if len(plist) != len(batch):
+            raise ValueError(f"params: {len(plist)} SamplingParams for {len(batch)} prompts")
+        alist = [adapter] * len(batch) if adapter is None or isinstance(adapter, str) else list(adapter)
+        if len(alist) != len(batch):
+            raise ValueError(f"adapter: {len(alist)} adapters for {len(batch)} prompts")
         ids = []
-        for prompt, p, a in zip(prompts, plist, alist, strict=True):
+        for prompt, p, a in zip(batch, plist, alist, strict=True):
             rid = f"offline-{self._next_id}"
             self._next_id += 1
             self.engine.add_request(rid, prompt, p, adapter=a)

@@ -1,7 +1,7 @@
-"""The synchronous engine: add requests, `step()` until done.
+"""LLMEngine: the synchronous engine: add requests, `step()` until done.
 
 One step = schedule -> one forward over the mixed batch -> sample -> detokenize ->
-finish. `LLM` (offline) and `AsyncEngine` (server) are thin loops around it.
+finish. `LLM` (offline), `AsyncEngine` and `EngineCore` (server) are thin loops around it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.model_runner import ModelRunner
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
 from modeldeploy.runtime.engine.parallel import TensorParallel
-from modeldeploy.runtime.engine.request_check import check_request
+from modeldeploy.runtime.engine.request_check import check_adapter, check_request
 from modeldeploy.runtime.engine.sampler import Sampler
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
 from modeldeploy.runtime.engine.scheduler import Scheduler
@@ -30,7 +30,7 @@ from modeldeploy.runtime.engine.sequence import Sequence
 from modeldeploy.runtime.loader import Loaded, load
 
 
-class Engine:
+class LLMEngine:
     def __init__(self, config: EngineConfig, progress: Callable[[str, float], None] = lambda p, f: None):
         config = dataclasses.replace(config)
         config.validate()
@@ -82,6 +82,7 @@ class Engine:
             self.adapters.allocate()
         config.validate()
         self.config = config
+        self.max_model_len = loaded.max_model_len  # config.max_model_len, resolved
         self.loaded_info = loaded
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.eos_token_ids)
@@ -171,7 +172,7 @@ class Engine:
         vocab = self.loaded_info.args.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
-        check_request(len(ids), params.max_tokens, self.config.max_model_len)
+        check_request(len(ids), params.max_tokens, self.max_model_len)
         if any(t >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
         seq = Sequence(request_id, ids, params, adapter_id=adapter_id)
@@ -188,10 +189,9 @@ class Engine:
 
     def adapter_id(self, name: str | None) -> int:
         """-1 for the base model (None or ''), else the adapter's id; ValueError if unknown."""
-        if not name:
+        check_adapter(name, list(self.adapters.ids) if self.adapters is not None else [])
+        if not name or self.adapters is None:
             return -1
-        if self.adapters is None:
-            raise ValueError(f"model: unknown adapter {name!r}; no adapters are configured")
         return self.adapters.id_of(name)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
@@ -279,7 +279,7 @@ class Engine:
             return "stop"  # the grammar is complete (its stop token was accepted)
         if detok.stopped or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 

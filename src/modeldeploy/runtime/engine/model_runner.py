@@ -98,11 +98,14 @@ class ModelRunner:
         used = {s.adapter_id for s, _ in rows if s.adapter_id >= 0}
         if not used:
             return None
-        slot = self.adapters.prepare(used)
+        pool = self.adapters
+        if pool is None or pool.slots is None:  # the engine refuses adapter names it has not allocated
+            raise RuntimeError(f"lora: adapter ids {sorted(used)} in a step without allocated adapters")
+        slot = pool.prepare(used)
         token_slots: list[int] = []
         for seq, n in rows:
             token_slots += [slot.get(seq.adapter_id, -1)] * n
-        return LoraBatch(self.adapters.slots, self._tensor(token_slots))
+        return LoraBatch(pool.slots, self._tensor(token_slots))
 
     def _fresh(self, plan: StepPlan) -> list[tuple[int, int]] | None:
         """Each prefill chunk's span when all are whole prompts with nothing cached and SDPA is the
@@ -152,7 +155,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Forward the batch; return logits [B, V] float32 for the sequences that sample, and those sequences."""
+        """Forward the batch; return logits [B, V] float32 for the sequences that sample, and those
+        sequences."""
         plan, rows, sample_seqs = self.plan(batch)
         lora = self._lora(rows) if self.adapters is not None else None
         if self.tp is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -53,6 +54,16 @@ class EngineStats:
     lora_loads_total: int = 0  # adapter copies host -> device slot
     tensor_parallel_size: int = 1
     tp_allreduce_bytes_total: int = 0  # bytes summed across ranks by rank 0's all-reduces
+
+
+@dataclass
+class CompileResult:
+    """A grammar compile: `compiled` is the xgrammar object in-process, None from the engine core
+    process (the compiled grammar stays in the core's cache, for the request that follows)."""
+
+    compiled: Any
+    seconds: float
+    cached: bool
 
 
 class EngineDead(RuntimeError):

@@ -1,7 +1,7 @@
 """Tensor-parallel ranks inside one pod: rank 0 drives N-1 worker processes that only run the model.
 
 Process layout (nano-vllm's, and the one the engine-core split builds on): the process that runs
-`Engine` is rank 0 and keeps the scheduler, block manager, sampler and detokenizer. Each step it
+`LLMEngine` is rank 0 and keeps the scheduler, block manager, sampler and detokenizer. Each step it
 sends the flat batch (`StepPlan`: token ids, positions, slot mapping, block tables) to every worker
 over a pipe, then every rank runs the forward on its own shard (`models/shard.py`), meeting in the
 two all-reduces of each layer. Workers are started with `spawn` (CUDA cannot be forked), one GPU
@@ -47,7 +47,14 @@ STOP_TIMEOUT_S = 10.0
 class Collective:
     """All-reduce over this pod's ranks; counts what it moves (the per-step figure in the bench)."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device, timeout_s: float):
+    def __init__(
+        self,
+        store: dist.Store,  # pyright: ignore[reportPrivateImportUsage]  # public API, missing from __all__
+        rank: int,
+        size: int,
+        device: torch.device,
+        timeout_s: float,
+    ):
         timeout = timedelta(seconds=timeout_s)
         if device.type == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
@@ -62,7 +69,7 @@ class Collective:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` across ranks in place (every rank gets the same bits) and return it."""
-        self.group.allreduce([x]).wait()
+        self.group.allreduce([x]).wait()  # pyright: ignore[reportAttributeAccessIssue]  # stubs omit it
         self.bytes_total += x.numel() * x.element_size()
         self.calls_total += 1
         return x
@@ -76,7 +83,7 @@ class TensorParallel:
         self.failure: str | None = None
         self._on_failure: Callable[[str], None] | None = None
         self._stopping = threading.Event()
-        self._store = dist.TCPStore(
+        self._store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  # missing from __all__
             "127.0.0.1",
             0,
             self.size,
@@ -219,7 +226,7 @@ def _worker_setup(config: EngineConfig, rank: int, store_port: int, conn: mpc.Co
     device = resolve_device(config.device, shard)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  # missing from __all__
         "127.0.0.1", store_port, shard.size, False, timedelta(seconds=config.tp_timeout_s + 60)
     )
     collective = Collective(store, rank, shard.size, device, config.tp_timeout_s)

@@ -1,9 +1,10 @@
-"""The one prompt-length rule, shared by the engine, the async engine and the HTTP server.
+"""The request rules shared by the engine, its clients and the HTTP server.
 
 A request must have a prompt, and the prompt plus the tokens it may generate must fit the
-model's context (`max_model_len`). The server checks first, to answer 400 naming the field;
-the async engine checks before queueing, and the engine once more as the backstop for offline
-use. All three call `check_request`, so they cannot disagree.
+model's context (`max_model_len`); its adapter, if any, must be a configured one. The server
+checks first, to answer 400 naming the field; the engine clients check before queueing, and the
+engine once more as the backstop for offline use. All of them call these functions, so they
+cannot disagree.
 """
 
 from __future__ import annotations
@@ -46,3 +47,13 @@ def check_request(
             CONTEXT_LENGTH_EXCEEDED,
         )
     return max_tokens
+
+
+def check_adapter(name: str | None, adapters: list[str]) -> None:
+    """ValueError unless `name` is None or '' (the base model) or one of the configured `adapters`."""
+    if not name:
+        return
+    if not adapters:
+        raise ValueError(f"model: unknown adapter {name!r}; no adapters are configured")
+    if name not in adapters:
+        raise ValueError(f"model: unknown adapter {name!r}; adapters: {', '.join(adapters)}")

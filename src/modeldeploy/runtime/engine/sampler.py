@@ -44,12 +44,10 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def _generator(self, seq: Sequence) -> torch.Generator:
+    def _generator(self, seq: Sequence, seed: int) -> torch.Generator:
         gen = self._generators.get(seq.request_id)
         if gen is None:
-            gen = self._generators[seq.request_id] = torch.Generator().manual_seed(
-                seq.params.seed + seq.index
-            )
+            gen = self._generators[seq.request_id] = torch.Generator().manual_seed(seed + seq.index)
         return gen
 
     @torch.inference_mode()
@@ -158,8 +156,9 @@ class Sampler:
         probs = torch.softmax(x, dim=-1)
         q = torch.empty_like(probs).exponential_()
         for i, s in enumerate(seqs):  # only seeded, sampled rows: their own generator, their own draws
-            if s.params.seed is not None and not s.params.greedy:
-                q[i] = torch.empty(V).exponential_(generator=self._generator(s)).to(dev)
+            seed = s.params.seed
+            if seed is not None and not s.params.greedy:
+                q[i] = torch.empty(V).exponential_(generator=self._generator(s, seed)).to(dev)
         drawn = (probs / q).argmax(dim=-1)
         finite = torch.isfinite(probs.sum(dim=-1))  # overflowing logits (NaN probs): argmax is the limit
         return torch.where(is_greedy | ~finite, greedy, drawn)

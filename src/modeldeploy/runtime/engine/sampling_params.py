@@ -14,8 +14,8 @@ class Structured:
     """A decoding constraint: `json_schema` (schema is canonical JSON text), `json_object` (any JSON
     object) or `structural_tag` (xgrammar's: free text, constrained inside tags once a trigger appears).
 
-    `compiled` is filled by whoever compiled it ahead of the step loop (AsyncEngine does so on a worker
-    thread); the engine compiles synchronously when it is still empty.
+    `compiled` is filled by whoever compiled it ahead of the step loop (the in-thread engine client does
+    so on a worker thread); the engine compiles synchronously when it is still empty.
     """
 
     kind: str
@@ -52,7 +52,13 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
+        """Raise ValueError naming the first bad field (in field order)."""
+        self._validate_sampling()
+        self._validate_stops()
+        self._validate_penalties()
+        self._validate_outputs()
+
+    def _validate_sampling(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
@@ -63,12 +69,16 @@ class SamplingParams:
             raise ValueError(f"top_k: must be -1 (disabled) or >= 0, got {self.top_k!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+
+    def _validate_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop: every stop sequence must be a non-empty string")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids: every id must be a non-negative integer")
+
+    def _validate_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and -2.0 <= v <= 2.0):
@@ -80,6 +90,8 @@ class SamplingParams:
                 raise ValueError(f"logit_bias: token id {tok!r} must be a non-negative integer")
             if not (isinstance(bias, int | float) and math.isfinite(bias) and -100 <= bias <= 100):
                 raise ValueError(f"logit_bias: bias for token {tok} must be in [-100, 100], got {bias!r}")
+
+    def _validate_outputs(self) -> None:
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens: must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):

@@ -1,4 +1,4 @@
-"""One request's outputs on the event loop, as AsyncEngine and EngineCoreClient hand them out.
+"""One request's outputs on the event loop, as both engine clients (`client.py`) hand them out.
 
 Outputs (or an exception) are put from the engine side; the reader gets them in order until every
 choice has finished. When the reader has fallen behind (the HTTP side slower than the step loop),
@@ -29,7 +29,8 @@ def merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
 
 
 class OutputStream:
-    def __init__(self, n: int = 1):
+    def __init__(self, n: int = 1, prompt_token_ids: list[int] | None = None):
+        self.prompt_token_ids = prompt_token_ids or []  # the request's, for clients that rebuild outputs
         self.queue: asyncio.Queue = asyncio.Queue()
         self.open_choices = n
         self.finished = False  # every choice has had its final output

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from modeldeploy.runtime.engine.client import EngineClient, make_client
 from modeldeploy.runtime.server import endpoints, readiness
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.context import ServerContext
@@ -30,37 +32,18 @@ log = logging.getLogger("modeldeploy.server")
 PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
-    """Build the app; the engine (default: the engine core process, or AsyncEngine(cfg.engine) on a
-    thread with cfg.engine_core "thread") is built and loaded in the background once the app starts,
-    so health endpoints answer while it loads."""
+def create_app(cfg: ServerConfig, engine: EngineClient | None = None) -> FastAPI:
+    """Build the app; the engine client (default: `make_client(cfg.engine, cfg.engine_core)`) is built
+    and loaded in the background once the app starts, so health endpoints answer while it loads."""
     cfg.validate()
     ctx = ServerContext(cfg, None)
-
-    def make_engine() -> Any:
-        if engine is not None:
-            return engine
-        if cfg.engine_core == "process":
-            from modeldeploy.runtime.engine.core_client import EngineCoreClient
-
-            return EngineCoreClient(cfg.engine)
-        # torch is imported here, off the event loop, after the port has opened
-        from modeldeploy.runtime import AsyncEngine
-
-        return AsyncEngine(cfg.engine)
-
-    def on_engine(e: Any) -> None:
-        ctx.engine = e
-        if hasattr(e, "on_abort_release"):
-            e.on_abort_release = ctx.metrics.cancel_released
-        if hasattr(e, "on_fatal"):
-            e.on_fatal = ctx.fatal
-        if cfg.step_delay_s:
-            e.step_delay_s = cfg.step_delay_s  # test hook: a deliberately slowed server
+    tracing = Tracing.from_env(ctx.metrics.labels)  # None unless OTEL_EXPORTER_OTLP_ENDPOINT is set
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        task = asyncio.create_task(readiness.load(make_engine, on_engine, ctx.state, cfg.load_delay_s))
+        task = asyncio.create_task(
+            readiness.load(_client_factory(cfg, engine), ctx.attach, ctx.state, cfg.load_delay_s)
+        )
         try:
             yield
         finally:
@@ -76,12 +59,29 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
         title="modeldeploy runtime", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.ctx = ctx
-    _errors(app, ctx)
-    tracing = Tracing.from_env(ctx.metrics.labels)  # None unless OTEL_EXPORTER_OTLP_ENDPOINT is set
-
+    _errors(app)
     if cfg.api_key is not None:
         app.add_middleware(BearerAuth, api_key=cfg.api_key)
+    _health_routes(app, ctx)
+    _api_routes(app, ctx)
+    # outermost (added last): its headers reach every response, 401s from `auth` included
+    app.add_middleware(
+        EvidenceMiddleware, bundle=cfg.engine.bundle_id, labels=ctx.metrics.labels, tracing=tracing
+    )
+    return app
 
+
+def _client_factory(cfg: ServerConfig, engine: EngineClient | None) -> Callable[[], EngineClient]:
+    """What readiness.load calls on a worker thread: the given client, or a new one for the layout
+    (the thread layout imports torch there, off the event loop, after the port has opened)."""
+
+    def make() -> EngineClient:
+        return engine if engine is not None else make_client(cfg.engine, cfg.engine_core)
+
+    return make
+
+
+def _health_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/health/live")
     async def live() -> JSONResponse:
         return JSONResponse(ctx.state.body(), status_code=200 if ctx.live else 503)
@@ -93,6 +93,10 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=PROM_TEXT)
+
+
+def _api_routes(app: FastAPI, ctx: ServerContext) -> None:
+    cfg = ctx.cfg
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -129,17 +133,11 @@ def create_app(cfg: ServerConfig, engine: Any = None) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await endpoints.generate(ctx, request, "responses")
 
-    # outermost (added last): its headers reach every response, 401s from `auth` included
-    app.add_middleware(
-        EvidenceMiddleware, bundle=cfg.engine.bundle_id, labels=ctx.metrics.labels, tracing=tracing
-    )
-    return app
-
 
 class BearerAuth:
     """`Authorization: Bearer KEY` on /v1/*; health and metrics stay open. Pure ASGI: starlette's
     `@app.middleware("http")` relays every streamed chunk through a memory stream and a task, which
-    cost about a seventh of the server's CPU at 32 streams (py-spy, bench/results/server_cpu.md)."""
+    cost a large share of the server's CPU under many streams (bench/results/server_cpu.md)."""
 
     def __init__(self, app: Any, api_key: str) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
@@ -158,7 +156,7 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-def _errors(app: FastAPI, ctx: ServerContext) -> None:
+def _errors(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()

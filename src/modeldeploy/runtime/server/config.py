@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.engine.client import Layout
 
 
 @dataclass
 class ServerConfig:
-    engine: Any  # modeldeploy.runtime.EngineConfig (max_num_seqs = running slots)
+    engine: EngineConfig  # max_num_seqs = running slots
     served_model_name: str  # the `model` clients must send
     max_queue: int = 64  # requests allowed to wait for a running slot; beyond: 429
     api_key: str | None = None  # bearer token for /v1/*; health and metrics stay open
@@ -25,7 +27,7 @@ class ServerConfig:
     queue_budget_s: float | None = None  # estimated wait for a slot beyond this: 429 at once (None: none)
     # "process": the step loop in an engine core process of its own (runtime/engine/engine_core.py);
     # "thread": on a thread of this process (one GIL with the HTTP work; tests that look inside it)
-    engine_core: str = "process"
+    engine_core: Layout = "process"
 
     def validate(self) -> None:
         if self.max_queue < 0:

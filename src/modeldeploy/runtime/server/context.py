@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from modeldeploy.runtime.engine.client import EngineClient
 from modeldeploy.runtime.engine.request_check import RequestError, check_request
 from modeldeploy.runtime.server.admission import REASONS, Admission
 from modeldeploy.runtime.server.config import ServerConfig
@@ -18,17 +19,28 @@ from modeldeploy.runtime.server.readiness import LoadState
 
 log = logging.getLogger("modeldeploy.server")
 _SAMPLING_FIELDS = (
-    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n",
-)  # fmt: skip
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_tokens",
+    "logprobs",
+    "n",
+)
 # Below this a temperature is greedy in all but name; dividing logits by it overflows float32
 # (the engine's sampler then fails), so it is served as temperature 0, as vLLM does.
 GREEDY_EPS = 1e-5
 
 
 class ServerContext:
-    def __init__(self, cfg: ServerConfig, engine: Any):
-        self.cfg, self.engine = cfg, engine
+    def __init__(self, cfg: ServerConfig, engine: EngineClient | None):
+        self.cfg, self._engine = cfg, engine
         self.state = LoadState()
         self.admission = Admission(
             cfg.engine.max_num_seqs,
@@ -48,6 +60,21 @@ class ServerContext:
         self.metrics = ServerMetrics(labels, self.live_values, adapters)
         self.exit_on_fatal: Callable[[], None] | None = None  # set by `modeldeploy serve` (cli.py)
 
+    @property
+    def engine(self) -> EngineClient:
+        """The engine client; RuntimeError before it has been created (the first moments of a load)."""
+        if self._engine is None:
+            raise RuntimeError("engine: not created yet")
+        return self._engine
+
+    def attach(self, engine: EngineClient) -> None:
+        """Adopt the engine client before it starts: its abort and failure reports come here."""
+        self._engine = engine
+        engine.on_abort_release = self.metrics.cancel_released
+        engine.on_fatal = self.fatal
+        if self.cfg.step_delay_s:
+            engine.step_delay_s = self.cfg.step_delay_s  # test hook: a deliberately slowed server
+
     def fatal(self, message: str) -> None:
         """The engine died (step loop, or a tensor-parallel rank): 503 from now on, and exit non-zero
         when running as `modeldeploy serve`, so the pod restarts instead of hanging. Any thread."""
@@ -65,8 +92,9 @@ class ServerContext:
     @property
     def live(self) -> bool:
         """False after a load failure or a crashed engine step loop: Kubernetes should restart us."""
-        if getattr(self.engine, "error", None) is not None and self.state.status != "failed":
-            self.state.status, self.state.error = "failed", f"engine step loop failed: {self.engine.error}"
+        error = self._engine.error if self._engine is not None else None
+        if error is not None and self.state.status != "failed":
+            self.state.status, self.state.error = "failed", f"engine step loop failed: {error}"
         return self.state.live
 
     def check_serving(self) -> None:
@@ -125,7 +153,7 @@ class ServerContext:
 
     @property
     def max_model_len(self) -> int:
-        return int(self.engine.config.max_model_len)
+        return self.engine.max_model_len
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.engine.tokenizer(text, add_special_tokens=True)["input_ids"])
