@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -15,39 +16,56 @@ LOAD_FORMATS = ("safetensors", "dummy")
 ADAPTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS label: also a URL/metric-safe model name
 
 
+def knob(default: Any, help: str, **meta: Any) -> Any:
+    """A field with its help text (and `choices`, if any): `modeldeploy serve` derives its flags from
+    these, so each default and its description live here only."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
 @dataclass
 class EngineConfig:
-    model: str = ""  # local HF-format directory
-    tokenizer: str | None = None  # defaults to `model`
-    dtype: str = "auto"  # auto: config's torch dtype on cuda, float32 on cpu
-    device: str = "auto"  # auto: cuda when available
-    max_num_seqs: int = 16  # running sequences per step
-    max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + decodes)
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_fraction (cuda) or kv_cache_cpu_bytes
-    kv_cache_fraction: float = 0.9  # share of free device memory given to the KV cache (cuda)
-    kv_cache_cpu_bytes: int = 256 << 20  # KV cache size on cpu when num_kv_blocks is None
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    model_digest: str | None = None  # expected sha256 manifest digest of `model`
-    tokenizer_digest: str | None = None  # expected digest of `tokenizer` (when separate)
-    bundle_id: str = ""  # keys the prefix cache; labels every metric
-    load_format: str = "safetensors"  # dummy: random weights from config.json (benchmarks)
-    seed: int = 0  # for dummy weights
-    grammar_cache_size: int = 64  # compiled grammars kept (LRU, keyed by schema hash)
+    model: str = knob("", "model directory (HF layout: config, tokenizer, safetensors)")
+    tokenizer: str | None = knob(None, "tokenizer directory (default: the model's)")
+    dtype: str = knob("auto", "auto: the config's torch dtype on cuda, float32 on cpu", choices=DTYPES)
+    device: str = knob("auto", "auto: cuda when available", choices=DEVICES)
+    max_num_seqs: int = knob(16, "sequences running in the engine at once")
+    max_num_batched_tokens: int = knob(2048, "token budget per step (prefill chunks + decodes)")
+    max_model_len: int | None = knob(None, "context length (default: the model's max_position_embeddings)")
+    block_size: int = knob(16, "tokens per KV block")
+    num_kv_blocks: int | None = knob(
+        None, "KV blocks (default: sized from kv_cache_fraction on cuda, kv_cache_cpu_bytes on cpu)"
+    )
+    kv_cache_fraction: float = knob(0.9, "share of free device memory given to the KV cache (cuda)")
+    kv_cache_cpu_bytes: int = knob(256 << 20, "KV cache size on cpu when num_kv_blocks is unset")
+    enable_prefix_caching: bool = knob(True, "reuse the KV blocks of a shared prompt prefix")
+    enable_chunked_prefill: bool = knob(True, "split long prompts over steps within the token budget")
+    model_digest: str | None = knob(None, "refuse to serve unless the model dir has this digest")
+    tokenizer_digest: str | None = knob(None, "refuse to serve unless the tokenizer dir has this digest")
+    bundle_id: str = knob("", "bundle id: keys the prefix cache, labels every metric series")
+    load_format: str = knob(
+        "safetensors", "dummy: random weights from config.json (benchmarks)", choices=LOAD_FORMATS
+    )
+    seed: int = knob(0, "seed of dummy weights")
+    grammar_cache_size: int = knob(64, "compiled grammars kept (LRU by schema hash)")
     extra: dict[str, str] = field(default_factory=dict)
     # LoRA adapters, pinned like the model: [{"name", "path", "digest", "revision"}]; a request
     # selects one by name. At most max_loras are on the device at once, the rest in host memory.
     adapters: list[dict[str, str]] = field(default_factory=list)
-    max_loras: int = 4
+    max_loras: int = knob(4, "adapters held on the device at once")
     # Tensor parallelism: ranks in this pod (rank 0 = the engine process, ranks 1.. = worker
     # processes that only run the model); gloo on cpu, NCCL on cuda (one GPU per rank).
-    tensor_parallel_size: int = 1
-    tp_timeout_s: float = 30.0  # a collective waiting longer than this fails the engine (a hung rank)
+    tensor_parallel_size: int = knob(
+        1, "ranks the model is split over: one process and one GPU each (gloo on cpu)"
+    )
+    tp_timeout_s: float = knob(
+        30.0, "seconds a collective may wait for a rank before the engine fails (a hung rank)"
+    )
     # Pure-decode steps replay CUDA graphs captured at load, one per batch-size bucket (engine/graphs.py);
     # cuda only, without tensor parallelism. Off by default until the GPU check has measured it.
-    cuda_graphs: bool = False
+    cuda_graphs: bool = knob(
+        False,
+        "replay pure-decode steps from CUDA graphs captured at load (cuda only, no tensor parallelism)",
+    )
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""

@@ -17,26 +17,87 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import sys
 import threading
+import typing
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+
+from modeldeploy.runtime.server.config import ServerConfig
 
 log = logging.getLogger("modeldeploy.server")
 
 
+# The EngineConfig fields `serve` takes as flags, and the flag of each whose name is not
+# --field-name. Type, default, choices and help come from the field (runtime/config.py).
+ENGINE_FLAGS: dict[str, str | None] = {
+    "model": None,
+    "max_num_seqs": None,
+    "max_model_len": None,
+    "max_num_batched_tokens": None,
+    "block_size": None,
+    "num_kv_blocks": None,
+    "kv_cache_fraction": None,
+    "enable_prefix_caching": "--no-prefix-caching",
+    "enable_chunked_prefill": "--no-chunked-prefill",
+    "grammar_cache_size": None,
+    "device": None,
+    "dtype": None,
+    "load_format": None,
+    "max_loras": None,
+    "tensor_parallel_size": None,
+    "cuda_graphs": None,
+    "tp_timeout_s": "--tp-timeout",
+    "bundle_id": None,
+    "model_digest": None,
+    "tokenizer_digest": None,
+}
+
+
+def engine_flag(name: str) -> str:
+    return ENGINE_FLAGS.get(name) or "--" + name.replace("_", "-")
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ENGINE_FLAGS field, dest = the field's name. A bool field that is on by default
+    is turned off by its --no-... flag; one that is off is turned on by its flag."""
+    from modeldeploy.runtime.config import EngineConfig
+
+    types = typing.get_type_hints(EngineConfig)
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    for name in ENGINE_FLAGS:
+        f, kind, flag = fields[name], types[name], engine_flag(name)
+        help_ = f.metadata["help"]
+        if kind is bool:
+            off = "off: " if f.default else ""
+            p.add_argument(
+                flag, dest=name, action="store_false" if f.default else "store_true", help=off + help_
+            )
+            continue
+        base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
+        kw: dict[str, Any] = {"dest": name, "type": base[0], "metavar": flag[2:].replace("-", "_").upper()}
+        if "choices" in f.metadata:
+            kw.update(choices=list(f.metadata["choices"]), metavar=None)
+        if name == "model":
+            kw["required"] = True
+        else:
+            kw["default"] = f.default
+            if f.default not in (None, ""):
+                help_ = f"{help_} (default: {f.default})"
+        p.add_argument(flag, help=help_, **kw)
+
+
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", required=True, help="model directory (HF layout: config, tokenizer, safetensors)"
-    )
+    add_engine_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: dir name)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences running in the engine at once")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
     p.add_argument(
         "--max-queued-tokens",
@@ -51,19 +112,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="seconds a request may be expected to wait for a slot; beyond: 429 at once "
         "(default: none; a client's x-request-deadline-ms header sets its own)",
     )
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-fraction", type=float, default=0.9)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument(
-        "--grammar-cache-size", type=int, default=64, help="compiled grammars kept (LRU by schema hash)"
-    )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
-    p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     p.add_argument(
         "--adapter",
         action="append",
@@ -81,29 +129,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adapter-revision", action="append", default=[], metavar="NAME=REV", help="a label in /v1/bundle"
     )
-    p.add_argument("--max-loras", type=int, default=4, help="adapters held on the device at once")
-    p.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        help="ranks the model is split over: one process and one GPU each (gloo on cpu)",
-    )
-    p.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        help="replay pure-decode steps from CUDA graphs captured at load (cuda only, no tensor parallelism)",
-    )
-    p.add_argument(
-        "--tp-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a collective may wait for a rank before the engine fails (a hung rank)",
-    )
-    p.add_argument("--bundle-id", default="", help="bundle id label on every metric series")
-    p.add_argument(
-        "--model-digest", default=None, help="refuse to serve unless the model dir has this digest"
-    )
-    p.add_argument("--tokenizer-digest", default=None)
     p.add_argument("--model-revision", default="", help="bundle.model.revision (a metric label)")
     p.add_argument(
         "--engine-build",
@@ -140,45 +165,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_config(args: argparse.Namespace):
+def build_config(args: argparse.Namespace) -> ServerConfig:
     from modeldeploy.runtime import EngineConfig
-    from modeldeploy.runtime.server.config import ServerConfig
 
-    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{engine_flag(name)} must be >= 1, got {getattr(args, name)}")
     if not 1 <= args.port <= 65535 and args.port != 0:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     adapters = adapter_pins(args.adapter, args.adapter_digest, args.adapter_revision)
-    engine = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_fraction=args.kv_cache_fraction,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        model_digest=args.model_digest,
-        tokenizer_digest=args.tokenizer_digest,
-        bundle_id=args.bundle_id,
-        load_format=args.load_format,
-        adapters=adapters,
-        max_loras=args.max_loras,
-        grammar_cache_size=args.grammar_cache_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        tp_timeout_s=args.tp_timeout,
-        cuda_graphs=args.cuda_graphs,
-    )
+    engine = EngineConfig(**{name: getattr(args, name) for name in ENGINE_FLAGS}, adapters=adapters)
     if args.cuda_graphs and args.device == "cpu":
         raise ValueError("--cuda-graphs: needs a CUDA device (--device is cpu)")
     if args.cuda_graphs and args.tensor_parallel_size > 1:
         raise ValueError("--cuda-graphs: not supported with --tensor-parallel-size > 1 yet")
-    if args.tp_timeout <= 0:
-        raise ValueError(f"--tp-timeout must be > 0, got {args.tp_timeout}")
+    if args.tp_timeout_s <= 0:
+        raise ValueError(f"--tp-timeout must be > 0, got {args.tp_timeout_s}")
     if args.tensor_parallel_size > 1 and adapters:
         raise ValueError("--tensor-parallel-size: LoRA adapters (--adapter) are not supported with it yet")
     name = args.served_model_name or Path(args.model).resolve().name
