@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, VERSION
+from modeldeploy.operator.rollout.routing import KIND as ROUTE_KIND
 
 MD = "ModelDeployment"
 
@@ -49,13 +50,16 @@ class FakeKube:
         obj = self.objects.get((MD, ns, name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]] | None:
+    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]]:
         want = dict(term.split("=", 1) for term in selector.split(","))
         return [
             copy.deepcopy(o)
             for (k, n, _), o in self.objects.items()
             if k == kind and n == ns and want.items() <= (o["metadata"].get("labels") or {}).items()
         ]
+
+    def list_routes(self, ns: str, selector: str) -> list[dict[str, Any]] | None:
+        return self.list(ROUTE_KIND, ns, selector)
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return copy.deepcopy(self.nodes)

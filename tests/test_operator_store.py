@@ -98,7 +98,7 @@ class CountingKube(FakeKube):
         self.reads["get"] += 1
         return super().get_md(ns, name)
 
-    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]] | None:
+    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]]:
         self.reads[kind] += 1
         return super().list(kind, ns, selector)
 

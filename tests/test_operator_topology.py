@@ -8,9 +8,10 @@ import pytest
 from operator_fixtures import md
 from pydantic import ValidationError
 
-from modeldeploy.operator.api.v1alpha1.common import quantity_bytes
+from modeldeploy.operator.api.v1alpha1.common import quantity_bytes, quantity_value
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.topology import Topology
+from modeldeploy.operator.rollout.drift import subset
 from modeldeploy.operator.rollout.plan import Create, Observed, PatchStatus, plan
 from modeldeploy.operator.rollout.topology import GPU_MEMORY_LABEL, NodeInfo, fit
 
@@ -112,6 +113,21 @@ def test_cpu_ranks_and_unset_weights_skip_the_memory_check() -> None:
 )  # fmt: skip
 def test_quantity_bytes(q: Any, n: int) -> None:
     assert quantity_bytes(q) == n
+
+
+@pytest.mark.parametrize(
+    ("a", "b"), [("500m", "0.5"), ("1Gi", 2**30), ("1k", "1000"), ("1e3", "1k"), ("250u", "0.25m")]
+)
+def test_two_spellings_of_one_quantity_are_the_same_value(a: Any, b: Any) -> None:
+    assert quantity_value(a) == quantity_value(b)
+    assert subset({"cpu": a}, {"cpu": b})  # drift: the API server's spelling is not a change
+
+
+def test_quantity_value_is_exact_and_rejects_non_quantities() -> None:
+    assert quantity_value("100m") != quantity_value("200m")  # no rounding up to whole units
+    for bad in ("lots", "1 Gi", "Gi", True):
+        with pytest.raises(ValueError):
+            quantity_value(bad)
 
 
 @pytest.mark.parametrize("bad", ["lots", "8GB", "-1Gi", "1 Gi", "Gi", "500m", -1])

@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         namespaces=args.namespace,
         standalone=args.standalone or None,
         peering_name=args.peering,
-        identity=identity,
+        identity=identity,  # pyright: ignore[reportArgumentType]  # kopf.Identity: a NewType of str kopf does not export
         priority=priority,
         liveness_endpoint=f"http://{args.bind}:{args.health_port}/healthz" if args.health_port else None,
     )

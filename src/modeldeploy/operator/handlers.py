@@ -65,9 +65,9 @@ def _run(
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def modeldeployment_changed(
-    type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_
+    type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_
 ) -> None:
-    if memo.controller.md_event(type, namespace, name, body):
+    if namespace is not None and memo.controller.md_event(type, namespace, name, body):
         _run(
             memo.controller,
             namespace,
@@ -79,7 +79,7 @@ def modeldeployment_changed(
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD)
 @kopf.on.event("", "v1", "services", labels=CHILD)
-def child_changed(type: str | None, body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None:
+def child_changed(type: str | None, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_) -> None:
     owner = memo.controller.child_event(type, body)
     if owner is not None:
         _run(memo.controller, namespace, owner, "child")

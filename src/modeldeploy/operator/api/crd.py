@@ -59,7 +59,7 @@ def _factory_defaults(model: type[BaseModel]) -> dict[str, Any]:
     for name, field in model.model_fields.items():
         if field.default_factory is None:
             continue
-        value = field.default_factory()
+        value = field.get_default(call_default_factory=True)
         if isinstance(value, BaseModel):
             # the full object, not {}: the API server checks CEL rules against the default itself
             value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -141,7 +141,7 @@ def structural(model: type[BaseModel]) -> dict[str, Any]:
             out["additionalProperties"] = conv(out["additionalProperties"], None)
         if isinstance(out.get("items"), dict):
             out["items"] = conv(out["items"], None)
-        return {k: out[k] for k in sorted(out, key=_ORDER.get)}
+        return {k: out[k] for k in sorted(out, key=lambda k: _ORDER.get(k, len(_ORDER)))}
 
     return conv(raw, model.__name__)
 

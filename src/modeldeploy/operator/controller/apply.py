@@ -158,7 +158,7 @@ def _describe(a: Action) -> str:
 
 def _api_message(e: ApiException) -> str:
     try:
-        return json.loads(e.body)["message"]
+        return json.loads(e.body or "")["message"]  # no body: ValueError, the status line below
     except (TypeError, ValueError, KeyError):
         return f"{e.status} {e.reason}"
 

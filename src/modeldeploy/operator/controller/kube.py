@@ -9,7 +9,7 @@ action to one call without caring which API group serves it. Errors stay `ApiExc
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -23,9 +23,14 @@ ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
 LIST_PAGE = 250  # nodes or pods per page of a cluster-wide list
 POOL_SIZE = 48  # above the 16 worker threads, apply's 16 and the resync task and ticks
 MERGE = "application/merge-patch+json"
-RAW = MappingProxyType(
-    {"_preload_content": False}
-)  # the response body is read as JSON, not decoded into models
+# the response body is read as JSON, not decoded into models; typed Any so `**RAW` fits every keyword
+RAW: Mapping[str, Any] = MappingProxyType({"_preload_content": False})
+
+
+def _body(obj: dict[str, Any]) -> Any:
+    """A plain dict as a request body: the client serializes dicts as they are, but its annotations
+    name only its model classes (V1Deployment, V1DeleteOptions...), so the dict goes through as Any."""
+    return obj
 
 
 def _json(resp: Any) -> dict[str, Any]:
@@ -75,24 +80,26 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]] | None:
-        """Objects of `kind` (Deployment, Service, Pod, HTTPRoute) by label; None: HTTPRoute not served."""
-        if kind == ROUTE_KIND:
-            try:
-                resp = self.custom.list_namespaced_custom_object(
-                    *ROUTE_API[:2], ns, ROUTE_API[2], label_selector=selector, **RAW
-                )
-            except ApiException as e:
-                if e.status == 404:
-                    return None
-                raise
-            return _json(resp)["items"]
+    def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]]:
+        """Objects of `kind` (Deployment, Service, Pod) by label."""
         lister = {
             "Deployment": self.apps.list_namespaced_deployment,
             "Service": self.core.list_namespaced_service,
             "Pod": self.core.list_namespaced_pod,
         }[kind]
         return _json(lister(ns, label_selector=selector, **RAW))["items"]
+
+    def list_routes(self, ns: str, selector: str) -> list[dict[str, Any]] | None:
+        """HTTPRoutes by label; None when the cluster does not serve the Gateway API."""
+        try:
+            resp = self.custom.list_namespaced_custom_object(
+                *ROUTE_API[:2], ns, ROUTE_API[2], label_selector=selector, **RAW
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return _json(resp)["items"]
 
     def list_nodes(self) -> Iterator[dict[str, Any]]:
         """Every node, a page at a time (see `_pages`)."""
@@ -114,9 +121,9 @@ class Kube:
         if kind == ROUTE_KIND:
             resp = self.custom.create_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], obj, **RAW)
         elif kind == "Deployment":
-            resp = self.apps.create_namespaced_deployment(ns, obj, **RAW)
+            resp = self.apps.create_namespaced_deployment(ns, _body(obj), **RAW)
         else:
-            resp = self.core.create_namespaced_service(ns, obj, **RAW)
+            resp = self.core.create_namespaced_service(ns, _body(obj), **RAW)
         return _json(resp)
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -135,9 +142,13 @@ class Kube:
         if kind == ROUTE_KIND:
             self.custom.delete_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], name, **RAW)
         elif kind == "Deployment":
-            self.apps.delete_namespaced_deployment(name, ns, body={"propagationPolicy": "Background"}, **RAW)
+            self.apps.delete_namespaced_deployment(
+                name, ns, body=_body({"propagationPolicy": "Background"}), **RAW
+            )
         else:
-            self.core.delete_namespaced_service(name, ns, body={"propagationPolicy": "Background"}, **RAW)
+            self.core.delete_namespaced_service(
+                name, ns, body=_body({"propagationPolicy": "Background"}), **RAW
+            )
 
     def annotate_md(self, ns: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
         """Merge patch of the ModelDeployment's annotations (None removes one); returns it as stored."""
@@ -158,4 +169,4 @@ class Kube:
         return _json(resp)
 
     def create_event(self, ns: str, body: dict[str, Any]) -> None:
-        self.core.create_namespaced_event(ns, body, **RAW)
+        self.core.create_namespaced_event(ns, _body(body), **RAW)

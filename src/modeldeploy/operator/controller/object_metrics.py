@@ -56,7 +56,9 @@ def series(md: dict[str, Any], status: dict[str, Any]) -> list[tuple[Gauge, tupl
     meta = md["metadata"]
     key = (meta["namespace"], meta["name"])
     phase = status.get("phase") or "Stable"
-    out = [(PHASE, (*key, p), float(p == phase)) for p in dict.fromkeys((*PHASES, phase))]
+    out: list[tuple[Gauge, tuple[str, ...], float]] = [
+        (PHASE, (*key, p), float(p == phase)) for p in dict.fromkeys((*PHASES, phase))
+    ]
     out.append((WEIGHT, key, float(status.get("canaryWeight") or 0)))
     for cohort in ("stable", "canary"):
         bid = (status.get(cohort) or {}).get("bundle")

@@ -41,7 +41,6 @@ from modeldeploy.operator.rollout.actions import Observed
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
 from modeldeploy.operator.rollout.machine import UNDER_TEST
 from modeldeploy.operator.rollout.progression import epoch, iso
-from modeldeploy.operator.rollout.routing import KIND as ROUTE_KIND
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
 # How old the node list a pass plans on may be. What a pass reads of it is mostly what nodes are (labels,
@@ -70,19 +69,21 @@ class NodeCache:
     def __init__(self, kube: Kube, ttl_s: float = NODE_TTL_S, clock: Callable[[], float] = time.monotonic):
         self.kube, self.ttl_s, self.clock = kube, ttl_s, clock
         self._lock = threading.Lock()
-        self._at, self._nodes = 0.0, None  # when the current list was begun (clock)
+        self._at = 0.0  # when the current list was begun (clock)
+        self._nodes: list[NodeInfo] = []
+        self._listed = False  # until the first relist, every caller waits for one
         self._seen: PodCounts = Counter()  # pods per (namespace, bundle) the current list counted
         self._claims: dict[ObjectKey, Claim] = {}
 
     def _fresh(self, since: float | None) -> bool:
-        if self._nodes is None:
+        if not self._listed:
             return False
         return self._at >= since if since is not None else self.clock() - self._at <= self.ttl_s
 
     def get(self, since: float | None = None) -> list[NodeInfo]:
         """The node list; with `since` (clock time) one begun at or after then, waiting for a relist if
         need be (a decision that reads the spare GPUs now), instead of the cached one."""
-        if self._fresh(since) or not self._lock.acquire(blocking=self._nodes is None or since is not None):
+        if self._fresh(since) or not self._lock.acquire(blocking=not self._listed or since is not None):
             return self._nodes
         try:
             if not self._fresh(since):
@@ -93,7 +94,7 @@ class NodeCache:
                 nodes = Nodes(
                     NodeInfo.from_node(n, used.get(n["metadata"]["name"], 0)) for n in self.kube.list_nodes()
                 )
-                self._nodes, self._seen = claim_pending(nodes, unbound), seen
+                self._nodes, self._seen, self._listed = claim_pending(nodes, unbound), seen, True
                 self._at = begun
             return self._nodes
         finally:
@@ -252,7 +253,7 @@ class Observer:
         except ValidationError:
             return
         ns = meta["namespace"]
-        obs.routes = self.kube.list(ROUTE_KIND, ns, sel) if spec.rollout.traffic_routing.gateway_api else []
+        obs.routes = self.kube.list_routes(ns, sel) if spec.rollout.traffic_routing.gateway_api else []
         phase, canary = st.get("phase"), (st.get("canary") or {}).get("bundle")
         if phase not in UNDER_TEST or not canary:
             return
@@ -275,11 +276,13 @@ class Observer:
             return
         cfg, step = spec.rollout.analysis, st.get("currentStep")
         now = time.time()
-        stale = obs.analysis is None or obs.analysis.step != step or obs.analysis_at is None
-        if not stale and now - obs.analysis_at < cfg.interval_seconds:
-            return
+        last, at = obs.analysis, obs.analysis_at
+        if last is not None and last.step == step and at is not None and now - at < cfg.interval_seconds:
+            return  # this step's last interval is recent enough
         since = (st.get("rollout") or {}).get("phaseSince")
         stable = (st.get("stable") or {}).get("bundle")
+        if not stable:
+            return  # no stable cohort to compare the canary with
         cohorts = AnalysisWindow(
             meta["uid"], ns, stable, canary, ips(stable), ips(canary), (canary, step, since), epoch(since)
         )

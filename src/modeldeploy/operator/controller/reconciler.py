@@ -39,6 +39,8 @@ from modeldeploy.operator.rollout.progression import now_iso
 
 OWN_WRITES = 4  # status writes per object whose watch events are recognised as our own echoes
 ROLLOUT_TICK_S = 2.0  # while a rollout is active, reconcile again this soon (gate, pauses)
+# A child's owner (namespace, name; None parts for a child no ModelDeployment owns) and what plan() reads
+Remembered = tuple[tuple[str | None, str | None], tuple]
 
 
 class Controller:
@@ -76,9 +78,7 @@ class Controller:
         self.uids: dict[ObjectKey, str] = {}
         self.own_writes: dict[ObjectKey, tuple[str, ...]] = {}  # resourceVersions of our last status writes
         self.last_done: dict[ObjectKey, float] = {}  # monotonic time of the last completed reconcile
-        self.children: dict[
-            str, tuple[ObjectKey, tuple]
-        ] = {}  # child uid -> (owner, what plan() reads of it)
+        self.children: dict[str, Remembered] = {}  # child uid -> (owner, what plan() reads of it)
         self.object_metrics = ObjectMetrics()  # per-object gauges: phase, weight, cohorts, conditions
         self.tracing = OperatorTracing()  # reconcile/analysis spans when OTEL_EXPORTER_OTLP_ENDPOINT is set
 
@@ -226,7 +226,10 @@ class Controller:
         owner = next(
             (r["name"] for r in meta.get("ownerReferences", []) if r.get("kind") == "ModelDeployment"), None
         )
-        uid, seen = meta.get("uid"), ((meta.get("namespace"), owner), signature(body))
+        uid = meta.get("uid")
+        if not uid:
+            return owner
+        seen: Remembered = ((meta.get("namespace"), owner), signature(body))
         with self._guard:
             if kind == "DELETED":
                 self.children.pop(uid, None)

@@ -165,7 +165,7 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     limits = _quantities(spec.resources.limits)
     if topo.gpus_per_replica:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(topo.gpus_per_replica)
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
         {"name": "MODELDEPLOY_BUNDLE", "value": bid},

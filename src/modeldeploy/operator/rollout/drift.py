@@ -67,10 +67,11 @@ def one_created(actions: list[Action]) -> list[Action]:
     """The `Created` Events of one pass's child actions as one Event naming every child, in place of
     the last of them: a new object's Deployment and Services cost the API server one Event, not one
     each (Events were the largest share of its requests while 1,000 objects were created)."""
-    created = [i for i, a in enumerate(actions) if isinstance(a, Event) and a.reason == "Created"]
+    events = {i: a for i, a in enumerate(actions) if isinstance(a, Event) and a.reason == "Created"}
+    created = list(events)
     if len(created) < 2:
         return actions
-    names = ", ".join(actions[i].message.removeprefix("created ") for i in created)
+    names = ", ".join(e.message.removeprefix("created ") for e in events.values())
     merged = Event("Normal", "Created", f"created {names}")
     return [
         merged if i == created[-1] else a

@@ -325,14 +325,14 @@ def _canary(s, p, sig, now, elapsed) -> Transition:
         and sig.analysis_at is not None
         and sig.analysis_at >= (s.phase_since or 0)
     )
-    if fresh and a.verdict == "Fail":
+    if a is not None and fresh and a.verdict == "Fail":
         figures = "; ".join(
             f"{m.metric} canary={fmt(m.canary)} stable={fmt(m.stable)} threshold={fmt(m.threshold)}"
             for m in a.metrics
             if m.verdict == "Fail"
         )
         return _rollback(s, now, "AnalysisFailed", f"step {i + 1}: {figures}")
-    if elapsed < p.steps[i].pause_seconds or not fresh:
+    if a is None or not fresh or elapsed < p.steps[i].pause_seconds:
         return Transition(s)  # pausing, or no verdict for this step yet
     if a.verdict == "Inconclusive":
         if p.on_inconclusive == "Rollback":

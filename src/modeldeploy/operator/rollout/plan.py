@@ -72,7 +72,7 @@ class Inputs:
     observed: Observed
     now: str
     bid: str  # bundle id of spec.bundle
-    by_bundle: dict[str | None, dict[str, Any]]  # observed Deployments by bundle label
+    by_bundle: dict[str, dict[str, Any]]  # observed Deployments by bundle label (unlabelled ones left out)
     policy: Policy
     now_s: float
     have: dict[str, Have]  # observed size and Ready replicas per bundle (Replace capacity reads them)
@@ -86,11 +86,10 @@ class Inputs:
         obs: Observed,
         now: str,
     ) -> Inputs:
-        by_bundle = {d["metadata"].get("labels", {}).get(BUNDLE_LABEL): d for d in obs.deployments}
+        labelled = ((d["metadata"].get("labels", {}).get(BUNDLE_LABEL), d) for d in obs.deployments)
+        by_bundle = {b: d for b, d in labelled if b}
         have = {
-            b: Have(int((d.get("spec") or {}).get("replicas") or 0), _ready(d))
-            for b, d in by_bundle.items()
-            if b
+            b: Have(int((d.get("spec") or {}).get("replicas") or 0), _ready(d)) for b, d in by_bundle.items()
         }
         return cls(md, spec, prior, obs, now, bundle_id(spec.bundle), by_bundle, progression.policy(spec),
                    progression.epoch(now) or 0.0, have)  # fmt: skip
@@ -163,7 +162,8 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
         desired=x.bid, canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
         canary_failure=obs.load_errors.get(state.canary) if state.canary else None,
         conformance=obs.conformance, analysis=obs.analysis, analysis_at=obs.analysis_at, command=obs.command,
-        stable_ready=_ready(x.by_bundle.get(state.stable)), **capacity_signals(x, state),
+        stable_ready=_ready(x.by_bundle.get(state.stable) if state.stable else None),
+        **capacity_signals(x, state),
     )  # fmt: skip
     if obs.analysis_fresh and obs.analysis is not None:  # every analysis is an Event, with its figures
         kind = "Warning" if obs.analysis.verdict == "Fail" else "Normal"
@@ -284,11 +284,11 @@ def plan_cohorts(
     create needs no second reconcile just to record its name."""
     revisions = revisions_of(x)
 
-    def figures(b: str | None) -> CohortStatus:
+    def figures(b: str) -> CohortStatus:
         dep = x.by_bundle.get(b) or live.get(b)
         return cohort(b, revisions.get(b), dep, sizes.get(b, 0), x.observed.loading.get(b, []))
 
-    stable = figures(state.stable)
+    stable = figures(state.stable or x.bid)  # advance() makes the first bundle stable: never None here
     stable_ready = stable.ready_replicas >= x.spec.replicas
     return CohortSummary(
         stable=stable,
@@ -301,8 +301,8 @@ def plan_cohorts(
 
 def plan_degraded(x: Inputs, state: RolloutState, unfit: str | None, route_problem: str | None) -> Degraded:
     """The one Degraded reason that applies, most fundamental first; None when nothing is wrong."""
-    failure = replica_failure(x.by_bundle.get(state.stable))
-    load_error = x.observed.load_errors.get(state.stable)
+    failure = replica_failure(x.by_bundle.get(state.stable) if state.stable else None)
+    load_error = x.observed.load_errors.get(state.stable) if state.stable else None
     if unfit is not None:
         return "Unschedulable", f"no node can ever fit a replica: {unfit}"
     if load_error is not None:

@@ -6,6 +6,7 @@ reconcile writes nothing and GitOps tools see a steady object.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition
@@ -38,7 +39,11 @@ def condition(
 
 
 def cohort(
-    bid: str, revision: str | None, deployment: dict[str, Any] | None, desired: int, loading: list[float] = ()
+    bid: str,
+    revision: str | None,
+    deployment: dict[str, Any] | None,
+    desired: int,
+    loading: Sequence[float] = (),
 ) -> CohortStatus:
     """Figures for one cohort from its Deployment (None: not created yet).
 
