@@ -40,9 +40,28 @@ def free_port() -> int:
 
 def serve(model: str, bundle: str, slots: int, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "modeldeploy", "serve", "--model", model, "--port", str(port), "--device", "cpu",
-           "--dtype", "float32", "--served-model-name", "tiny", "--bundle-id", bundle, "--max-num-seqs", str(slots),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "modeldeploy",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        "tiny",
+        "--bundle-id",
+        bundle,
+        "--max-num-seqs",
+        str(slots),
+        "--log-level",
+        "warning",
+    ]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT), f"127.0.0.1:{port}"
 
 
@@ -73,8 +92,11 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-render-"))
     model = str(tmp / "tiny")
-    subprocess.run([sys.executable, "-m", "modeldeploy", "tiny-model", model, "--arch", "llama", "--seed", "0"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "tiny-model", model, "--arch", "llama", "--seed", "0"],
+        check=True,
+        capture_output=True,
+    )
     stable_b, canary_b = "3f9a1c0e5b7d2a64", "8c2e4f6a1b3d5e70"
     procs = []
     stable_p, stable = serve(model, stable_b, 4, tmp / "stable.log")
@@ -87,8 +109,16 @@ def main() -> int:
     objects = ObjectMetrics()  # what the operator's Controller keeps
 
     def phase(name: str, weight: int) -> None:
-        objects.record(md, {"phase": name, "canaryWeight": weight, "stable": {"bundle": stable_b},
-                            "canary": {"bundle": canary_b}, "conditions": cond})  # fmt: skip
+        objects.record(
+            md,
+            {
+                "phase": name,
+                "canaryWeight": weight,
+                "stable": {"bundle": stable_b},
+                "canary": {"bundle": canary_b},
+                "conditions": cond,
+            },
+        )
 
     phase("Deploying", 0)
     pod = {"modeldeployment": MD}
@@ -109,8 +139,13 @@ def main() -> int:
         with httpx.Client(timeout=60) as c:
             while not stop.is_set():
                 target = canary if rng.random() * 100 < weight[0] else stable
-                body = {"model": "tiny", "prompt": f"hello {rng.random()}", "max_tokens": rng.choice([16, 32, 64]),
-                        "ignore_eos": True, "stream": rng.random() < 0.5}  # fmt: skip
+                body = {
+                    "model": "tiny",
+                    "prompt": f"hello {rng.random()}",
+                    "max_tokens": rng.choice([16, 32, 64]),
+                    "ignore_eos": True,
+                    "stream": rng.random() < 0.5,
+                }
                 try:
                     c.post(f"http://{target}/v1/completions", json=body)
                 except httpx.HTTPError:
@@ -172,8 +207,11 @@ def render(plt, url: str, t0: float, t1: float, out: Path) -> None:
             q = t["expr"]
             for k, v in subs.items():
                 q = q.replace(k, v)
-            r = httpx.get(url + "/api/v1/query_range", params={"query": q, "start": t0, "end": t1, "step": 2},
-                          timeout=30).json()  # fmt: skip
+            r = httpx.get(
+                url + "/api/v1/query_range",
+                params={"query": q, "start": t0, "end": t1, "step": 2},
+                timeout=30,
+            ).json()
             for s in r["data"]["result"]:
                 label = t["legendFormat"]
                 for k, v in s["metric"].items():
@@ -184,8 +222,11 @@ def render(plt, url: str, t0: float, t1: float, out: Path) -> None:
         if p["type"] in ("stat", "table"):
             ax.axis("off")
             end = max((xs[-1] for _, xs, _ in series), default=0)  # series still present at the end
-            text = "\n".join(lab if p["type"] == "stat" else f"{lab}: {ys[-1]:g}" for lab, xs, ys in series
-                             if xs[-1] == end)  # fmt: skip
+            text = "\n".join(
+                lab if p["type"] == "stat" else f"{lab}: {ys[-1]:g}"
+                for lab, xs, ys in series
+                if xs[-1] == end
+            )
             ax.text(
                 0.5,
                 0.4,

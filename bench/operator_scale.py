@@ -70,16 +70,24 @@ DIGEST = "sha256:" + "b" * 64
 
 def md(i: int) -> dict:
     return {
-        "apiVersion": f"{G}/{V}", "kind": KIND, "metadata": {"name": f"md-{i:04d}"},
+        "apiVersion": f"{G}/{V}",
+        "kind": KIND,
+        "metadata": {"name": f"md-{i:04d}"},
         "spec": {
             "replicas": 1,
-            "bundle": {"engine": {"image": IMAGE},
-                       "model": {"uri": "https://models.invalid/m", "revision": "r1", "digest": DIGEST},
-                       "tokenizer": {"revision": "r1", "digest": DIGEST}},
-            "topology": {"gpusPerReplica": 1, "gpuType": "NVIDIA-H200", "nodeSelector": {"modeldeploy.dev/node-kind": "kwok"}},
+            "bundle": {
+                "engine": {"image": IMAGE},
+                "model": {"uri": "https://models.invalid/m", "revision": "r1", "digest": DIGEST},
+                "tokenizer": {"revision": "r1", "digest": DIGEST},
+            },
+            "topology": {
+                "gpusPerReplica": 1,
+                "gpuType": "NVIDIA-H200",
+                "nodeSelector": {"modeldeploy.dev/node-kind": "kwok"},
+            },
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
         },
-    }  # fmt: skip
+    }
 
 
 def apply_crd(ext: client.ApiextensionsV1Api, timeout: float = 60) -> None:
@@ -130,9 +138,14 @@ def rollout_md(i: int, replicas: int, prom: str) -> dict:
     spec["rollout"] = {
         "conformanceGate": False,  # kwok pods serve nothing to run the suite against
         "steps": [{"weight": 25, "pauseSeconds": 0}, {"weight": 50, "pauseSeconds": 0}],
-        "analysis": {"intervalSeconds": 5, "minSamples": 20, "maxTtftP95Ratio": 1.5, "prometheus": {"address": prom}},
+        "analysis": {
+            "intervalSeconds": 5,
+            "minSamples": 20,
+            "maxTtftP95Ratio": 1.5,
+            "prometheus": {"address": prom},
+        },
         "progressDeadlineSeconds": 1800,
-    }  # fmt: skip
+    }
     return obj
 
 
@@ -155,9 +168,13 @@ def main() -> int:
     ap.add_argument("--rollout-replicas", type=int, default=4)
     ap.add_argument("--rollout-timeout", type=float, default=900)
     ap.add_argument(
-        "--floor", type=int, choices=(1, 2, 3), default=None, metavar="SERVICES",
+        "--floor",
+        type=int,
+        choices=(1, 2, 3),
+        default=None,
+        metavar="SERVICES",
         help="no operator: create each object's Deployment and this many of its Services directly",
-    )  # fmt: skip
+    )
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     a = ap.parse_args()
     if a.floor is not None and (a.rollouts or a.mds <= 0):
@@ -170,9 +187,11 @@ def main() -> int:
     core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
     apply_crd(client.ApiextensionsV1Api())
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True)
-    print(f"git {rev.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
-          f"load average {Path('/proc/loadavg').read_text().split()[:3]}, "
-          f"MODELDEPLOY_WORKERS={os.environ.get('MODELDEPLOY_WORKERS', '(default)')}: {' '.join(sys.argv)}")  # fmt: skip
+    print(
+        f"git {rev.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
+        f"load average {Path('/proc/loadavg').read_text().split()[:3]}, "
+        f"MODELDEPLOY_WORKERS={os.environ.get('MODELDEPLOY_WORKERS', '(default)')}: {' '.join(sys.argv)}"
+    )
     names = [f"bench-gpu-{i}" for i in range(a.nodes)]
     pool = [f"bench-pool-{i}" for i in range(-(-a.rollouts * a.rollout_replicas // 8))]
     t0 = time.monotonic()
@@ -208,8 +227,26 @@ def main() -> int:
             with ThreadPoolExecutor(8) as ex:
                 list(ex.map(lambda n: _ignore_404(lambda: core.delete_node(n)), names + pool))
     env = {**os.environ, "KUBECONFIG": a.kubeconfig}
-    op = subprocess.Popen([sys.executable, "-m", "modeldeploy", "operator", "-n", NS, "--standalone", "--metrics-port", str(METRICS_PORT), "--bind", "127.0.0.1",
-                           "--health-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=open("/tmp/bench-operator.log", "wb"))  # fmt: skip
+    op = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "modeldeploy",
+            "operator",
+            "-n",
+            NS,
+            "--standalone",
+            "--metrics-port",
+            str(METRICS_PORT),
+            "--bind",
+            "127.0.0.1",
+            "--health-port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open("/tmp/bench-operator.log", "wb"),
+    )
     ok = True
     try:
         time.sleep(3)
@@ -228,12 +265,20 @@ def main() -> int:
             m.get("modeldeploy_operator_reconciles_total", 0),
             m.get("modeldeploy_operator_reconcile_seconds_sum", 0),
         )
-        print(f"(reconciles: {n:.0f}, mean reconcile {total / max(n, 1):.3f} s; "
-              f"load average at the end {Path('/proc/loadavg').read_text().split()[:3]})")  # fmt: skip
-        asked = {k.split("{", 1)[1].rstrip("}"): v for k, v in m.items()
-                 if k.startswith("modeldeploy_operator_reconcile_requests_total{")}  # fmt: skip
-        print("(reconcile requests by source and outcome: "
-              + ", ".join(f"{k} {v:.0f}" for k, v in sorted(asked.items())) + ")")  # fmt: skip
+        print(
+            f"(reconciles: {n:.0f}, mean reconcile {total / max(n, 1):.3f} s; "
+            f"load average at the end {Path('/proc/loadavg').read_text().split()[:3]})"
+        )
+        asked = {
+            k.split("{", 1)[1].rstrip("}"): v
+            for k, v in m.items()
+            if k.startswith("modeldeploy_operator_reconcile_requests_total{")
+        }
+        print(
+            "(reconcile requests by source and outcome: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(asked.items()))
+            + ")"
+        )
         return 0 if ok else 1
     finally:
         op.terminate()
@@ -258,8 +303,11 @@ def scale(a: argparse.Namespace, pid: int, apps: client.AppsV1Api, custom: clien
     stable = 0
     while time.monotonic() - start < a.timeout:
         items = custom.list_namespaced_custom_object(G, V, NS, P, _request_timeout=30)["items"]
-        stable = sum(1 for m in items if m["metadata"]["name"].startswith("md-")
-                     and (m.get("status") or {}).get("phase") == "Stable")  # fmt: skip
+        stable = sum(
+            1
+            for m in items
+            if m["metadata"]["name"].startswith("md-") and (m.get("status") or {}).get("phase") == "Stable"
+        )
         if stable == a.mds:
             break
         time.sleep(POLL_S)
@@ -270,10 +318,12 @@ def scale(a: argparse.Namespace, pid: int, apps: client.AppsV1Api, custom: clien
     # inclusive: a p99 of 60 samples lies between the two slowest, never above the slowest (the default
     # "exclusive" method extrapolates past it)
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
-    print(f"| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s | samples |\n"
-          f"|---|---|---|---|---|---|---|---|\n"
-          f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
-          f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |")  # fmt: skip
+    print(
+        f"| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s | samples |\n"
+        f"|---|---|---|---|---|---|---|---|\n"
+        f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
+        f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |"
+    )
     print(f"(CPU including latency phase: {cpu2 - cpu0:.1f} s, peak RSS after it {rss2 / 2**20:.0f} MB)")
     slowest = sorted(enumerate(lat), key=lambda x: -x[1])[:3]  # p99 of 60 is the slowest: which, and alone?
     print("(slowest spec-change samples: " + ", ".join(f"#{i} {s:.3f} s" for i, s in slowest) + ")")
@@ -310,8 +360,10 @@ def floor(
             break
         time.sleep(POLL_S)
     wall = time.monotonic() - start
-    print(f"| nodes | objects | Services each | created in s | all Ready wall s |\n|---|---|---|---|---|\n"
-          f"| {a.nodes} | {ready}/{a.mds} | {a.floor} | {created:.1f} | {wall:.1f} |")  # fmt: skip
+    print(
+        f"| nodes | objects | Services each | created in s | all Ready wall s |\n|---|---|---|---|---|\n"
+        f"| {a.nodes} | {ready}/{a.mds} | {a.floor} | {created:.1f} | {wall:.1f} |"
+    )
     print(f"(load average at the end {Path('/proc/loadavg').read_text().split()[:3]})")
     return ready == a.mds
 
@@ -335,9 +387,10 @@ def rollouts(a: argparse.Namespace, pid: int, custom: client.CustomObjectsApi, p
     def all_ready() -> bool:
         ms = listed()
         return len(ms) == k and all(
-            (s := m.get("status") or {}).get("phase") == "Stable" and (s.get("stable") or {}).get("readyReplicas") == r
+            (s := m.get("status") or {}).get("phase") == "Stable"
+            and (s.get("stable") or {}).get("readyReplicas") == r
             for m in ms.values()
-        )  # fmt: skip
+        )
 
     t = time.monotonic()
     wait_until(all_ready, a.rollout_timeout, 1.0, f"{k} rollout objects Stable with {r} Ready")
@@ -393,15 +446,19 @@ def rollouts(a: argparse.Namespace, pid: int, custom: client.CustomObjectsApi, p
     late = [n for n in names if n not in promoted]
     slow_start = [n for n in started if started[n] - sent[n] > max(10.0, 5 * statistics.median(wait))]
     modes = {m: list(capacity.values()).count(m) for m in sorted(set(capacity.values()))}
-    print(f"| rollouts | replicas each | pool GPUs | patched in s | all promoted wall s | promote p50 s | p90 s | max s | "
-          f"start wait p50 s | max s | capacity | not promoted | rolled back | operator CPU s | peak RSS MB |\n"
-          f"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-          f"| {k} | {r} | {-(-k * r // 8) * 8} | {patched:.1f} | {wall:.1f}{'' if not late else ' (timeout)'} | "
-          f"{statistics.median(took) if took else float('nan'):.1f} | {q[8]:.1f} | {took[-1] if took else float('nan'):.1f} | "
-          f"{statistics.median(wait) if wait else float('nan'):.1f} | {wait[-1] if wait else float('nan'):.1f} | {modes} | "
-          f"{len(late)} | {len(failed)} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} |")  # fmt: skip
-    print(f"(starved: not promoted {late or 'none'}; start waited > max(10 s, 5x median) {slow_start or 'none'}; "
-          f"slowest promotions {sorted(promoted, key=lambda n: promoted[n] - sent[n])[-5:]})")  # fmt: skip
+    print(
+        f"| rollouts | replicas each | pool GPUs | patched in s | all promoted wall s | promote p50 s | p90 s | max s | "
+        f"start wait p50 s | max s | capacity | not promoted | rolled back | operator CPU s | peak RSS MB |\n"
+        f"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| {k} | {r} | {-(-k * r // 8) * 8} | {patched:.1f} | {wall:.1f}{'' if not late else ' (timeout)'} | "
+        f"{statistics.median(took) if took else float('nan'):.1f} | {q[8]:.1f} | {took[-1] if took else float('nan'):.1f} | "
+        f"{statistics.median(wait) if wait else float('nan'):.1f} | {wait[-1] if wait else float('nan'):.1f} | {modes} | "
+        f"{len(late)} | {len(failed)} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} |"
+    )
+    print(
+        f"(starved: not promoted {late or 'none'}; start waited > max(10 s, 5x median) {slow_start or 'none'}; "
+        f"slowest promotions {sorted(promoted, key=lambda n: promoted[n] - sent[n])[-5:]})"
+    )
     return not late and not failed
 
 

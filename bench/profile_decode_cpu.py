@@ -172,10 +172,14 @@ def main() -> None:
         prof_total = sum(e.self_cpu_time_total for e in ka)  # self times add up to the traced total
         top = sorted(ka, key=lambda e: -e.self_cpu_time_total)[:15]
         top_ops = [
-            {"op": e.key, "self_ms_per_step": e.self_cpu_time_total / 1e3 / args.profile_steps,
-             "share": e.self_cpu_time_total / prof_total, "calls_per_step": e.count / args.profile_steps}
+            {
+                "op": e.key,
+                "self_ms_per_step": e.self_cpu_time_total / 1e3 / args.profile_steps,
+                "share": e.self_cpu_time_total / prof_total,
+                "calls_per_step": e.count / args.profile_steps,
+            }
             for e in top
-        ]  # fmt: skip
+        ]
 
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True

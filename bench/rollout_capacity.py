@@ -192,20 +192,34 @@ def main() -> int:
     spare = [r for r in runs if r["scenario"] == "spare" and "error" not in r]
     print(f"\n{meta}\n")
     print("| figure | median (min-max) | runs |\n|---|---|---|")
-    print(f"| full cluster ({[r['capacity'] for r in full]}): bundle change -> promoted, s | "
-          f"{spread([r['promote_s'] for r in full])} | {len(full)} |")  # fmt: skip
-    print(f"| spare GPUs ({[r['capacity'] for r in spare]}): bundle change -> promoted, s | "
-          f"{spread([r['promote_s'] for r in spare])} | {len(spare)} |")  # fmt: skip
-    print(f"| full cluster: min Ready of {REPLICAS} during the rollout (minAvailable {MIN_AVAILABLE}) | "
-          f"{[r['min_ready'] for r in full]} | {len(full)} |")  # fmt: skip
-    print(f"| spare GPUs: min Ready of {REPLICAS} during the rollout | {[r['min_ready'] for r in spare]} | "
-          f"{len(spare)} |")  # fmt: skip
-    print(f"| full cluster: slow bundle change -> rollback decision, s | "
-          f"{spread([r['slow_to_decision_s'] for r in full])} | {len(full)} |")  # fmt: skip
-    print(f"| full cluster: rollback decision -> {REPLICAS} Ready on stable, s | "
-          f"{spread([r['decision_to_full_s'] for r in full])} | {len(full)} |")  # fmt: skip
-    print(f"| full cluster: min Ready during the rollback | {[r['rollback_min_ready'] for r in full]} | "
-          f"{len(full)} |")  # fmt: skip
+    print(
+        f"| full cluster ({[r['capacity'] for r in full]}): bundle change -> promoted, s | "
+        f"{spread([r['promote_s'] for r in full])} | {len(full)} |"
+    )
+    print(
+        f"| spare GPUs ({[r['capacity'] for r in spare]}): bundle change -> promoted, s | "
+        f"{spread([r['promote_s'] for r in spare])} | {len(spare)} |"
+    )
+    print(
+        f"| full cluster: min Ready of {REPLICAS} during the rollout (minAvailable {MIN_AVAILABLE}) | "
+        f"{[r['min_ready'] for r in full]} | {len(full)} |"
+    )
+    print(
+        f"| spare GPUs: min Ready of {REPLICAS} during the rollout | {[r['min_ready'] for r in spare]} | "
+        f"{len(spare)} |"
+    )
+    print(
+        f"| full cluster: slow bundle change -> rollback decision, s | "
+        f"{spread([r['slow_to_decision_s'] for r in full])} | {len(full)} |"
+    )
+    print(
+        f"| full cluster: rollback decision -> {REPLICAS} Ready on stable, s | "
+        f"{spread([r['decision_to_full_s'] for r in full])} | {len(full)} |"
+    )
+    print(
+        f"| full cluster: min Ready during the rollback | {[r['rollback_min_ready'] for r in full]} | "
+        f"{len(full)} |"
+    )
     if a.out:
         a.out.write_text(json.dumps({**meta, "runs": runs}, indent=1) + "\n")
     return 0 if len(full) == len(spare) == a.reps else 1

@@ -63,8 +63,11 @@ def start_server(model: str, max_num_seqs: int, layout: str) -> tuple[subprocess
     try:
         wait_until(
             lambda: httpx.get(url + "/health/ready", timeout=2).status_code == 200,
-            300, 0.2, "the server to be ready", ignore=(httpx.TransportError,),
-        )  # fmt: skip
+            300,
+            0.2,
+            "the server to be ready",
+            ignore=(httpx.TransportError,),
+        )
     except TimeoutError:
         proc.kill()
         raise
@@ -121,13 +124,19 @@ def main() -> int:
         "--rounds", type=int, default=3, help="alternating engine/server rounds; best is reported"
     )
     ap.add_argument(
-        "--layouts", nargs="+", choices=["process", "thread"], default=["process", "thread"],
+        "--layouts",
+        nargs="+",
+        choices=["process", "thread"],
+        default=["process", "thread"],
         help="server layouts (--engine-core) to measure",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--engine-threads", type=int, nargs="+", default=[1, 2],
+        "--engine-threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
         help="torch thread counts the engine alone runs at; ratios are to the best of them (by median round)",
-    )  # fmt: skip
+    )
     ap.add_argument("--out", default=None, help="write a markdown report here")
     args = ap.parse_args()
     model = args.model

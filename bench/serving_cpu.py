@@ -294,17 +294,46 @@ def issue16(a: argparse.Namespace) -> int:
         common += ["--slo", ISSUE16_SLO, "--drain-timeout", "300", "--timeout", "300", "--warmup", "2"]
         dur = ["--duration", str(a.duration)]
         if "compare" not in a.skip:
-            bench(*both, *common, *dur, "--rates", a.rates, "--json", str(out / "compare.json"),
-                  "--plot", str(out / "compare.png"))  # fmt: skip
+            bench(
+                *both,
+                *common,
+                *dur,
+                "--rates",
+                a.rates,
+                "--json",
+                str(out / "compare.json"),
+                "--plot",
+                str(out / "compare.png"),
+            )
         if "capacity" not in a.skip:
-            bench(*both, *common, *dur, "--find-capacity", "--start-rate", str(a.start_rate),
-                  "--max-rate", "16", "--search-steps", "2", "--json", str(out / "capacity.json"))  # fmt: skip
+            bench(
+                *both,
+                *common,
+                *dur,
+                "--find-capacity",
+                "--start-rate",
+                str(a.start_rate),
+                "--max-rate",
+                "16",
+                "--search-steps",
+                "2",
+                "--json",
+                str(out / "capacity.json"),
+            )
         hf.kill()
         cap = None if "capacity" in a.skip else json.loads((out / "capacity.json").read_text())["capacity"]
         if cap and cap["modeldeploy"]["rate"]:
             cap = cap["modeldeploy"]["rate"]
-            bench(md_url, "--no-ignore-eos", *common, *dur, "--rates", f"{cap},{2 * cap}",
-                  "--json", str(out / "overload.json"))  # fmt: skip
+            bench(
+                md_url,
+                "--no-ignore-eos",
+                *common,
+                *dur,
+                "--rates",
+                f"{cap},{2 * cap}",
+                "--json",
+                str(out / "overload.json"),
+            )
     finally:
         for proc in procs:
             if proc.poll() is None:

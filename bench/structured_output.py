@@ -102,9 +102,12 @@ def large_vocab_masks(vocab: int, batches: list[int], reps: int) -> dict:
     info = xgr.TokenizerInfo(vocab_list, stop_token_ids=[vocab - 1])
     comp = xgr.GrammarCompiler(info, max_threads=1)
     schema = json.dumps(
-        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]{1,12}$"},
-                                          "b": {"type": "integer"}}, "required": ["a", "b"]}
-    )  # fmt: skip
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string", "pattern": "^[a-z]{1,12}$"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        }
+    )
     t = time.perf_counter()
     compiled = comp.compile_json_schema(schema, any_whitespace=False)
     compile_s = time.perf_counter() - t

@@ -524,8 +524,11 @@ def main() -> int:
         pin(os.getpid(), {0})  # children (the cores, the client, the receiver) inherit CPU 0
     tmp = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
     model = str(tmp / "tiny")
-    subprocess.run([sys.executable, "-m", "modeldeploy", "tiny-model", model, "--arch", "llama", "--seed", "0"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "tiny-model", model, "--arch", "llama", "--seed", "0"],
+        check=True,
+        capture_output=True,
+    )
     rx = subprocess.Popen([sys.executable, "-m", "modeldeploy_dev.otlp"], stdout=subprocess.PIPE, text=True)
     endpoint = rx.stdout.readline().strip()  # type: ignore[union-attr]
     if args.servers == "two":
@@ -581,14 +584,18 @@ def main() -> int:
         return 100 * (a / b - 1)
 
     # Paired: round i's on against round i's off (adjacent in time, so they share the machine's load).
-    pairs = {k: [pct(a[k], b[k]) for a, b in zip(res["on"], res["off"], strict=True)]
-             for k in ("step_ms", "proc_cpu_ms", "engine_cpu_ms")}  # fmt: skip
+    pairs = {
+        k: [pct(a[k], b[k]) for a, b in zip(res["on"], res["off"], strict=True)]
+        for k in ("step_ms", "proc_cpu_ms", "engine_cpu_ms")
+    }
     trace = med("trace_cpu_ms", "on")
     trace_max = max(r["trace_cpu_ms"] for r in res["on"])
     bound = 100 * trace / med("step_ms", "off")
     bound_worst = 100 * trace_max / min(r["step_ms"] for r in res["off"])
-    spread = {k: 100 * (max(r["step_ms"] for r in v) - min(r["step_ms"] for r in v)) / med("step_ms", k)
-              for k, v in res.items()}  # fmt: skip
+    spread = {
+        k: 100 * (max(r["step_ms"] for r in v) - min(r["step_ms"] for r in v)) / med("step_ms", k)
+        for k, v in res.items()
+    }
     rps = args.concurrency / args.max_tokens
     rev = git_rev()
     load = os.getloadavg()[0]
