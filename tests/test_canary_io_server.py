@@ -256,9 +256,14 @@ def test_scraped_windows_feed_analysis_a_one_slot_canary_fails_on_ttft(tmp_path,
 
         def interval():
             cohorts = AnalysisWindow(
-                "uid-analysis", "ns", stable.bundle, canary.bundle,
-                (stable.target,), (canary.target, dead), mark=("step", 0),
-            )  # fmt: skip
+                "uid-analysis",
+                "ns",
+                stable.bundle,
+                canary.bundle,
+                (stable.target,),
+                (canary.target, dead),
+                mark=("step", 0),
+            )
             return analyze_interval(PodScrape(base), cohorts, cfg, step=0, time="t")
 
         opening, _ = interval()  # opens both windows: nothing counted yet

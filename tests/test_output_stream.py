@@ -14,10 +14,18 @@ from modeldeploy.runtime.engine.stream import OutputStream
 def _out(index: int, toks: list[int], new: list[int], finished: bool = False) -> RequestOutput:
     text = "".join(chr(97 + t) for t in toks)
     return RequestOutput(
-        "r", [0], toks, new, text, "".join(chr(97 + t) for t in new), finished,
-        "length" if finished else None, RequestMetrics(0.0, last_token_time=float(len(toks))),
-        index=index, new_logprobs=[f"lp{t}" for t in new],
-    )  # fmt: skip
+        "r",
+        [0],
+        toks,
+        new,
+        text,
+        "".join(chr(97 + t) for t in new),
+        finished,
+        "length" if finished else None,
+        RequestMetrics(0.0, last_token_time=float(len(toks))),
+        index=index,
+        new_logprobs=[f"lp{t}" for t in new],
+    )
 
 
 async def _read(stream: OutputStream) -> list[RequestOutput]:

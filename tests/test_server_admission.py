@@ -1,4 +1,4 @@
-"""Admission by queued prompt tokens and estimated wait (issue 16, item 4): refusals come at once,
+"""Admission by queued prompt tokens and estimated wait: refusals come at once,
 as 429 + Retry-After with the reason counted, instead of a queue that only grows."""
 
 from __future__ import annotations

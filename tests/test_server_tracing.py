@@ -1,4 +1,4 @@
-"""Per-request evidence (issue 19, items 3-4): OTLP traces, x-request-id / bundle headers, JSON logs.
+"""Per-request evidence: OTLP traces, x-request-id / bundle headers, JSON logs.
 
 A small OTLP/HTTP receiver (protobuf, opentelemetry-proto) stands in for a collector: the real
 runtime server (real uvicorn, tiny model) exports to it because OTEL_EXPORTER_OTLP_ENDPOINT

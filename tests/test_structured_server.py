@@ -122,19 +122,65 @@ def test_responses_text_format(server):
 @pytest.mark.parametrize(
     ("path", "body", "param", "feature"),
     [
-        ("/v1/chat/completions", {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "array", "uniqueItems": True}}}},
-         "response_format.json_schema.schema", "uniqueItems"),
-        ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "object", "properties": {"a": {"not": {"type": "null"}}}}}}},
-         "response_format.json_schema.schema", "'not' at /properties/a"),
-        ("/v1/responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "x",
-            "schema": {"type": "string", "maxLength": 3}}}}, "text.format.schema", "maxLength"),
-        ("/v1/chat/completions", {"messages": MSGS, "tools": [{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object", "if": {}}}}], "tool_choice": "required"},
-         "tools.0.function.parameters", "'if'"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MSGS,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+                },
+            },
+            "response_format.json_schema.schema",
+            "uniqueItems",
+        ),
+        (
+            "/v1/completions",
+            {
+                "prompt": "x",
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {"a": {"not": {"type": "null"}}}},
+                    },
+                },
+            },
+            "response_format.json_schema.schema",
+            "'not' at /properties/a",
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": "x",
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {"type": "string", "maxLength": 3},
+                    }
+                },
+            },
+            "text.format.schema",
+            "maxLength",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MSGS,
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "if": {}}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools.0.function.parameters",
+            "'if'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unsupported_schema_feature_is_400_naming_it(server, tool_server, path, body, param, feature):
     s = tool_server if "tools" in body else server
     r = post(s, path, {**body, "max_tokens": 4} if path != "/v1/responses" else body)
@@ -154,8 +200,19 @@ def test_bundle_names_the_grammar_library_and_metrics_time_compiles(server):
 
 
 def test_n_and_logprobs(server):
-    r = post(server, "/v1/chat/completions", {"messages": MSGS, "n": 4, "max_tokens": 6, "temperature": 1.0,
-                                               "seed": 2, "logprobs": True, "top_logprobs": 3})  # fmt: skip
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": MSGS,
+            "n": 4,
+            "max_tokens": 6,
+            "temperature": 1.0,
+            "seed": 2,
+            "logprobs": True,
+            "top_logprobs": 3,
+        },
+    )
     body = r.json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     for c in body["choices"]:
@@ -180,8 +237,14 @@ def test_tools_need_a_template_that_can_express_them(server):
 
 def test_named_tool_100_arguments_validate(tool_server):
     def one(i: int) -> dict:
-        body = {"messages": MSGS, "tools": [TOOL], "max_tokens": 120, "temperature": 1.0, "seed": i,
-                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
+        body = {
+            "messages": MSGS,
+            "tools": [TOOL],
+            "max_tokens": 120,
+            "temperature": 1.0,
+            "seed": i,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        }
         return post(tool_server, "/v1/chat/completions", body).json()
 
     with ThreadPoolExecutor(16) as pool:
@@ -204,9 +267,14 @@ def test_openai_client_round_trips_a_tool_call(tool_server):
     assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
     stream = client.chat.completions.create(
-        model="tiny", messages=msgs, tools=[TOOL], max_tokens=120, temperature=0, stream=True,
+        model="tiny",
+        messages=msgs,
+        tools=[TOOL],
+        max_tokens=120,
+        temperature=0,
+        stream=True,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    )  # fmt: skip
+    )
     parts = [tc for ch in stream if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert parts[0].function.name == "get_weather" and parts[0].id
     jsonschema.validate(json.loads("".join(p.function.arguments or "" for p in parts)), SCHEMA)
@@ -214,8 +282,9 @@ def test_openai_client_round_trips_a_tool_call(tool_server):
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny"}'},
     ]
-    final = client.chat.completions.create(model="tiny", messages=msgs, tools=[TOOL], tool_choice="none",
-                                           max_tokens=8, temperature=0)  # fmt: skip
+    final = client.chat.completions.create(
+        model="tiny", messages=msgs, tools=[TOOL], tool_choice="none", max_tokens=8, temperature=0
+    )
     assert final.choices[0].message.role == "assistant" and final.choices[0].message.tool_calls is None
     assert final.usage.prompt_tokens > r.usage.prompt_tokens  # the call and its answer were rendered
 

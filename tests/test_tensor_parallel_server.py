@@ -1,6 +1,7 @@
 """`modeldeploy serve --tensor-parallel-size 2` as a real process (CPU, gloo): it passes the
 conformance suite, a killed rank (a worker, or rank 0: the engine core process) fails it fast and
-a killed server leaves no rank behind, and SIGTERM under load drains with every rank alive, then stops them all with exit 0."""
+a killed server leaves no rank behind, and SIGTERM under load drains with every rank alive, then
+stops them all with exit 0."""
 
 from __future__ import annotations
 

@@ -35,12 +35,23 @@ def _stream(mode: str, function: str | None, text: str) -> tuple[str, list[dict]
     [
         ("named", "get_weather", ARGS, None, [("get_weather", ARGS)]),
         ("required", None, CALL, None, [("get_weather", ARGS)]),
-        ("auto", None, "Let me check. <tool_call>" + CALL + "</tool_call>", "Let me check.", [("get_weather", ARGS)]),
-        ("auto", None, "<tool_call>" + CALL + "</tool_call>\n<tool_call>" + CALL + "</tool_call>", None,
-         [("get_weather", ARGS)] * 2),
+        (
+            "auto",
+            None,
+            "Let me check. <tool_call>" + CALL + "</tool_call>",
+            "Let me check.",
+            [("get_weather", ARGS)],
+        ),
+        (
+            "auto",
+            None,
+            "<tool_call>" + CALL + "</tool_call>\n<tool_call>" + CALL + "</tool_call>",
+            None,
+            [("get_weather", ARGS)] * 2,
+        ),
         ("auto", None, "Hello there, a <tool or two.  ", "Hello there, a <tool or two.", []),
     ],
-)  # fmt: skip
+)
 def test_streamed_pieces_equal_the_whole(mode, function, text, content, calls):
     whole_content, whole_calls = final_calls(mode, function, text)
     assert whole_content == content

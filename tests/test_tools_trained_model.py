@@ -172,8 +172,9 @@ def test_responses_function_tools_auto_stream_and_round_trip(client, server):
     jsonschema.validate(json.loads(call.arguments), WEATHER)
     assert r.tool_choice == "auto" and r.tools[0].name == "get_weather"
     deltas, done = [], None
-    with client.responses.stream(model="tiny", input=ASK[0]["content"], tools=[R_TOOL], max_output_tokens=120,
-                                 temperature=0) as stream:  # fmt: skip
+    with client.responses.stream(
+        model="tiny", input=ASK[0]["content"], tools=[R_TOOL], max_output_tokens=120, temperature=0
+    ) as stream:
         for ev in stream:
             if ev.type == "response.function_call_arguments.delta":
                 deltas.append(ev.delta)
@@ -182,9 +183,17 @@ def test_responses_function_tools_auto_stream_and_round_trip(client, server):
         final = stream.get_final_response()
     assert len(deltas) > 3 and "".join(deltas) == done == call.arguments == final.output[0].arguments
     # named, then the answer to the call in the input; tool_choice none answers in text
-    named = post(server, "/v1/responses", {"input": "Forecast Oslo 2 days celsius please", "tools": [R_TOOL],
-                                           "tool_choice": {"type": "function", "name": "get_weather"},
-                                           "max_output_tokens": 120, "temperature": 0}).json()  # fmt: skip
+    named = post(
+        server,
+        "/v1/responses",
+        {
+            "input": "Forecast Oslo 2 days celsius please",
+            "tools": [R_TOOL],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "max_output_tokens": 120,
+            "temperature": 0,
+        },
+    ).json()
     jsonschema.validate(json.loads(named["output"][0]["arguments"]), WEATHER)
     follow = [
         {"role": "user", "content": ASK[0]["content"]},
@@ -212,22 +221,36 @@ def _same(a: list[dict], b: list[dict]) -> None:
 
 
 def test_responses_logprobs(server, client):
-    body = {"input": "Hello", "max_output_tokens": 6, "temperature": 0, "include": ["message.output_text.logprobs"],
-            "top_logprobs": 2}  # fmt: skip
+    body = {
+        "input": "Hello",
+        "max_output_tokens": 6,
+        "temperature": 0,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2,
+    }
     r = post(server, "/v1/responses", body).json()
     part = r["output"][0]["content"][0]
     lps = part["logprobs"]
     assert len(lps) == r["usage"]["output_tokens"] and "".join(t["token"] for t in lps) == part["text"]
     assert all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in lps)
-    chat = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 6, "temperature": 0,
-                                                 "logprobs": True, "top_logprobs": 2}).json()  # fmt: skip
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": HELLO, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 2},
+    ).json()
     _same(lps, chat["choices"][0]["logprobs"]["content"])
     events = sse(server, "/v1/responses", body)
     _same([t for e in events if e["type"] == "response.output_text.delta" for t in e["logprobs"]], lps)
     done = next(e for e in events if e["type"] == "response.output_text.done")
     _same(done["logprobs"], lps)
-    sdk = client.responses.create(model="tiny", input="Hello", max_output_tokens=6, temperature=0,
-                                  include=["message.output_text.logprobs"], top_logprobs=2)  # fmt: skip
+    sdk = client.responses.create(
+        model="tiny",
+        input="Hello",
+        max_output_tokens=6,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
     sdk_lps = [t.logprob for t in sdk.output[0].content[0].logprobs]  # float32 tolerance, as in _same
     assert sdk_lps == pytest.approx([t["logprob"] for t in lps], abs=1e-4)
 
@@ -236,8 +259,13 @@ def test_responses_logprobs(server, client):
     ("body", "param"),
     [
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}],
-          "tool_choice": "required"}, "tools.0.parameters"),
+        (
+            {
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}],
+                "tool_choice": "required",
+            },
+            "tools.0.parameters",
+        ),
         ({"tools": [R_TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"include": ["file_search_call.results"]}, "include.0"),
@@ -247,7 +275,7 @@ def test_responses_logprobs(server, client):
         ({"tools": [R_TOOL], "text": {"format": {"type": "json_object"}}}, "text.format"),
         ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input.0.output"),
     ],
-)  # fmt: skip
+)
 def test_responses_unsupported_or_invalid_is_400_naming_the_field(server, body, param):
     r = post(server, "/v1/responses", {"input": "Hello", "max_output_tokens": 4, **body})
     assert r.status_code == 400, r.text

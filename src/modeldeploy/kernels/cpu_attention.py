@@ -73,8 +73,10 @@ def _object() -> tuple[Path, str]:
             return found[0], f"prebuilt {found[1]}"
         log.warning(
             "CPU paged attention: no prebuilt object in %s for this source (%s) and CPU (levels %s)",
-            prebuilt, cpu_build.source_hash(), ", ".join(cpu_build.levels_of(cpu_build.cpu_flags())) or "none",
-        )  # fmt: skip
+            prebuilt,
+            cpu_build.source_hash(),
+            ", ".join(cpu_build.levels_of(cpu_build.cpu_flags())) or "none",
+        )
     if _compiler() is None:
         raise RuntimeError("no C++ compiler on PATH (g++, c++, clang++; or set CXX)")
     return cpu_build.build_here(_cache_dirs()), "built here (-march=native)"
@@ -290,7 +292,8 @@ def rms_norm(x, weight, eps, residual=None):
     new = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
     lib.md_rms_norm(
         DTYPES[x.dtype], x.data_ptr(), x.stride(0),
-        residual.data_ptr() if residual is not None else None, residual.stride(0) if residual is not None else 0,
+        residual.data_ptr() if residual is not None else None,
+        residual.stride(0) if residual is not None else 0,
         new.data_ptr() if new is not None else None, weight.data_ptr(), out.data_ptr(),
         x.shape[0], x.shape[1], float(eps), torch.get_num_threads(),
     )  # fmt: skip

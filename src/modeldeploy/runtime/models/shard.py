@@ -45,7 +45,8 @@ class Shard:
         hkv = args.num_kv_heads
         if hkv >= n and hkv % n:
             raise ValueError(
-                f"tensor_parallel_size: num_key_value_heads {hkv} is not divisible by tensor_parallel_size {n}"
+                f"tensor_parallel_size: num_key_value_heads {hkv} is not divisible by "
+                f"tensor_parallel_size {n}"
             )
         if hkv < n and n % hkv:
             raise ValueError(

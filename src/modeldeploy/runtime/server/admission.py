@@ -154,7 +154,8 @@ class Admission:
         if budget is not None and wait > budget:
             raise self.refuse(
                 "deadline",
-                f"estimated wait for a running slot {wait:.2f}s exceeds the budget {budget:.2f}s; retry later",
+                f"estimated wait for a running slot {wait:.2f}s exceeds the budget {budget:.2f}s; "
+                "retry later",
                 retry_after_s=wait - budget,
             )
         self.waiting += 1

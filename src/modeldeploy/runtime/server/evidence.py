@@ -113,7 +113,8 @@ def _logger() -> logging.Logger:
 
 
 class EvidenceMiddleware:
-    """Pure ASGI (so it sees the end of a streamed body): headers on every response; log and trace per /v1/ request."""
+    """Pure ASGI (so it sees the end of a streamed body): headers on every response; log and trace
+    per /v1/ request."""
 
     def __init__(self, app: Any, bundle: str, labels: dict[str, str], tracing: Any = None) -> None:
         self.app, self.bundle, self.labels, self.tracing = app, bundle, labels, tracing

@@ -3,9 +3,10 @@
 Every series carries `bundle`, `engine_build` and `model_revision`, so the operator's
 canary analysis can never silently join two bundles. Per-request series (requests by
 outcome, latency histograms) also carry `adapter`: the LoRA adapter the request selected,
-empty for the base model, so analysis can be scoped to one adapter's traffic. Per-request histograms are computed
-from the engine's `RequestOutput.metrics` timestamps (time.monotonic), measured from the
-moment the server received the request, so queue time includes admission waiting.
+empty for the base model, so analysis can be scoped to one adapter's traffic. Per-request
+histograms are computed from the engine's `RequestOutput.metrics` timestamps (time.monotonic),
+measured from the moment the server received the request, so queue time includes admission
+waiting.
 Engine totals (tokens, preemptions, KV usage) are read from `engine.stats()` at scrape.
 
 Phases split each request at the engine's timestamps: queue (receipt to first scheduling),

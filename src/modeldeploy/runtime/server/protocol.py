@@ -151,7 +151,8 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
     def render(self) -> dict[str, Any]:
-        """The message as the chat template sees it (tool calls with parsed arguments, as HF templates expect)."""
+        """The message as the chat template sees it (tool calls with parsed arguments, as HF
+        templates expect)."""
         msg: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.tool_calls:
             msg["tool_calls"] = [
@@ -332,9 +333,14 @@ class ResponsesRequest(_Common):
             for t in self.tools or []
         ]
         return ChatCompletionRequest.model_validate(
-            {"model": self.model, "messages": msgs, "tools": tools or None, "tool_choice": choice,
-             "parallel_tool_calls": self.parallel_tool_calls}
-        )  # fmt: skip
+            {
+                "model": self.model,
+                "messages": msgs,
+                "tools": tools or None,
+                "tool_choice": choice,
+                "parallel_tool_calls": self.parallel_tool_calls,
+            }
+        )
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
