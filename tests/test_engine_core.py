@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 
 import pytest
 
 from modeldeploy.runtime import EngineConfig, SamplingParams
+from modeldeploy.runtime.engine import messages as m
+from modeldeploy.runtime.engine.async_engine import AsyncEngine
+from modeldeploy.runtime.engine.client import EngineClient, make_client
 from modeldeploy.runtime.engine.core_client import EngineCoreClient
 from modeldeploy.runtime.engine.engine_core import DeltaEncoder, usable_cpus
 from modeldeploy.runtime.engine.llm_engine import LLMEngine
@@ -167,3 +171,26 @@ def test_a_killed_core_fails_waiting_requests_at_once(llama_dir):
             await client.shutdown()
 
     asyncio.run(run())
+
+
+def test_make_client_picks_the_layout_behind_one_interface():
+    cfg = EngineConfig(model="unused")
+    process, thread = make_client(cfg, "process"), make_client(cfg, "thread")
+    assert isinstance(process, EngineCoreClient) and isinstance(thread, AsyncEngine)
+    assert isinstance(process, EngineClient) and isinstance(thread, EngineClient)
+    with pytest.raises(ValueError, match="engine_core"):
+        make_client(cfg, "fork")  # type: ignore[arg-type]
+
+
+def test_core_messages_pickle_and_name_their_kind():
+    msgs = [
+        m.Add("r", [1], SamplingParams(), None),
+        m.Abort("r", 1.0),
+        m.Stop(),
+        m.Step([DeltaEncoder().encode(_out("r", "a", [5]))], [0.1], None),  # type: ignore[arg-type]
+        m.Fatal("boom"),
+    ]
+    for msg in msgs:
+        back = pickle.loads(pickle.dumps(msg))
+        assert back == msg and back.kind is msg.kind
+    assert len({k.value for k in m.MessageKind}) == len(m.MessageKind)
