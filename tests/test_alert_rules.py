@@ -26,7 +26,8 @@ def promtool_path() -> Path | None:
 PROMTOOL = promtool_path()
 pytestmark = pytest.mark.skipif(
     PROMTOOL is None or not PROMTOOL.exists(),
-    reason=f"promtool not built ({PROMTOOL}): run `make cluster-build` (devtools/modeldeploy_dev/cluster/build.sh)",
+    reason=f"promtool not built ({PROMTOOL}): run `make cluster-build` "
+    "(devtools/modeldeploy_dev/cluster/build.sh)",
 )
 
 

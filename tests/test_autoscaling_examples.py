@@ -63,7 +63,10 @@ def scaledobject_schema() -> dict[str, Any]:
         pytest.skip("Go is needed to read the pinned KEDA CRDs (see .ci/run)")
     doc = yaml.safe_load(upstream.keda_scaledobject_crd_file().read_text())
     [version] = [v for v in doc["spec"]["versions"] if v["served"] and v["storage"]]
-    return {"apiVersion": f"{doc['spec']['group']}/{version['name']}", "schema": strict(version["schema"]["openAPIV3Schema"])}  # fmt: skip
+    return {
+        "apiVersion": f"{doc['spec']['group']}/{version['name']}",
+        "schema": strict(version["schema"]["openAPIV3Schema"]),
+    }
 
 
 def test_keda_scaled_object_passes_kedas_crd_and_queries_the_queue_depth(scaledobject_schema: dict) -> None:

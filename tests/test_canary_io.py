@@ -111,8 +111,8 @@ def test_rollout_modules_leave_out_torch_and_the_runtime() -> None:
     import sys
 
     code = (
-        "import sys, modeldeploy.operator.analysis.sources, modeldeploy.operator.analysis.gate, modeldeploy.operator.rollout.routing, "
-        "modeldeploy.operator.rollout_cli\n"
+        "import sys, modeldeploy.operator.analysis.sources, modeldeploy.operator.analysis.gate, "
+        "modeldeploy.operator.rollout.routing, modeldeploy.operator.rollout_cli\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
         "or m.startswith('modeldeploy.runtime')]\nprint(bad)\nsys.exit(1 if bad else 0)"
     )

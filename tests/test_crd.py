@@ -254,8 +254,10 @@ def test_cuda_graphs_rules_name_the_field_and_leave_old_bundle_ids_alone() -> No
     by_message = {r["message"]: r for r in spec_rules()}
     for msg in (MSG_GRAPHS_CPU, MSG_GRAPHS_TP):
         assert by_message[msg]["fieldPath"] == ".bundle.config.cudaGraphs" and "cudaGraphs" in msg
-    for kwargs, needle in (({"gpus": 1, "tp": 1, "device": "cpu"}, MSG_GRAPHS_CPU),
-                           ({"gpus": 2, "tp": 2, "device": "cuda"}, MSG_GRAPHS_TP)):  # fmt: skip
+    for kwargs, needle in (
+        ({"gpus": 1, "tp": 1, "device": "cpu"}, MSG_GRAPHS_CPU),
+        ({"gpus": 2, "tp": 2, "device": "cuda"}, MSG_GRAPHS_TP),
+    ):
         obj = _tp_spec(**kwargs)
         obj["bundle"]["config"]["cudaGraphs"] = True
         with pytest.raises(ValidationError) as e:

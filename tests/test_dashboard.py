@@ -102,8 +102,19 @@ def test_dashboard_structure() -> None:
         refs = [t["refId"] for t in p["targets"]]
         assert len(set(refs)) == len(refs) and all(t["expr"] for t in p["targets"])
     titles = " | ".join(p["title"] for p in d["panels"])
-    for needed in ("phase", "weight", "first token", "Inter-token", "End-to-end", "Goodput", "outcome",
-                   "Queue", "KV cache", "Preemptions", "Load progress"):  # fmt: skip
+    for needed in (
+        "phase",
+        "weight",
+        "first token",
+        "Inter-token",
+        "End-to-end",
+        "Goodput",
+        "outcome",
+        "Queue",
+        "KV cache",
+        "Preemptions",
+        "Load progress",
+    ):
         assert needed in titles, needed
 
 

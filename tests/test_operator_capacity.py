@@ -56,10 +56,12 @@ def test_spare_fit_counts_allocatable_minus_requested_on_matching_nodes() -> Non
         {"spec": {"nodeName": "gpu-0", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}},
         {"spec": {"nodeName": "gpu-0", "containers": [{"resources": {"requests": {"nvidia.com/gpu": 1}}}]}},
         {"spec": {"nodeName": "gpu-1", "containers": [{}]}, "status": {"phase": "Running"}},
-        {"spec": {"nodeName": "gpu-1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]},
-         "status": {"phase": "Succeeded"}},
+        {
+            "spec": {"nodeName": "gpu-1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]},
+            "status": {"phase": "Succeeded"},
+        },
         {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]}},  # Pending, unbound
-    ]  # fmt: skip
+    ]
     assert gpu_requests(pods) == {"gpu-0": 3, "gpu-1": 0}
     node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
     assert NodeInfo.from_node(node, 5).free_gpus == 3
@@ -96,8 +98,14 @@ def test_a_pending_pod_claims_only_nodes_its_affinity_and_tolerations_allow() ->
 
     def aff(*exprs: dict, fields: tuple = ()) -> dict:
         term = {"matchExpressions": list(exprs), "matchFields": list(fields)}
-        return {"tolerations": tol, "affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}}  # fmt: skip
+        return {
+            "tolerations": tol,
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                }
+            },
+        }
 
     assert schedulable({"tolerations": tol}, node) and not schedulable({}, node)  # the GPU taint
     assert schedulable(aff({"key": "pool", "operator": "In", "values": ["a", "b"]}), node)

@@ -79,7 +79,8 @@ def test_probes_sized_from_load_timeout_and_grace_covers_drain() -> None:
 
 @pytest.mark.parametrize(
     ("uri", "kind", "init"),
-    [("pvc://models/llama/v1", "persistentVolumeClaim", False), ("file:///srv/models/tiny", "hostPath", False),
+    [("pvc://models/llama/v1", "persistentVolumeClaim", False),
+     ("file:///srv/models/tiny", "hostPath", False),
      ("https://models.internal/tiny.tar", "emptyDir", True)],
 )  # fmt: skip
 def test_model_volume_per_scheme(uri: str, kind: str, init: bool) -> None:
@@ -184,8 +185,10 @@ def test_services_select_all_pods_and_each_cohort() -> None:
 
 def test_import_operator_leaves_out_torch_transformers_engine() -> None:
     code = (
-        "import sys, modeldeploy.operator, modeldeploy.operator.handlers, modeldeploy.operator.cli, modeldeploy.fetch\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') or m.startswith('modeldeploy.runtime')]\n"
+        "import sys, modeldeploy.operator, modeldeploy.operator.handlers, modeldeploy.operator.cli, "
+        "modeldeploy.fetch\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
+        "or m.startswith('modeldeploy.runtime')]\n"
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -36,10 +36,17 @@ def test_a_surge_canary_claims_the_full_size_auto_checked_and_a_replace_canary_i
 def test_a_warm_prior_claims_its_warm_replicas_within_the_gpu_budget() -> None:
     """A Replace rollout's prior bundle is scaled back up to its warm size after promotion: those GPUs
     are taken before its pods show them."""
-    obj = md("a", replicas=4, rollout={"keepPrior": {"replicas": 3, "maxGPUs": 4}},
-             topology={"gpusPerReplica": 2, "gpuType": "NVIDIA-H200"})  # fmt: skip
-    warm = {"phase": "Stable", "stable": {"bundle": "c", "replicas": 4},
-            "rollout": {"previous": "s", "prior": "Warm"}}  # fmt: skip
+    obj = md(
+        "a",
+        replicas=4,
+        rollout={"keepPrior": {"replicas": 3, "maxGPUs": 4}},
+        topology={"gpusPerReplica": 2, "gpuType": "NVIDIA-H200"},
+    )
+    warm = {
+        "phase": "Stable",
+        "stable": {"bundle": "c", "replicas": 4},
+        "rollout": {"previous": "s", "prior": "Warm"},
+    }
     assert Claim.of(obj, warm).wants == {"c": 4, "s": 2}  # 3 replicas asked, 4 GPUs / 2 per replica
     cold = {**warm, "rollout": {"prior": "Cold"}}
     assert Claim.of(obj, cold).wants == {"c": 4}

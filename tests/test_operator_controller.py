@@ -55,11 +55,21 @@ def _world() -> tuple[FakeKube, Controller, dict[str, Any]]:
 
 def _loading_pod(kube: FakeKube, bundle: str) -> None:
     labels = {"app.kubernetes.io/instance": NAME, "app.kubernetes.io/managed-by": MANAGED_BY}
-    kube.put({
-        "kind": "Pod",
-        "metadata": {"name": "chat-0", "namespace": NS, "labels": {**labels, "modeldeploy.dev/bundle": bundle}},
-        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "False"}]},
-    })  # fmt: skip
+    kube.put(
+        {
+            "kind": "Pod",
+            "metadata": {
+                "name": "chat-0",
+                "namespace": NS,
+                "labels": {**labels, "modeldeploy.dev/bundle": bundle},
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "False"}],
+            },
+        }
+    )
 
 
 def test_reconcile_creates_children_and_recognises_its_own_status_echo() -> None:
@@ -174,8 +184,16 @@ def test_an_auto_capacity_choice_reads_fresh_gpu_usage_not_the_cached_node_list(
     dep = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
     kube.patch("Deployment", NS, dep["metadata"]["name"], {"status": {"readyReplicas": 16}})
     for i in range(16):  # the stable's pods, bound after the cache was filled: the cluster is full
-        kube.put({"kind": "Pod", "metadata": {"name": f"p{i}", "namespace": "other"}, "spec": {
-            "nodeName": f"gpu-{i % 2}", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}})  # fmt: skip
+        kube.put(
+            {
+                "kind": "Pod",
+                "metadata": {"name": f"p{i}", "namespace": "other"},
+                "spec": {
+                    "nodeName": f"gpu-{i % 2}",
+                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                },
+            }
+        )
     ctrl.reconcile(NS, NAME)
     assert kube.get_md(NS, NAME)["status"]["phase"] == "Stable"
     assert ctrl.nodes.get()[0].requested == 0  # still the stale list
@@ -244,10 +262,21 @@ def _stable_pods(
 ) -> None:
     """`n` pods of a bundle, bound `gpus` GPUs each (the fake API server has no ReplicaSet controller)."""
     for i in range(n):
-        kube.put({"kind": "Pod", "metadata": {"name": f"{name}-{i}", "namespace": NS, "labels": {
-            "modeldeploy.dev/bundle": bundle, "app.kubernetes.io/instance": owner or name}}, "spec": {
-            "nodeName": f"gpu-{i % 2}", "containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
-            "status": {"phase": "Running"}})  # fmt: skip
+        kube.put(
+            {
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{i}",
+                    "namespace": NS,
+                    "labels": {"modeldeploy.dev/bundle": bundle, "app.kubernetes.io/instance": owner or name},
+                },
+                "spec": {
+                    "nodeName": f"gpu-{i % 2}",
+                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
 
 
 def test_a_wave_of_capacity_decisions_subtracts_each_others_canaries() -> None:
@@ -267,8 +296,13 @@ def test_a_wave_of_capacity_decisions_subtracts_each_others_canaries() -> None:
         dep = next(o for (k, ns, n), o in kube.objects.items() if k == "Deployment" and n.startswith(name))
         kube.patch("Deployment", NS, dep["metadata"]["name"], {"status": {"readyReplicas": 4}})
         _stable_pods(kube, name, stable[name], 4)
-    kube.put({"kind": "Pod", "metadata": {"name": "filler", "namespace": "other"}, "spec": {
-        "nodeName": "gpu-0", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]}})  # fmt: skip
+    kube.put(
+        {
+            "kind": "Pod",
+            "metadata": {"name": "filler", "namespace": "other"},
+            "spec": {"nodeName": "gpu-0", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]},
+        }
+    )
     for name in ("a", "b"):  # 12 of 16 GPUs taken: one 4-replica Surge canary fits, not two
         ctrl.reconcile(NS, name)
         assert kube.get_md(NS, name)["status"]["phase"] == "Stable"

@@ -84,9 +84,7 @@ def test_create_makes_deployment_and_one_service_and_no_cohort_service_before_a_
     dep = [a.obj for a in acts if isinstance(a, Create) and a.obj["kind"] == "Deployment"]
     assert len(dep) == 1 and dep[0]["spec"]["replicas"] == 2
     bid = dep[0]["metadata"]["labels"]["modeldeploy.dev/bundle"]
-    assert created == sorted(
-        [("create", "Deployment", f"chat-{bid[:10]}"), ("create", "Service", "chat")]
-    )  # fmt: skip
+    assert created == sorted([("create", "Deployment", f"chat-{bid[:10]}"), ("create", "Service", "chat")])
     st = status_of(acts)
     assert st["observedGeneration"] == 1 and st["phase"] == "Deploying" and st["stable"]["bundle"] == bid
     cond = {c["type"]: c for c in st["conditions"]}

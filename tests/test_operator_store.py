@@ -22,12 +22,16 @@ def _child(name: str, rv: int, uid: str = "", owner: str = "md-uid", kind: str =
     return {
         "kind": kind,
         "metadata": {
-            "name": name, "namespace": NS, "uid": uid or f"u-{name}", "resourceVersion": str(rv),
-            "labels": dict(LABELS), "managedFields": [{"manager": "x"}],
+            "name": name,
+            "namespace": NS,
+            "uid": uid or f"u-{name}",
+            "resourceVersion": str(rv),
+            "labels": dict(LABELS),
+            "managedFields": [{"manager": "x"}],
             "ownerReferences": [{"kind": MD, "uid": owner, "controller": True, "name": NAME}],
         },
         "spec": {"rv": rv},
-    }  # fmt: skip
+    }
 
 
 def test_a_newer_copy_wins_whichever_arrives_first() -> None:
@@ -105,8 +109,12 @@ class CountingKube(FakeKube):
 
 def _world() -> tuple[CountingKube, Controller, dict[str, Any]]:
     kube = CountingKube()
-    kube.nodes = [{"metadata": {"name": "gpu-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
-                   "status": {"allocatable": {"nvidia.com/gpu": "8"}}}]  # fmt: skip
+    kube.nodes = [
+        {
+            "metadata": {"name": "gpu-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+        }
+    ]
     obj = md()
     obj["metadata"].pop("uid")
     obj = kube.put(obj)

@@ -273,8 +273,19 @@ def test_status_patch_only_when_changed() -> None:
     prior = ModelDeploymentStatus(phase="Stable")
     assert p.status_patch(prior, prior.model_copy()) == []
     out = p.status_patch(prior, prior.model_copy(update={"phase": "Deploying"}))
-    assert out == [PatchStatus({"phase": "Deploying", "canaryWeight": 0, "replicas": 0, "readyReplicas": 0,
-                                "conditions": [], "history": [], "failedBundles": []})]  # fmt: skip
+    assert out == [
+        PatchStatus(
+            {
+                "phase": "Deploying",
+                "canaryWeight": 0,
+                "replicas": 0,
+                "readyReplicas": 0,
+                "conditions": [],
+                "history": [],
+                "failedBundles": [],
+            }
+        )
+    ]
 
 
 def test_inputs_bundle_id_is_the_specs() -> None:

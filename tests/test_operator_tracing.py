@@ -23,7 +23,8 @@ def test_reconcile_span_carries_the_decision_and_the_analysis(monkeypatch: pytes
         obj, obs, _ = advance_to(obj, obs, at(0), ready={})
         obj, obs, _ = advance_to(obj, obs, at(1))
         obj, obs, _ = advance_to(obj, obs, at(1, 20), conformance=(True, "8/8 checks passed"))
-        # one reconcile as Controller._reconcile runs it: observe (here: an analysis it computed), plan, record
+        # one reconcile as Controller._reconcile runs it: observe (here: an analysis it computed),
+        # plan, record
         t0 = time.time()
         failing = analysis("Fail", 0)
         view = Observed(

@@ -1,8 +1,8 @@
 """The Prometheus analysis source against a real Prometheus scraping real `modeldeploy serve` processes.
 
 A stable (8 slots) and a canary (1 slot) server on 127.0.0.1, each its own bundle; Prometheus
-(built by devtools/modeldeploy_dev/cluster/build.sh) scrapes both every second with a static namespace="team-a",
-and scrapes the stable server a second time as namespace="team-b" (a decoy the default
+(built by devtools/modeldeploy_dev/cluster/build.sh) scrapes both every second with a static
+namespace="team-a", and scrapes the stable server a second time as namespace="team-b" (a decoy the default
 selector must leave out, or every stable figure would double). Over the same window the
 Prometheus source must give exactly the counts and buckets the direct pod scrape gives, hence
 the same verdict; under 8-way load the 1-slot canary must fail TTFT p95 through Prometheus too.
@@ -31,7 +31,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not PROMETHEUS.exists(),
-        reason=f"{PROMETHEUS} not built: run `make cluster-build` (devtools/modeldeploy_dev/cluster/build.sh)",
+        reason=f"{PROMETHEUS} not built: run `make cluster-build` "
+        "(devtools/modeldeploy_dev/cluster/build.sh)",
     ),
 ]
 NS = "team-a"

@@ -49,7 +49,7 @@ def _history(status: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def rollback_target(status: dict[str, Any], to: str | None) -> tuple[str, str]:
-    """(bundle id, what was chosen and why). Without --to: the newest history entry (the list is oldest first)."""
+    """(bundle id, what was chosen and why). Without --to: the newest history entry."""
     history = _history(status)
     listing = ", ".join(f"{h['bundle']} ({h.get('revision') or 'no revision'})" for h in history)
     if not history:

@@ -136,7 +136,7 @@ def query(http: httpx.Client, address: str, promql: str, at: float) -> list[tupl
 
 
 def histogram(rows: list[tuple[dict[str, str], float]], where: str) -> Histogram:
-    """Bucket increases by `le` -> Histogram; count is the +Inf bucket (the sum is not queried: no verdict uses it)."""
+    """Bucket increases by `le` -> Histogram; count is the +Inf bucket (the sum is not queried)."""
     buckets: dict[float, float] = {}
     for labels, value in rows:
         if "le" not in labels:
@@ -160,7 +160,7 @@ def outcomes(rows: list[tuple[dict[str, str], float]], where: str) -> dict[str, 
 def cohort_samples(
     src: PrometheusSource, namespace: str, bundles: tuple[str, ...], window_: str, at: float
 ) -> list[CohortSample]:
-    """One CohortSample per bundle, all queries in parallel at instant `at`; QueryError on the first bad one."""
+    """One CohortSample per bundle, all queries in parallel at instant `at`; QueryError on the first bad."""
     jobs = [(b, k, q) for b in bundles for k, q in queries(src, b, namespace, window_).items()]
     with httpx.Client(timeout=TIMEOUT_S) as http, ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         answers = list(pool.map(lambda j: _answer(http, src.address, j[2], at), jobs))

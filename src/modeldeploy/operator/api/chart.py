@@ -58,7 +58,7 @@ class ServiceMonitor(_V):
 
 
 class PrometheusRule(_V):
-    """Alerts from files/prometheus-rules.yaml (needs both monitors: they join runtime and operator series)."""
+    """Alerts from files/prometheus-rules.yaml; they join runtime and operator series (both monitors)."""
 
     enabled: bool = Field(default=False, description="Create a PrometheusRule with the alerts.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the PrometheusRule.")

@@ -41,13 +41,15 @@ MSG_NAME = (
 
 _KEEP = frozenset({
     "type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "minItems",
-    "maxItems", "pattern", "items", "properties", "required", "additionalProperties", "x-kubernetes-validations",
+    "maxItems", "pattern", "items", "properties", "required", "additionalProperties",
+    "x-kubernetes-validations",
     "x-kubernetes-int-or-string", "format",
 })  # fmt: skip
 
 
 _ORDER = MappingProxyType({k: i for i, k in enumerate([
-    "type", "description", "default", "x-kubernetes-int-or-string", "enum", "format", "minimum", "exclusiveMinimum",
+    "type", "description", "default", "x-kubernetes-int-or-string", "enum", "format", "minimum",
+    "exclusiveMinimum",
     "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "required", "properties", "items",
     "additionalProperties", "x-kubernetes-validations",
 ])})  # fmt: skip
@@ -231,17 +233,21 @@ def peering_crds() -> list[dict[str, Any]]:
             },
             "x-kubernetes-preserve-unknown-fields": True,
         }
-        out.append({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.kopf.dev"},
-            "spec": {
-                "group": "kopf.dev",
-                "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-                "scope": scope,
-                "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
-            },
-        })  # fmt: skip
+        out.append(
+            {
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{plural}.kopf.dev"},
+                "spec": {
+                    "group": "kopf.dev",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+                    "scope": scope,
+                    "versions": [
+                        {"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}
+                    ],
+                },
+            }
+        )
     return out
 
 

@@ -168,12 +168,21 @@ def post_event(kube: Kube, md: dict[str, Any], ev: Event, now: str) -> None:
     body = {
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
         "involvedObject": {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment", "name": meta["name"],
-            "namespace": meta["namespace"], "uid": meta["uid"], "resourceVersion": meta.get("resourceVersion"),
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ModelDeployment",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta.get("resourceVersion"),
         },
-        "type": ev.type, "reason": ev.reason, "message": ev.message[:1024],
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
-    }  # fmt: skip
+        "type": ev.type,
+        "reason": ev.reason,
+        "message": ev.message[:1024],
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "source": {"component": MANAGED_BY},
+        "reportingComponent": MANAGED_BY,
+    }
     kube.create_event(meta["namespace"], body)
     metrics.EVENTS.labels(ev.reason).inc()

@@ -7,9 +7,10 @@ from prometheus_client import Counter, Histogram
 RECONCILES = Counter("modeldeploy_operator_reconciles_total", "ModelDeployment reconciles completed")
 REQUESTS = Counter(
     "modeldeploy_operator_reconcile_requests_total",
-    "Reconciles asked for, by what asked (modeldeployment, child, tick, resync, retry, raced) and whether the ask"
-    " ran a pass, was folded into one waiting or running (coalesced), or was found to be the echo of the"
-    " operator's own status write once a worker took it (echo): where the reconciles come from",
+    "Reconciles asked for, by what asked (modeldeployment, child, tick, resync, retry, raced)"
+    " and whether the ask ran a pass, was folded into one waiting or running (coalesced),"
+    " or was found to be the echo of the operator's own status write once a worker took it (echo):"
+    " where the reconciles come from",
     ["source", "outcome"],
 )
 ERRORS = Counter("modeldeploy_operator_reconcile_errors_total", "Reconciles that raised", ["error"])

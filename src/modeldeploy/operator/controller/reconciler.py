@@ -302,7 +302,7 @@ class Controller:
         return found
 
     def _forget_rollout(self, uid: str) -> None:
-        """A settled or deleted object keeps no gate results or metric baselines: a later rollout starts fresh."""
+        """Settled or deleted: no gate results or metric baselines kept; the next rollout starts fresh."""
         self.gate.forget_md(uid)
         self.baselines.forget(uid)
 

@@ -1,10 +1,9 @@
 """The operator's own copy of what its watches delivered: ModelDeployments and the children they own.
 
-Why: at 1,000 objects, each reconcile's GET of its ModelDeployment and LISTs of its Deployments and
-Services were about 6,000 of the API server's 58,000 requests while they were created
-(bench/results/operator.md), and a label-selected LIST makes the API server filter every object of the namespace,
-so its cost grows with the namespace, per reconcile. controller-runtime reads from informer caches
-for the same reason.
+Why: a reconcile's GET of its ModelDeployment and LISTs of its Deployments and Services are a
+large share of the API server's requests at scale (bench/results/operator.md), and a label-selected
+LIST makes the API server filter every object of the namespace, so its cost grows with the
+namespace, per reconcile. controller-runtime reads from informer caches for the same reason.
 
 What keeps a read from here as good as a fresh one:
 - Newer wins: a copy replaces the kept one only if its resourceVersion is higher (etcd's revisions

@@ -86,7 +86,8 @@ class OperatorTracing:
             attrs: dict[str, Any] = {"modeldeploy.verdict": r.verdict, "modeldeploy.step": r.step or 0}
             for m in r.metrics:
                 attrs[f"modeldeploy.metric.{m.metric}"] = (
-                    f"{m.verdict}: canary {m.canary} stable {m.stable} threshold {m.threshold} samples {m.samples}"
+                    f"{m.verdict}: canary {m.canary} stable {m.stable} threshold {m.threshold}"
+                    f" samples {m.samples}"
                 )
             if r.message:
                 attrs["modeldeploy.message"] = r.message

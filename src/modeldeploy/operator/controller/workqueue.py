@@ -146,7 +146,7 @@ class WorkQueue:
             metrics.ERRORS.labels(type(e).__name__).inc()
 
     def forget(self, key: Hashable) -> None:
-        """Cancel a pending tick and a waiting ask (the object is gone); a pass already running ends by itself."""
+        """Cancel a pending tick and a waiting ask (the object is gone); a running pass ends by itself."""
         with self._guard:
             timer = self._timers.pop(key, None)
             self._waiting.pop(key, None)  # its entry in _order is skipped when a worker reaches it

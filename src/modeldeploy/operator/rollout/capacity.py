@@ -51,7 +51,8 @@ def replace_step(
         )
         if settled:  # nothing in flight will raise the Ready count: moving would cross the bound
             blocked = (
-                f"capacity Replace: {ready} Ready, minAvailable {min_available}: taking one more stable replica "
-                f"down for the canary ({total - now}/{min(target, total)} moved) would go below it"
+                f"capacity Replace: {ready} Ready, minAvailable {min_available}: "
+                "taking one more stable replica down for the canary"
+                f" ({total - now}/{min(target, total)} moved) would go below it"
             )
     return Move(now - k, total - (now - k), blocked)

@@ -91,8 +91,18 @@ class Inputs:
         have = {
             b: Have(int((d.get("spec") or {}).get("replicas") or 0), _ready(d)) for b, d in by_bundle.items()
         }
-        return cls(md, spec, prior, obs, now, bundle_id(spec.bundle), by_bundle, progression.policy(spec),
-                   progression.epoch(now) or 0.0, have)  # fmt: skip
+        return cls(
+            md,
+            spec,
+            prior,
+            obs,
+            now,
+            bundle_id(spec.bundle),
+            by_bundle,
+            progression.policy(spec),
+            progression.epoch(now) or 0.0,
+            have,
+        )
 
     @property
     def generation(self) -> int | None:
@@ -159,12 +169,16 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
     if state.stable is not None and state.stable != x.bid and state.stable not in x.by_bundle:
         state = RolloutState(failed=state.failed)  # the stable Deployment is gone: start over from spec
     sig = Signals(
-        desired=x.bid, canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
+        desired=x.bid,
+        canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
         canary_failure=obs.load_errors.get(state.canary) if state.canary else None,
-        conformance=obs.conformance, analysis=obs.analysis, analysis_at=obs.analysis_at, command=obs.command,
+        conformance=obs.conformance,
+        analysis=obs.analysis,
+        analysis_at=obs.analysis_at,
+        command=obs.command,
         stable_ready=_ready(x.by_bundle.get(state.stable) if state.stable else None),
         **capacity_signals(x, state),
-    )  # fmt: skip
+    )
     if obs.analysis_fresh and obs.analysis is not None:  # every analysis is an Event, with its figures
         kind = "Warning" if obs.analysis.verdict == "Fail" else "Normal"
         out.append(Event(kind, "Analysis", describe(obs.analysis)))
@@ -192,8 +206,10 @@ def capacity_signals(x: Inputs, state: RolloutState) -> dict[str, Any]:
     if state.phase in ACTIVE_PHASES and state.capacity == "Replace" and state.stable in x.have:
         kept = x.have[state.stable].replicas
         missing, warm = x.spec.replicas - kept, x.policy.keep_previous_replicas - kept
-        return {"restore_fits": spare_fit(topo, nodes, missing, device)[0],
-                "prior_fits": spare_fit(topo, nodes, warm, device) if state.phase == "Promoting" else None}  # fmt: skip
+        return {
+            "restore_fits": spare_fit(topo, nodes, missing, device)[0],
+            "prior_fits": spare_fit(topo, nodes, warm, device) if state.phase == "Promoting" else None,
+        }
     return {}
 
 
@@ -265,7 +281,8 @@ def plan_routes(x: Inputs, weight: int, has_canary: bool) -> tuple[str | None, l
         return None, [Delete(routing.KIND, n) for n in have]
     if x.observed.routes is None:
         return (
-            "spec.rollout.trafficRouting.gatewayAPI is set but the cluster serves no gateway.networking.k8s.io/v1 HTTPRoute",
+            "spec.rollout.trafficRouting.gatewayAPI is set but the cluster serves no "
+            "gateway.networking.k8s.io/v1 HTTPRoute",
             [],
         )
     return None, reconcile_child(want, have.get(want["metadata"]["name"]))
@@ -386,9 +403,14 @@ def plan_status(
     )
     return x.prior.model_copy(
         update={
-            "observed_generation": x.generation, "phase": phase, "conditions": conditions,
-            "stable": cohorts.stable, "canary": cohorts.canary, "canary_weight": weight,
-            "replicas": scale_replicas(x.spec.replicas, state, sizes), "ready_replicas": cohorts.ready_total,
+            "observed_generation": x.generation,
+            "phase": phase,
+            "conditions": conditions,
+            "stable": cohorts.stable,
+            "canary": cohorts.canary,
+            "canary_weight": weight,
+            "replicas": scale_replicas(x.spec.replicas, state, sizes),
+            "ready_replicas": cohorts.ready_total,
             "selector": sel,
             "history": progression.history_entries(state, x.prior.history, revisions_of(x), x.now),
             "current_step": state.step if state.phase == "Canary" else None,
@@ -396,7 +418,7 @@ def plan_status(
             "last_analysis": x.observed.analysis if analysis_counts else x.prior.last_analysis,
             "rollout": progression.rollout_status(state),
         }
-    )  # fmt: skip
+    )
 
 
 def scale_replicas(replicas: int, state: RolloutState, sizes: dict[str, int]) -> int:
@@ -407,8 +429,9 @@ def scale_replicas(replicas: int, state: RolloutState, sizes: dict[str, int]) ->
     return min(replicas, serving)
 
 
-# status.rollout fields that change exactly when the machine took a decision reading the nodes' spare GPUs:
-# a rollout starting (capacity Auto's fit check), a Replace rollback's restore order, the warm prior at promotion
+# status.rollout fields that change exactly when the machine took a decision reading the nodes' spare
+# GPUs: a rollout starting (capacity Auto's fit check), a Replace rollback's restore order, the warm
+# prior at promotion
 FIT_DECISIONS = ("startedAt", "restore", "prior", "priorReason")
 
 

@@ -65,7 +65,7 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
 
 
 def warm_budget(spec: ModelDeploymentSpec) -> int:
-    """Warm prior replicas: keepPrior.replicas within maxGPUs (keepPrevious.replicas when keepPrior is unset)."""
+    """Warm prior replicas: keepPrior.replicas within maxGPUs (without keepPrior: keepPrevious.replicas)."""
     keep, gpus = spec.rollout.keep_prior, spec.topology.gpus_per_replica
     if keep is None:
         return spec.rollout.keep_previous.replicas
@@ -81,14 +81,24 @@ def load_state(st: ModelDeploymentStatus) -> RolloutState:
     if st.canary is None and phase != "RollingBack":
         phase = "Stable"  # "Deploying" with no canary is the first bundle loading, shown but not a rollout
     return RolloutState(
-        phase=phase, stable=st.stable.bundle if st.stable else None,
+        phase=phase,
+        stable=st.stable.bundle if st.stable else None,
         canary=st.canary.bundle if st.canary and phase != "Stable" else None,
-        step=st.current_step, started_at=epoch(ro.started_at), phase_since=epoch(ro.phase_since),
-        reason=ro.reason, message=ro.message, failed=tuple(st.failed_bundles), previous=ro.previous,
-        previous_until=epoch(ro.previous_until), history=tuple(h.bundle for h in st.history),
-        capacity=ro.capacity or "", capacity_reason=ro.capacity_reason or "", restore=ro.restore or "",
-        prior=ro.prior or "", prior_reason=ro.prior_reason or "",
-    )  # fmt: skip
+        step=st.current_step,
+        started_at=epoch(ro.started_at),
+        phase_since=epoch(ro.phase_since),
+        reason=ro.reason,
+        message=ro.message,
+        failed=tuple(st.failed_bundles),
+        previous=ro.previous,
+        previous_until=epoch(ro.previous_until),
+        history=tuple(h.bundle for h in st.history),
+        capacity=ro.capacity or "",
+        capacity_reason=ro.capacity_reason or "",
+        restore=ro.restore or "",
+        prior=ro.prior or "",
+        prior_reason=ro.prior_reason or "",
+    )
 
 
 def history_entries(

@@ -63,7 +63,8 @@ def route_rules(name: str, cohort_header: str, weight: int, has_canary: bool) ->
         raise ValueError(f"canary weight must be within 0..100, got {weight}")
     if not _HEADER_RE.match(cohort_header):
         raise ValueError(
-            f"spec.rollout.trafficRouting.gatewayAPI.cohortHeader {cohort_header!r} is not a valid HTTP header name"
+            f"spec.rollout.trafficRouting.gatewayAPI.cohortHeader {cohort_header!r}"
+            " is not a valid HTTP header name"
         )
     if weight and not has_canary:
         raise ValueError(f"canary weight {weight}% with no canary cohort: nothing would serve that share")

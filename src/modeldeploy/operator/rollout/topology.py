@@ -200,7 +200,8 @@ def fit(topology: Topology, nodes: list[NodeInfo], device: str = "auto") -> str 
                 most = max(n.gpu_memory or 0 for n in candidates)
                 kv = f" + kvCachePerGpu {topology.kv_cache_per_gpu}" if topology.kv_cache_per_gpu else ""
                 return (
-                    f"weightsMemory: {topology.weights_memory} / tensorParallel {topology.tensor_parallel}{kv}"
+                    f"weightsMemory: {topology.weights_memory}"
+                    f" / tensorParallel {topology.tensor_parallel}{kv}"
                     f" needs {_gib(per_gpu)} per GPU but the largest matching node's GPUs have {_gib(most)}"
                     f" ({GPU_MEMORY_LABEL})"
                 )
@@ -232,6 +233,6 @@ def spare_fit(
     free, alloc = sum(n.free_gpus for n in usable), sum(n.gpus for n in usable)
     verdict = "fit" if slots >= replicas else "do not fit"
     return slots >= replicas, (
-        f"{replicas} more replicas x {need} {GPU_RESOURCE} {verdict} beside stable: {free} of {alloc} GPUs spare "
-        f"on {len(usable)} matching nodes ({slots} replicas' worth)"
+        f"{replicas} more replicas x {need} {GPU_RESOURCE} {verdict} beside stable: "
+        f"{free} of {alloc} GPUs spare on {len(usable)} matching nodes ({slots} replicas' worth)"
     )

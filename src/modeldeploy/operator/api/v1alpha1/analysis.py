@@ -22,7 +22,8 @@ class SLO(_Model):
 
 # Prometheus as the analysis source: the address, the label selector and PromQL templates.
 PROM_URL_RE = r"^https?://([A-Za-z0-9.-]+|\[[0-9a-fA-F:.]+\])(:[0-9]{1,5})?(/[A-Za-z0-9._~%+=:@/-]*)?$"
-PROM_MATCHERS_RE = r'^([ ]*[a-zA-Z_][a-zA-Z0-9_]*[ ]*(=|!=|=~|!~)[ ]*"[^"]*"[ ]*(,[ ]*[a-zA-Z_][a-zA-Z0-9_]*[ ]*(=|!=|=~|!~)[ ]*"[^"]*"[ ]*)*,?[ ]*)?$'
+_PROM_MATCHER = r'[ ]*[a-zA-Z_][a-zA-Z0-9_]*[ ]*(=|!=|=~|!~)[ ]*"[^"]*"[ ]*'  # one label matcher
+PROM_MATCHERS_RE = rf"^({_PROM_MATCHER}(,{_PROM_MATCHER})*,?[ ]*)?$"
 PROM_DURATION_RE = r"^[1-9][0-9]{0,6}(s|m|h)$"
 
 
@@ -34,7 +35,10 @@ def _only_placeholders(*names: str) -> str:
 
 PROM_TEMPLATE_RE = _only_placeholders("bundle", "namespace", "selector", "window")
 PROM_SELECTOR_RE = _only_placeholders("bundle", "namespace")
-MSG_PROM_URL = "prometheus.address must be an http:// or https:// URL: scheme://host[:port][/path], no credentials or query"
+MSG_PROM_URL = (
+    "prometheus.address must be an http:// or https:// URL: scheme://host[:port][/path], "
+    "no credentials or query"
+)
 MSG_PROM_SELECTOR = (
     'prometheus.selector must be comma-separated PromQL label matchers such as namespace="{namespace}" '
     "(placeholders: {bundle}, {namespace})"
@@ -114,7 +118,8 @@ class PrometheusSource(_Model):
     )
     selector: PromSelector = Field(
         default='namespace="{namespace}"',
-        description="Label matchers added to every query next to bundle=; placeholders {namespace}, {bundle}.",
+        description="Label matchers added to every query next to bundle=; "
+        "placeholders {namespace}, {bundle}.",
     )
     window: PromWindow | None = Field(
         default=None,
@@ -153,5 +158,6 @@ class Analysis(_Model):
     )
     prometheus: PrometheusSource | None = Field(
         default=None,
-        description="Read the cohorts' metrics from a Prometheus HTTP API; default: scrape cohort pods' /metrics.",
+        description="Read the cohorts' metrics from a Prometheus HTTP API; "
+        "default: scrape cohort pods' /metrics.",
     )

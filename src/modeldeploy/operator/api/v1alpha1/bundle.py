@@ -19,7 +19,10 @@ URI_RE = r"^(pvc|file|https?)://.+$"
 MSG_IMAGE = "engine.image must be pinned by digest: <repo>@sha256:<64 hex>, tags alone are not accepted"
 MSG_DIGEST = "digest must be 'sha256:' followed by 64 lowercase hex characters"
 MSG_URI = "uri must start with pvc://, file://, http:// or https://"
-MSG_TOKENIZER = "tokenizer.uri must be omitted or equal model.uri: the runtime loads the tokenizer from the model directory"
+MSG_TOKENIZER = (
+    "tokenizer.uri must be omitted or equal model.uri: "
+    "the runtime loads the tokenizer from the model directory"
+)
 ADAPTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_ADAPTERS = 16
 MSG_ADAPTER_NAME = (
@@ -172,7 +175,8 @@ class ServingConfig(_Model):
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, never read by the operator.",
+        description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, "
+        "never read by the operator.",
     )
 
 
@@ -186,7 +190,8 @@ class Bundle(_Model):
                 },
                 {
                     "rule": "!has(self.adapters) || self.adapters.all(a, a.name != "
-                    f"(has(self.config.servedModelName) ? self.config.servedModelName : '{DEFAULT_SERVED_NAME}'))",
+                    "(has(self.config.servedModelName) ? self.config.servedModelName : "
+                    f"'{DEFAULT_SERVED_NAME}'))",
                     "message": MSG_ADAPTER_MODEL,
                 },
             ]
@@ -201,8 +206,8 @@ class Bundle(_Model):
     adapters: list[AdapterRef] | None = Field(
         default=None,
         max_length=MAX_ADAPTERS,
-        description="LoRA adapters served beside the base model, each pinned by digest; part of the bundle id, "
-        "so changing one is a canaried rollout.",
+        description="LoRA adapters served beside the base model, each pinned by digest; "
+        "part of the bundle id, so changing one is a canaried rollout.",
         json_schema_extra=_cel("self.all(a, self.exists_one(b, b.name == a.name))", MSG_ADAPTER_UNIQUE),
     )
 

@@ -58,7 +58,8 @@ class AnalysisResult(_Model):
     message: str | None = Field(
         default=None,
         max_length=1024,
-        description="What could not be read this interval (unreachable pods, a Prometheus error naming the query).",
+        description="What could not be read this interval "
+        "(unreachable pods, a Prometheus error naming the query).",
     )
 
 
