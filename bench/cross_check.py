@@ -2,7 +2,8 @@
 
 Same server process, same workload (synthetic prompts of P tokens, exactly O output tokens
 with ignore_eos, counted with the model's own tokenizer), same rate and request count
-(constant arrivals by default: two Poisson samples of 40 requests offer different loads), same endpoint (/v1/responses: guidellm's chat/completions bodies carry vLLM's
+(constant arrivals by default: two Poisson samples of 40 requests offer different loads), same
+endpoint (/v1/responses: guidellm's chat/completions bodies carry vLLM's
 `stream_options.continuous_usage_stats`, which our strict schema refuses). The two clients
 alternate (md, guidellm, md, guidellm ...) so machine noise hits both, and the server's own
 TTFT / inter-token histograms are scraped around every run: when the clients disagree, the
@@ -206,7 +207,8 @@ def main() -> int:
     p.add_argument(
         "--pin",
         action="store_true",
-        help="server on CPU 1 (one torch thread), both clients on CPU 0: a client's own CPU cannot slow the server",
+        help="server on CPU 1 (one torch thread), both clients on CPU 0: "
+        "a client's own CPU cannot slow the server",
     )
     args = p.parse_args()
     if args.pin:

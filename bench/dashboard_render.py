@@ -189,8 +189,8 @@ def render(plt, url: str, t0: float, t1: float, out: Path) -> None:
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in d["panels"])
     fig = plt.figure(figsize=(18, rows * 0.5))
     fig.suptitle(
-        f"{d['title']} ({NS}/{MD}) - matplotlib rendering of the dashboard's queries against a real Prometheus "
-        "(not Grafana)",
+        f"{d['title']} ({NS}/{MD}) - matplotlib rendering of the dashboard's queries "
+        "against a real Prometheus (not Grafana)",
         fontsize=11,
     )
     top, bottom, side = 0.94, 0.03, 0.03  # the grid inside the figure, as fractions

@@ -9,9 +9,10 @@ batch generating to its longest output; only the requested tokens count as outpu
     .venv/bin/python bench/engine_cpu.py --requests 256 --out bench/results/engine_cpu.json
 
 Each side also reports tokens per second of process CPU time (all threads), a reading less
-distorted by other load on a shared machine than wall time. `--repeat N` alternates the two sides N times (engine, transformers, engine, ...) on the shared
-machine and reports each pair's ratio and their median; `attention` records which CPU paged
-attention the engine used (cpp: in place; reference: the torch twins, MODELDEPLOY_CPU_KERNELS=0).
+distorted by other load on a shared machine than wall time. `--repeat N` alternates the two
+sides N times (engine, transformers, engine, ...) on the shared machine and reports each pair's
+ratio and their median; `attention` records which CPU paged attention the engine used (cpp: in
+place; reference: the torch twins, MODELDEPLOY_CPU_KERNELS=0).
 """
 
 from __future__ import annotations
@@ -175,8 +176,10 @@ def main() -> None:
     }
     print(
         f"speedup {result['speedup']:.2f}x (median of {', '.join(f'{r:.2f}' for r in ratios)}; "
-        f"attention {result['attention']}, linear {result['linear']})  (engine {ours['tok_per_s']:.1f} tok/s, transformers {hf['tok_per_s']:.1f} tok/s, "
-        f"outside-forward share {ours['outside_forward_share']:.1%}; per CPU-second {result['speedup_cpu_time']:.2f}x)"
+        f"attention {result['attention']}, linear {result['linear']})  (engine {ours['tok_per_s']:.1f} "
+        f"tok/s, transformers {hf['tok_per_s']:.1f} tok/s, "
+        f"outside-forward share {ours['outside_forward_share']:.1%}; "
+        f"per CPU-second {result['speedup_cpu_time']:.2f}x)"
     )
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -67,7 +67,8 @@ def main() -> None:
             row["speedup"] = row["onednn_gflops"] / row["blas_gflops"]
             rows.append(row)
             print(
-                f"{m:5d} {name:8s} BLAS {row['blas_gflops']:6.1f}  oneDNN {row['onednn_gflops']:6.1f} GFLOP/s "
+                f"{m:5d} {name:8s} BLAS {row['blas_gflops']:6.1f}  "
+                f"oneDNN {row['onednn_gflops']:6.1f} GFLOP/s "
                 f"({row['speedup']:.2f}x)  max err {row['blas_max_err']:.1e} / {row['onednn_max_err']:.1e}",
                 flush=True,
             )

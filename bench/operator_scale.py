@@ -63,7 +63,8 @@ G, V, P = GROUP, VERSION, PLURAL
 NS = "bench-operator"
 METRICS_PORT = 18090
 SETTLE_S = 30.0  # after every node is Ready: kwok creates the nodes' Leases
-POLL_S = 2.0  # the all-Stable poll lists every ModelDeployment (3 MB at 1,000): not faster, it loads the API server
+# the all-Stable poll lists every ModelDeployment (3 MB at 1,000): not faster, it loads the API server
+POLL_S = 2.0
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64
 DIGEST = "sha256:" + "b" * 64
 
@@ -124,7 +125,8 @@ POOL_NAME = "bench-rollouts"
 
 
 def rollout_md(i: int, replicas: int, prom: str) -> dict:
-    """A ModelDeployment of the full pool: R replicas x 1 GPU, Replace-friendly steps, analysis from `prom`."""
+    """A ModelDeployment of the full pool: R replicas x 1 GPU, Replace-friendly steps, analysis from
+    `prom`."""
     obj = md(i)
     obj["metadata"]["name"] = f"ro-{i:03d}"
     spec = obj["spec"]
@@ -319,7 +321,8 @@ def scale(a: argparse.Namespace, pid: int, apps: client.AppsV1Api, custom: clien
     # "exclusive" method extrapolates past it)
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
     print(
-        f"| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s | samples |\n"
+        "| nodes | MDs | all-Stable wall s | operator CPU s | peak RSS MB | latency p50 s | p99 s "
+        "| samples |\n"
         f"|---|---|---|---|---|---|---|---|\n"
         f"| {a.nodes} | {stable}/{a.mds} | {wall:.1f} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} | "
         f"{statistics.median(lat):.3f} | {q[98]:.3f} | {len(lat)} |"
@@ -446,18 +449,25 @@ def rollouts(a: argparse.Namespace, pid: int, custom: client.CustomObjectsApi, p
     late = [n for n in names if n not in promoted]
     slow_start = [n for n in started if started[n] - sent[n] > max(10.0, 5 * statistics.median(wait))]
     modes = {m: list(capacity.values()).count(m) for m in sorted(set(capacity.values()))}
+    nan = float("nan")
+    header = [
+        "rollouts", "replicas each", "pool GPUs", "patched in s", "all promoted wall s", "promote p50 s",
+        "p90 s", "max s", "start wait p50 s", "max s", "capacity", "not promoted", "rolled back",
+        "operator CPU s", "peak RSS MB",
+    ]  # fmt: skip
+    row = [
+        k, r, -(-k * r // 8) * 8, f"{patched:.1f}", f"{wall:.1f}" + (" (timeout)" if late else ""),
+        f"{statistics.median(took) if took else nan:.1f}", f"{q[8]:.1f}", f"{took[-1] if took else nan:.1f}",
+        f"{statistics.median(wait) if wait else nan:.1f}", f"{wait[-1] if wait else nan:.1f}", modes,
+        len(late), len(failed), f"{cpu1 - cpu0:.1f}", f"{rss / 2**20:.0f}",
+    ]  # fmt: skip
     print(
-        f"| rollouts | replicas each | pool GPUs | patched in s | all promoted wall s | promote p50 s | p90 s | max s | "
-        f"start wait p50 s | max s | capacity | not promoted | rolled back | operator CPU s | peak RSS MB |\n"
-        f"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-        f"| {k} | {r} | {-(-k * r // 8) * 8} | {patched:.1f} | {wall:.1f}{'' if not late else ' (timeout)'} | "
-        f"{statistics.median(took) if took else float('nan'):.1f} | {q[8]:.1f} | {took[-1] if took else float('nan'):.1f} | "
-        f"{statistics.median(wait) if wait else float('nan'):.1f} | {wait[-1] if wait else float('nan'):.1f} | {modes} | "
-        f"{len(late)} | {len(failed)} | {cpu1 - cpu0:.1f} | {rss / 2**20:.0f} |"
+        "\n".join("| " + " | ".join(map(str, cells)) + " |" for cells in (header, ["---"] * len(header), row))
     )
+    slowest = sorted(promoted, key=lambda n: promoted[n] - sent[n])[-5:]
     print(
-        f"(starved: not promoted {late or 'none'}; start waited > max(10 s, 5x median) {slow_start or 'none'}; "
-        f"slowest promotions {sorted(promoted, key=lambda n: promoted[n] - sent[n])[-5:]})"
+        f"(starved: not promoted {late or 'none'}; start waited > max(10 s, 5x median) "
+        f"{slow_start or 'none'}; slowest promotions {slowest})"
     )
     return not late and not failed
 

@@ -1,7 +1,7 @@
 """CPU paged attention: the options for reading the KV blocks, timed against the gather baseline.
 
 Options (each against the same random paged cache, block tables shuffled):
-  gather-index   the twin as it was: `k_cache[tables]` (aten::index) into a contiguous copy + SDPA
+  gather-index   the plain gather: `k_cache[tables]` (aten::index) into a contiguous copy + SDPA
   gather-select  the same copy through `index_select` on a [N, S*Hkv*D] view, then SDPA
                  (what `reference.py` does now: the fallback where no compiler exists)
   cpp-inplace    kernels/cpu_attention.py: the C++/OpenMP kernel walking the block table
@@ -11,7 +11,8 @@ Options (each against the same random paged cache, block tables shuffled):
 Timings interleave the options round by round (the machine is shared); each figure is the
 median over rounds, and the ratio is the baseline's median over the option's, same run.
 
-    .venv/bin/python bench/paged_attention_cpu.py --threads 2 --rounds 7 --flex --out bench/results/paged_attention_cpu.json
+    .venv/bin/python bench/paged_attention_cpu.py --threads 2 --rounds 7 --flex \
+        --out bench/results/paged_attention_cpu.json
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def main() -> None:
     ).stdout.strip()
     names = ["gather-index", "gather-select", "cpp-inplace"] + (["flex"] if args.flex else [])
     print(
-        f"\n{time.strftime('%Y-%m-%d')}, {rev}, {args.threads} threads, median of {args.rounds} interleaved rounds\n"
+        f"\n{time.strftime('%Y-%m-%d')}, {rev}, {args.threads} threads, "
+        f"median of {args.rounds} interleaved rounds\n"
     )
     print("| case | " + " | ".join(f"{n} ms (x)" for n in names) + " |")
     print("|---|" + "---|" * len(names))

@@ -11,7 +11,7 @@ gives the top ops (C++ kernels included, labelled). `--compare` alternates steps
 CPU kernels and the torch twins in the same engine, so their ratio is measured in one run.
 
     .venv/bin/python bench/profile_decode_cpu.py --steps 60 --out bench/results/profile_decode_cpu.json
-    .venv/bin/python bench/profile_decode_cpu.py --compare ...   # alternate C++ kernels / torch twins per step
+    .venv/bin/python bench/profile_decode_cpu.py --compare ...  # alternate C++ kernels / torch twins
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     print(
-        f"\nbatch {args.batch}, {args.threads} threads, {args.steps} decode steps per path, load {os.getloadavg()[0]:.1f}"
+        f"\nbatch {args.batch}, {args.threads} threads, {args.steps} decode steps per path, "
+        f"load {os.getloadavg()[0]:.1f}"
     )
     if len(summary) == 2:
         a, b = summary["cpp"], summary["reference"]

@@ -1,10 +1,11 @@
-"""Rollout capacity bench (issue 18, "Must measure"): Replace vs Surge wall time, minimum Ready, rollback.
+"""Rollout capacity: Replace vs Surge wall time, minimum Ready, rollback.
 
   .venv/bin/python bench/rollout_capacity.py --reps 3 --out bench/results/rollout_capacity.json
 
 Against the local cluster (`modeldeploy cluster up`, or $KUBECONFIG), with the e2e test's own
-setup (modeldeploy_dev.rollout_scenario, as e2e/test_rollout_capacity.py: node pools of kwok nodes with exactly 8 GPUs, 16 replicas x
-1 GPU, steps 25 % and 50 % with no pause, analysis every 5 s through the Prometheus stand-in).
+setup (modeldeploy_dev.rollout_scenario, as in e2e/test_rollout_capacity.py: node pools of kwok
+nodes with exactly 8 GPUs, 16 replicas x 1 GPU, steps 25 % and 50 % with no pause, analysis every
+5 s through the Prometheus stand-in).
 Each repetition, in a fresh namespace with its own `modeldeploy operator` subprocess:
 
 - full cluster (2 nodes x 8 GPUs, all 16 used): a bundle change until promoted (Auto picks

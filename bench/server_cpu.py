@@ -160,14 +160,17 @@ def main() -> int:
         "",
         f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}  git rev: {rev}",
         f"- command: `{' '.join([Path(sys.executable).name, *sys.argv])}`",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs: figures are noisy), "
+        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs "
+        "(shared with other jobs: figures are noisy), "
         f"Python {platform.python_version()}",
         f"- model: tiny llama (hidden 64, 2 layers, random weights), float32, cpu; max_num_seqs={max_seqs}",
-        f"- workload: N = {args.requests_per_stream} x C requests, {args.max_tokens} tokens each (ignore_eos, "
-        "greedy), C in flight at a time; server = `modeldeploy serve` subprocess, streamed over SSE "
+        f"- workload: N = {args.requests_per_stream} x C requests, {args.max_tokens} tokens each "
+        "(ignore_eos, greedy), C in flight at a time; "
+        "server = `modeldeploy serve` subprocess, streamed over SSE "
         "(include_usage) by a minimal raw-socket HTTP/1.1 client (one connection per request); "
         "engine = AsyncEngine in-process, same prompts, at torch thread counts "
-        f"{', '.join(map(str, args.engine_threads))} (engine-tN); '/ engine' is against the best of them by median round "
+        f"{', '.join(map(str, args.engine_threads))} (engine-tN); "
+        "'/ engine' is against the best of them by median round "
         "(the engine core of the process layout sets its own: one CPU left to the API server)",
         "- TTFT: request sent -> first generated token received (server: first SSE chunk with text)",
         f"- {args.rounds} alternating engine/server rounds per C; the table shows each side's best round "
@@ -197,14 +200,15 @@ def main() -> int:
     ]
     lines += [f"- load average at the end: {os.getloadavg()[0]:.1f} (1 min)", ""]
     lines += [
-        "Reading: the tiny model's engine step takes a few ms, so the per-token HTTP work (one SSE event per",
-        "token per stream: JSON encode, chunked write) is of the same order as the model's compute. In the",
-        "thread layout that work shares the engine's GIL; in the process layout (the default) it runs in the",
-        "API server process while the engine core steps in its own, with one CPU left to the server, and a",
-        "stream that lags gets its waiting tokens in one event. 'engine' is AsyncEngine in this process, with",
-        "this process's client loop on the same GIL, so a server layout can exceed it. With a real model on a",
-        "GPU a step is tens of ms and the same absolute overhead is a much smaller share. Server TTFT includes",
-        "connection setup, body parsing, tokenization and admission. Not measured here: GPU, other clients.",
+        "Reading: the tiny model's engine step takes a few ms, so the per-token HTTP work (one SSE event",
+        "per token per stream: JSON encode, chunked write) is of the same order as the model's compute.",
+        "In the thread layout that work shares the engine's GIL; in the process layout (the default) it",
+        "runs in the API server process while the engine core steps in its own, with one CPU left to the",
+        "server, and a stream that lags gets its waiting tokens in one event. 'engine' is AsyncEngine in",
+        "this process, with this process's client loop on the same GIL, so a server layout can exceed it.",
+        "With a real model on a GPU a step is tens of ms and the same absolute overhead is a much smaller",
+        "share. Server TTFT includes connection setup, body parsing, tokenization and admission. Not",
+        "measured here: GPU, other clients.",
         "",
     ]
     text = "\n".join(lines)

@@ -13,7 +13,7 @@ Runs `modeldeploy bench` (the product's own client) against:
    the default 70/25/5 mix.
 Records (JSON + PNG) go to --out; bench/results/serving_cpu.md is written from them by hand.
 
-`--issue16` runs issue 16's own workload and SLO instead: a 70/25/5 mix of 64/384/1536-token
+`--issue16` runs the long-prompt workload and SLO instead: a 70/25/5 mix of 64/384/1536-token
 prompts with 64-128 output tokens, TTFT <= 1.5 s and TPOT (mean ITL) <= 0.15 s per request,
 rates of `--duration` seconds each; transformers at `--hf-threads` (default 1: its best on two
 cores, section 1 of serving_cpu.md), our server at torch's default threads with `--queue-budget`
@@ -38,7 +38,10 @@ import httpx
 
 from modeldeploy_dev.wait import wait_until
 
-HF_SERVE = "import sys; from transformers.cli.transformers import main; sys.argv=['transformers']+sys.argv[1:]; sys.exit(main())"
+HF_SERVE = (
+    "import sys; from transformers.cli.transformers import main; "
+    "sys.argv=['transformers']+sys.argv[1:]; sys.exit(main())"
+)
 SMALL_MIX = (
     "short:0.7:64:16,medium:0.25:128:32,long:0.05:256:64"  # HF's CPU paged path is slow: short outputs
 )
@@ -94,7 +97,7 @@ def main() -> int:
     p.add_argument(
         "--hf-capacity", action="store_true", help="also search transformers serve's capacity (slow)"
     )
-    p.add_argument("--issue16", action="store_true", help="issue 16's mix, SLO and stages (see above)")
+    p.add_argument("--issue16", action="store_true", help="the long-prompt mix, SLO and stages (see above)")
     p.add_argument("--hf-threads", type=int, default=1, help="--issue16: OMP_NUM_THREADS of transformers")
     p.add_argument("--queue-budget", type=float, default=1.5, help="--issue16: our server's --queue-budget")
     p.add_argument("--duration", type=float, default=60, help="--issue16: seconds of arrivals per rate")
@@ -258,7 +261,7 @@ def make_model(path: str) -> None:
 
 
 def issue16(a: argparse.Namespace) -> int:
-    """Issue 16's side by side: one compare run (interleaved per rate), both capacities, overload."""
+    """The long-prompt side by side: one compare run (interleaved per rate), both capacities, overload."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable

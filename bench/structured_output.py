@@ -256,7 +256,8 @@ def main() -> None:
         )
     lines += [
         "",
-        f"At a {masks['vocab']:,}-token vocabulary (synthetic vocabulary, matchers inside a string, median of 20):",
+        f"At a {masks['vocab']:,}-token vocabulary "
+        "(synthetic vocabulary, matchers inside a string, median of 20):",
         "",
         "| batch | bitmask fill (ms) | masking kernel (ms) | for scale: softmax+argmax of the batch (ms) |",
         "|---|---|---|---|",
@@ -279,8 +280,10 @@ def main() -> None:
         "",
         "## 3. TTFT of an unconstrained request while a large schema compiles",
         "",
-        f"{args.rounds} rounds; each starts a request with a fresh 400-property schema (cold compile), waits 30 ms,",
-        "then sends an unconstrained 4-token greedy request and times its first token (AsyncEngine in-process).",
+        f"{args.rounds} rounds; each starts a request with a fresh 400-property schema (cold compile), "
+        "waits 30 ms,",
+        "then sends an unconstrained 4-token greedy request and times its first token "
+        "(AsyncEngine in-process).",
         "",
         "| compile runs | TTFT median (ms) |",
         "|---|---|",

@@ -114,7 +114,8 @@ def main() -> None:
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}  git rev: {rev}",
         f"- command: `python bench/tensor_parallel.py --tp {a.tp} --rounds {a.rounds} --batch {a.batch} "
         f"--prompt {a.prompt} --decode-steps {a.decode_steps}`",
-        f"- machine: {os.cpu_count()} CPUs, load average at the end {load[0]:.1f} (shared: figures are noisy; "
+        f"- machine: {os.cpu_count()} CPUs, load average at the end {load[0]:.1f} "
+        "(shared: figures are noisy; "
         "rounds alternate TP=1 / TP=N)",
         f"- model: llama-shaped, hidden {a.hidden}, {a.layers} layers, 6 heads / 2 kv heads, intermediate "
         f"{4 * a.hidden}, vocab 512, float32, random weights; torch threads per rank = CPUs / TP",
@@ -125,7 +126,8 @@ def main() -> None:
         "|---|---|---|---|",
         f"| prefill step ({a.batch} x {a.prompt} tokens), ms | {med(one, 'prefill_s') * 1e3:.1f} | "
         f"{med(many, 'prefill_s') * 1e3:.1f} | {med(many, 'prefill_s') / med(one, 'prefill_s'):.2f} |",
-        f"| decode step ({a.batch} rows), ms | {med(one, 'decode_s') * 1e3:.2f} | {med(many, 'decode_s') * 1e3:.2f} | "
+        f"| decode step ({a.batch} rows), ms | {med(one, 'decode_s') * 1e3:.2f} | "
+        f"{med(many, 'decode_s') * 1e3:.2f} | "
         f"{med(many, 'decode_s') / med(one, 'decode_s'):.2f} |",
         f"| bytes all-reduced per prefill step | 0 | {int(med(many, 'prefill_allreduce_bytes')):,} | |",
         f"| bytes all-reduced per decode step | 0 | {int(med(many, 'decode_allreduce_bytes')):,} | |",

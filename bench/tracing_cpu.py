@@ -1,4 +1,4 @@
-"""Tracing on vs off: the engine's step time at batch 32 (issue 19: must differ by under 2 %).
+"""Tracing on vs off: the engine's step time at batch 32 (the target: under 2 % apart).
 
 Two real servers in this process (real uvicorn, tiny model, max_num_seqs=32): one built with
 OTEL_EXPORTER_OTLP_ENDPOINT unset (no tracer), one exporting every request's spans to an OTLP/HTTP
@@ -344,15 +344,16 @@ def toggled_text(
 
 - date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
 - command: `{cmd}` ({elapsed:.0f} s)
-- machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {LOAD0:.1f} (1 min) at the start, Python {platform.python_version()}
+- machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {LOAD0:.1f} (1 min) at the start,
+  Python {platform.python_version()}
 - workload: tiny llama, float32, cpu, max_num_seqs={c}; one load of streamed requests x {tokens} tokens,
   {c} in flight (load client in its own process), spans exported over OTLP/HTTP to a receiver in its
   own process
 - layout: {layout}
 - method: one server; its tracer switched every {period:g} s (off, on, off, ...; "off" is the tracer
   unset, `record` never called, as in a server built without OTEL_EXPORTER_OTLP_ENDPOINT; each "on"
-  window ends with the span processor flushed, so its export and the receiver's decoding fall in it). A thread
-  samples every 20 ms the engine (steps_total, num_running) and the step loop's CPU clock; only
+  window ends with the span processor flushed, so its export and the receiver's decoding fall in
+  it). A thread samples every 20 ms the engine (steps_total, num_running) and the step loop's CPU clock; only
   intervals inside one window with all {c} sequences running count. Each "on" window is compared with
   the mean of the "off" windows before and after it, so the machine's slow swings cancel.
 
@@ -362,12 +363,14 @@ def toggled_text(
 | tracing on | {on_ms:.3f} | {on_cpu:.3f} | {on_steps} |
 
 **Step time, tracing on vs off at batch {c}: {median(w):+.2f} %** (median over {len(w)} on-windows, each
-against its neighbours; mean {mean(w):+.2f} % +/- {se:.2f} % standard error; quartiles {q[0]:+.2f} / {q[2]:+.2f} %).
+against its neighbours; mean {mean(w):+.2f} % +/- {se:.2f} % standard error; quartiles
+{q[0]:+.2f} / {q[2]:+.2f} %).
 95 % intervals (moving-block bootstrap, blocks of 2 windows): median {mlo:+.2f} ... {mhi:+.2f} %,
 mean {alo:+.2f} ... {ahi:+.2f} %.
 Step-loop CPU per step: median {median(u):+.2f} %, mean {mean(u):+.2f} %. Pooled: step wall
 {100 * (on_ms / off_ms - 1):+.2f} %, step-loop CPU {100 * (on_cpu / off_cpu - 1):+.2f} %.
-Requests traced: {r["traced"]} ({r["trace_request_us"]:.0f} us of tracing CPU each, in the API server process).
+Requests traced: {r["traced"]} ({r["trace_request_us"]:.0f} us of tracing CPU each, in the API server
+process).
 Client: {r["tok_s"]:.0f} tok/s over the whole load. Windows with full-batch steps: {r["windows"]}.
 
 - per on-window step wall %: {[round(x, 1) for x in w]}
@@ -431,7 +434,8 @@ def describe(args: argparse.Namespace) -> tuple[str, str, str]:
     the sentence saying where the step loop and the tracing ran."""
     if args.toggle:
         flags, how = (
-            f"--toggle {args.toggle:g} --toggle-requests {args.toggle_requests} --max-tokens {args.max_tokens}",
+            f"--toggle {args.toggle:g} --toggle-requests {args.toggle_requests} "
+            f"--max-tokens {args.max_tokens}",
             f", toggled every {args.toggle:g} s",
         )
     else:
@@ -459,8 +463,8 @@ def publish(args: argparse.Namespace, heading: str, text: str) -> None:
 def report_toggled(args: argparse.Namespace, r: dict, elapsed: float) -> int:
     if len(r["wall_diffs"]) < 2:
         print(
-            f"only {len(r['wall_diffs'])} on-windows with full-batch steps on both sides: the load was too short "
-            "for --toggle; raise --toggle-requests or --max-tokens",
+            f"only {len(r['wall_diffs'])} on-windows with full-batch steps on both sides: "
+            "the load was too short for --toggle; raise --toggle-requests or --max-tokens",
             file=sys.stderr,
         )
         return 1
@@ -489,14 +493,15 @@ def main() -> int:
         "--layout",
         choices=("process", "thread"),
         default="process",
-        help="where the step loop runs: its own engine core process (what `modeldeploy serve` runs) or a thread here",
+        help="where the step loop runs: its own engine core process (what `modeldeploy serve` runs) "
+        "or a thread here",
     )
     ap.add_argument(
         "--pin",
         action="store_true",
-        help="process layout: this process, the load client and the OTLP receiver on CPU 0, the engine cores on "
-        "CPU 1 (a serving node gives the engine core a core of its own; here it keeps the other jobs' scheduling "
-        "out of the step time)",
+        help="process layout: this process, the load client and the OTLP receiver on CPU 0, "
+        "the engine cores on CPU 1 (a serving node gives the engine core a core of its own; "
+        "here it keeps the other jobs' scheduling out of the step time)",
     )
     ap.add_argument(
         "--servers",
@@ -510,7 +515,8 @@ def main() -> int:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="instead of rounds: one load of --toggle-requests on one server, its tracer switched every SECONDS",
+        help="instead of rounds: one load of --toggle-requests on one server, "
+        "its tracer switched every SECONDS",
     )
     ap.add_argument("--toggle-requests", type=int, default=4096)
     args = ap.parse_args()
@@ -612,6 +618,11 @@ def main() -> int:
     def listed(key: str, side: str, nd: int = 3) -> list[float]:
         return [round(r[key], nd) for r in res[side]]
 
+    def paired(key: str) -> list[float]:
+        return [round(x, 1) for x in pairs[key]]
+
+    fastest_off = min(r["step_ms"] for r in res["off"])
+
     heading, cmd, layout = describe(args)
     off_is = (
         "is the same server with its tracer switched off between rounds (`record` never called, as in a "
@@ -622,46 +633,57 @@ def main() -> int:
     loop_clock = (
         "the core process's threads' schedstat" if args.layout == "process" else "its thread's CPU clock"
     )
+    header = (
+        "| | step ms wall | process CPU ms / step | step-loop CPU ms / step | tracing CPU ms / step "
+        "| full-batch steps | client tok/s |"
+    )
     text = f"""{heading}
 
 - date: {datetime.now(UTC).isoformat(timespec="seconds")}  git rev: {rev}
 - command: `{cmd}` ({elapsed:.0f} s)
-- machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {LOAD0:.1f} (1 min) at the start, Python {platform.python_version()}
-- workload: tiny llama, float32, cpu, max_num_seqs={c}; {args.requests} streamed requests x {args.max_tokens} tokens,
-  {c} in flight (load client in its own process); "on" exports every request's spans over
-  OTLP/HTTP to a receiver in its own process, "off" {off_is}
+- machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {LOAD0:.1f} (1 min) at the start,
+  Python {platform.python_version()}
+- workload: tiny llama, float32, cpu, max_num_seqs={c}; {args.requests} streamed requests x
+  {args.max_tokens} tokens, {c} in flight (load client in its own process); "on" exports every
+  request's spans over OTLP/HTTP to a receiver in its own process, "off" {off_is}
 - layout: {layout}
-- method: a thread in the server process samples every 20 ms the engine (steps_total, num_running) and
-  CPU clocks: the server process, the step loop ({loop_clock}), and tracing in place (thread CPU inside
+- method: a thread in the server process samples every 20 ms the engine (steps_total, num_running)
+  and CPU clocks: the server process, the step loop ({loop_clock}), and tracing in place (thread CPU inside
   `Tracing.record` + the span exporter thread); only intervals with all {c} sequences running at both
   ends count; rounds alternate off/on, {args.rounds} each; medians over rounds
 
-| | step ms wall | process CPU ms / step | step-loop CPU ms / step | tracing CPU ms / step | full-batch steps | client tok/s |
+{header}
 |---|---|---|---|---|---|---|
 {row("off")}
 {row("on")}
 
-Tracing's CPU in place at batch {c}: {trace:.4f} ms per step (median of rounds; worst round {trace_max:.4f}),
-from {med("trace_request_us", "on"):.0f} us of CPU per traced request in place (each round's spans built, exported and
-flushed; isolated, without the load: {1e6 * per_request:.0f} us) x {rps:.3f} requests finished per step at a
-full batch ({c} sequences of {args.max_tokens} tokens; over whole rounds, ramp and drain included:
-{med("round_requests_per_step", "on"):.3f}).
+Tracing's CPU in place at batch {c}: {trace:.4f} ms per step (median of rounds; worst round
+{trace_max:.4f}), from {med("trace_request_us", "on"):.0f} us of CPU per traced request in place (each
+round's spans built, exported and flushed; isolated, without the load: {1e6 * per_request:.0f} us) x
+{rps:.3f} requests finished per step at a full batch ({c} sequences of {args.max_tokens} tokens; over
+whole rounds, ramp and drain included: {med("round_requests_per_step", "on"):.3f}).
 Within the full-batch intervals alone: {1e3 * med("record_cpu_ms", "on"):.1f} us building spans +
 {1e3 * med("export_cpu_ms", "on"):.1f} us on the exporter thread per step.
-As a share of the off step's wall time: **{bound:.2f} %** of its median ({med("step_ms", "off"):.3f} ms);
-the worst round's tracing CPU over the fastest off step ({min(r["step_ms"] for r in res["off"]):.3f} ms):
+As a share of the off step's wall time: **{bound:.2f} %** of its median
+({med("step_ms", "off"):.3f} ms); the worst round's tracing CPU over the fastest off step
+({fastest_off:.3f} ms):
 **{bound_worst:.2f} %**. Target: under 2 %.
 
 Paired on-vs-off differences per round (median; all rounds listed below):
-step wall {statistics.median(pairs["step_ms"]):+.2f} %, server process CPU per step {statistics.median(pairs["proc_cpu_ms"]):+.2f} %,
+step wall {statistics.median(pairs["step_ms"]):+.2f} %,
+server process CPU per step {statistics.median(pairs["proc_cpu_ms"]):+.2f} %,
 step-loop CPU per step {statistics.median(pairs["engine_cpu_ms"]):+.2f} %.
-Noise: the off rounds' wall step time spreads over {spread["off"]:.0f} % of its median (on: {spread["on"]:.0f} %).
+Noise: the off rounds' wall step time spreads over {spread["off"]:.0f} % of its median
+(on: {spread["on"]:.0f} %).
 
 - step ms wall: off {listed("step_ms", "off")}, on {listed("step_ms", "on")}
 - process CPU ms/step: off {listed("proc_cpu_ms", "off")}, on {listed("proc_cpu_ms", "on")}
 - step-loop CPU ms/step: off {listed("engine_cpu_ms", "off")}, on {listed("engine_cpu_ms", "on")}
-- tracing CPU ms/step (on): {listed("trace_cpu_ms", "on", 4)}; us per request: {listed("trace_request_us", "on", 0)}
-- paired on/off %: step wall {[round(x, 1) for x in pairs["step_ms"]]}, server process CPU {[round(x, 1) for x in pairs["proc_cpu_ms"]]}, step-loop CPU {[round(x, 1) for x in pairs["engine_cpu_ms"]]}
+- tracing CPU ms/step (on): {listed("trace_cpu_ms", "on", 4)};
+  us per request: {listed("trace_request_us", "on", 0)}
+- paired on/off %: step wall {paired("step_ms")},
+  server process CPU {paired("proc_cpu_ms")},
+  step-loop CPU {paired("engine_cpu_ms")}
 - load average at the end: {load:.1f} (1 min)
 """
     publish(args, heading, text)

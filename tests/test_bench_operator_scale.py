@@ -1,4 +1,4 @@
-"""bench/operator_scale.py applies the ModelDeployment CRD itself (issue 18): a cluster without it,
+"""bench/operator_scale.py applies the ModelDeployment CRD itself: a cluster without it,
 or with a stale copy, gets the generated one and the bench waits for Established."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/tracing_cpu.py's interval for the on-vs-off difference: the "< 2 %" claim of issue 19 rests
+"""bench/tracing_cpu.py's interval for the on-vs-off difference: the "< 2 %" tracing claim rests
 on its upper bound, so it must cover what it estimates and widen when neighbouring windows move
 together (each "on" window is compared with the "off" windows on both sides of it)."""
 
