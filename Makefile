@@ -24,8 +24,11 @@ setup: .venv/.installed ## Create .venv and install the project (runtime and dev
 
 ##@ Development
 
-test: setup cluster-build ## Run every test: unit, integration and e2e (builds the local cluster once).
-	$(PY) -m pytest -q -ra tests e2e
+# The Go builds run while the tests that need none of their binaries do (devtools/test_tiers.sh);
+# CI also builds the real node there: `make test TEST_BUILD="cluster-build real-node-build"`.
+TEST_BUILD ?= cluster-build
+test: setup ## Run every test: unit, integration and e2e (builds the local cluster once).
+	bash devtools/test_tiers.sh $(PY) "$(TEST_BUILD)"
 
 unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
@@ -68,13 +71,16 @@ example-model: setup ## Make the model examples/modeldeployment-tiny.yaml pins.
 
 ##@ Local cluster
 
+# One Go build at a time on a machine: a second `make cluster-build` waits for the first, then finds
+# everything cached.
+BUILD_LOCK ?= /tmp/modeldeploy-go-build.lock
 cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
-	bash devtools/modeldeploy_dev/cluster/build.sh
+	flock $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build.sh
 
 # The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
 # README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
 real-node-build: ## Build the real worker node: kubelet, kube-proxy, containerd v2, registry, pause (cached).
-	bash devtools/modeldeploy_dev/cluster/build-node.sh
+	flock $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build-node.sh
 
 # The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
 # the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.

@@ -33,6 +33,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,9 +63,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)
+        if here in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.cluster_bins)  # the whole lane runs after `make cluster-build`
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,38 @@
-"""Shared fixtures: tiny random-weight models written to disk once per test session."""
+"""Shared fixtures: tiny random-weight models written to disk once per test session.
+
+Also the `cluster_bins` marker: a test whose skip condition names `make cluster-build` needs a binary
+that build compiles (helm, promtool, prometheus). `make test` runs every other test while the build
+runs and these after it (devtools/test_tiers.sh); a test that skips for a missing
+binary in the first tier fails instead, so none is silently dropped.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+BUILD_HINT = "make cluster-build"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(BUILD_HINT in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cluster_bins)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    markexpr = item.config.getoption("markexpr", "") or ""
+    if rep.skipped and "not cluster_bins" in markexpr and BUILD_HINT in str(rep.longrepr):
+        rep.outcome = "failed"
+        rep.longrepr = (
+            f"{item.nodeid} skipped for a binary `{BUILD_HINT}` builds, in the tier that runs before the "
+            f"build: give its skip condition a skipif marker whose reason names `{BUILD_HINT}`"
+        )
 
 
 @pytest.fixture(scope="session")
