@@ -132,19 +132,19 @@ def run_tests(stages: Stages, py: str, names: list[str], one_process: bool) -> d
     if one_process:
         xml = stages.out / "tests-gpu.xml"
         xml.unlink(missing_ok=True)
-        files = [f"tests/gpu/test_{name}.py" for name, _ in TESTS if name in names]
+        files = [f"tests/gpu/test_gpu_{name}.py" for name, _ in TESTS if name in names]
         cmd = [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files, f"--junitxml={xml}"]
         ran = stages.run("tests", cmd, 300)
         for name, _ in TESTS:
             if name in names:
-                results[name] = ran | (junit(xml, f"test_{name}") if "rc" in ran else {})
+                results[name] = ran | (junit(xml, f"test_gpu_{name}") if "rc" in ran else {})
         return results
     for name, cap in TESTS:
         if name not in names:
             continue
         xml = stages.out / f"tests-{name}.xml"
         xml.unlink(missing_ok=True)
-        cmd = [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"tests/gpu/test_{name}.py"]
+        cmd = [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"tests/gpu/test_gpu_{name}.py"]
         ran = stages.run(f"test {name}", [*cmd, f"--junitxml={xml}"], cap)
         results[name] = ran | (junit(xml) if "rc" in ran else {})
     return results

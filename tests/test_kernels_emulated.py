@@ -2,7 +2,7 @@
 thread), against their torch twins, through the unchanged wrappers.
 
 This is what lets CI (no GPU) catch indexing, masking, split-K and argument-order bugs in
-the .cu sources; the same problems run on a real GPU in tests/gpu/test_kernels.py. Outputs
+the .cu sources; the same problems run on a real GPU in tests/gpu/test_gpu_kernels.py. Outputs
 are poisoned with NaN first (`checks.run` semantics), inputs are fresh per case.
 """
 

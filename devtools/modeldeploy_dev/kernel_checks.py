@@ -1,5 +1,5 @@
 """Kernel-vs-twin checks on fresh random inputs, shared by the GPU tests
-(tests/gpu/test_kernels.py) and the GPU kernel timings (bench/gpu/kernels.py).
+(tests/gpu/test_gpu_kernels.py) and the GPU kernel timings (bench/gpu/kernels.py).
 
 Each `Problem` draws its inputs from a seed, runs the CuPy kernel with every output
 poisoned with NaN beforehand, runs the torch twin on clones of the same inputs, and
