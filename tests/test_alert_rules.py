@@ -1,4 +1,4 @@
-"""The chart's alert rules through promtool (issue 19, item 1): `check rules` on the file the
+"""The chart's alert rules through promtool: `check rules` on the file the
 PrometheusRule ships, and `test rules` (tests/data/prometheus-rules-test.yaml) with each alert
 firing on the series that should trip it and not on healthy, sub-threshold or short-lived ones."""
 

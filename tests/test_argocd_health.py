@@ -3,7 +3,7 @@
 Two sources of objects: built with the real status model (`ModelDeploymentStatus.model_dump`, the
 wire shape the operator writes), and recorded from the rollout e2e (tests/data/argocd/*.json,
 written by `MODELDEPLOY_RECORD_STATUS=tests/data/argocd pytest e2e/test_rollout_controls.py
-e2e/test_rollout_faults.py`; the e2e evaluates the same Lua on the live objects too). The issue-18
+e2e/test_rollout_faults.py`; the e2e evaluates the same Lua on the live objects too). The
 capacity states (`*insufficient-capacity*`, `*replace*`, `*inconclusive*`) were first written from the
 plan() scenarios of tests/test_operator_capacity.py (2 nodes x 8 GPUs, 16 replicas); the `*-kwok.json`
 ones are the same states recorded live on kwok GPU nodes by e2e/test_rollout_capacity.py (Replace canary,

@@ -1,4 +1,4 @@
-"""examples/autoscaling (issue 18, item 4): an HPA on the runtime's queue depth through prometheus-adapter,
+"""examples/autoscaling: an HPA on the runtime's queue depth through prometheus-adapter,
 and a KEDA ScaledObject with a Prometheus trigger on `modeldeploy_requests_waiting`.
 
 Checked here: both aim at the example ModelDeployment through the CRD's scale subresource, on a metric

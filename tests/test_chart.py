@@ -45,7 +45,7 @@ def test_operator_pod_is_restricted_and_probed() -> None:
 
 
 needs_helm = pytest.mark.skipif(
-    helm() is None, reason="helm not built yet (issue 5 builds it under ~/.cache/modeldeploy)"
+    helm() is None, reason="helm not built yet (`make cluster-build` builds it under ~/.cache/modeldeploy)"
 )
 
 

@@ -1,4 +1,4 @@
-"""The chart's monitoring objects (issue 19, item 1): off by default; when enabled, valid against
+"""The chart's monitoring objects: off by default; when enabled, valid against
 the real prometheus-operator CRDs (pinned module) and aimed at the pods the operator labels.
 
 The CRD check is structural: each rendered object is validated against its CRD's

@@ -1,4 +1,4 @@
-"""The Grafana dashboard (issue 19, item 2): Grafana's schema, promtool, and a real Prometheus.
+"""The Grafana dashboard: Grafana's schema, promtool, and a real Prometheus.
 
 1. Schema: the JSON goes through the dashboard model of grafana-foundation-sdk (Grafana's own
    schema, generated into Python); a field that model does not know is dropped on the way, so

@@ -1,4 +1,4 @@
-"""Capacity on a full GPU cluster (issue 18): Surge | Replace | Auto, minAvailable, rollback order.
+"""Capacity on a full GPU cluster: Surge | Replace | Auto, minAvailable, rollback order.
 
 Pure tables for the Replace step and the machine, then plan() on 2 nodes x 8 GPUs with 16 replicas x
 1 GPU, the Deployments' Ready replicas simulated (a canary pod becomes Ready one reconcile after it

@@ -288,7 +288,7 @@ def test_tensor_parallel_flag_is_one_the_runtime_parses() -> None:
     p = argparse.ArgumentParser()
     cli.configure(p)
     if "--tensor-parallel-size" not in p._option_string_actions:
-        pytest.skip("the runtime's serve parser has no --tensor-parallel-size yet (issue 12, runtime side)")
+        pytest.skip("the runtime's serve parser has no --tensor-parallel-size yet")
     s = ModelDeploymentSpec.model_validate(md(topology={"gpusPerReplica": 2, "tensorParallel": 2})["spec"])
     cfg = cli.build_config(p.parse_args(children.serve_args(s, "bid0")))
     assert cfg.engine.tensor_parallel_size == 2

@@ -227,7 +227,7 @@ def test_node_cache_relists_for_a_decision_once_per_wave() -> None:
 
 def test_no_node_fits_is_judged_on_a_recent_node_list() -> None:
     """Passes plan on a node list up to NODE_TTL_S (60 s) old, but Degraded/Unschedulable only on one at
-    most UNFIT_TTL_S (15 s) old: a GPU node added for a new object counts within 15 s, as before."""
+    most UNFIT_TTL_S (15 s) old: a GPU node added for a new object counts within 15 s."""
     from modeldeploy.operator.controller.observe import NODE_TTL_S, UNFIT_TTL_S, NodeCache
 
     kube, now = CountingKube(), [100.0]

@@ -1,4 +1,4 @@
-"""The operator's per-object gauges follow the statuses plan() writes (issue 19, item 2)."""
+"""The operator's per-object gauges follow the statuses plan() writes."""
 
 from __future__ import annotations
 

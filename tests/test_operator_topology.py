@@ -101,7 +101,7 @@ def test_unknown_gpu_memory_never_makes_a_replica_impossible() -> None:
 def test_cpu_ranks_and_unset_weights_skip_the_memory_check() -> None:
     nodes = [node(H100)]
     assert fit(topo(1), nodes, device="cpu") is None  # simulated GPUs, CPU ranks (the process node)
-    assert fit(topo(1, weightsMemory=None), nodes) is None  # as before: GPU count only
+    assert fit(topo(1, weightsMemory=None), nodes) is None  # GPU count only
     cpu = Topology.model_validate({"gpusPerReplica": 0, "weightsMemory": WEIGHTS, "tolerations": []})
     assert fit(cpu, [NodeInfo("cpu-0", {}, 0)]) is None
 

@@ -1,4 +1,4 @@
-"""The operator's reconcile and analysis spans reach an OTLP receiver with the decision (issue 19, item 3)."""
+"""The operator's reconcile and analysis spans reach an OTLP receiver with the decision."""
 
 from __future__ import annotations
 

@@ -386,7 +386,7 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
     assert isinstance(source_for(cfg, Baselines()), promql.Prometheus)
 
 
-# --- analysis scoped to one adapter's traffic (issue 14) ----------------------------------------
+# --- analysis scoped to one adapter's traffic ----------------------------------------
 
 ADAPTER_SELECTOR = 'namespace="{namespace}",adapter="tenant-b"'  # as the README documents it
 _SERIES = re.compile(r"(modeldeploy_\w+)\{([^{}]*)\}")

@@ -159,7 +159,7 @@ def test_real_prometheus_errors_are_inconclusive_naming_the_query(stack) -> None
     assert promql.queries(src, stable.bundle, NS, "5s")["outcomes"].count('namespace="team-a"') == 3
 
 
-# --- one adapter's traffic (issue 14) ---------------------------------------------------------------
+# --- one adapter's traffic ---------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

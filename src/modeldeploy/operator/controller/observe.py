@@ -44,8 +44,8 @@ from modeldeploy.operator.rollout.progression import epoch, iso
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
 # How old the node list a pass plans on may be. What a pass reads of it is mostly what nodes are (labels,
-# allocatable GPUs, taints), which rarely changes; relisting 2,000 nodes and every bound pod each 15 s
-# was 9 % of the operator's run time while 1,000 objects were created (bench/results/operator.md).
+# allocatable GPUs, taints), which rarely changes, while relisting thousands of nodes and every bound
+# pod often costs more of the operator's run time than its reconciles.
 # A capacity decision reads a list begun after its pass began, whatever the age (`get(since=...)`),
 # and a "no node can ever fit" verdict one at most UNFIT_TTL_S old: a node just added counts soon.
 NODE_TTL_S = 60.0

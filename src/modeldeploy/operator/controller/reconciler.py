@@ -155,7 +155,7 @@ class Controller:
 
         def raced() -> None:
             # a create met 409 or a write 404: what the pass read was out of date. Read fresh once more;
-            # a fresh pass that races too is left to the next event, as before (no loop)
+            # a fresh pass that races too is left to the next event (no retry loop)
             if not fresh:
                 self.doubt(key)
                 self.queue.add(key, "raced")

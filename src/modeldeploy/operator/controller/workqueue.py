@@ -28,7 +28,7 @@ class WorkQueue:
     """Runs `work(key)` for a key now or, when it is already running, once more right after it.
 
     With `workers` > 0, `add` queues a key (once: a key already waiting folds in) for one of that
-    many daemon threads. A rollout tick's timer thread runs its pass itself, as before: the in-flight
+    many daemon threads. A rollout tick's timer thread runs its pass itself, so the in-flight
     rollouts do not wait behind a burst of watch events.
     """
 

@@ -66,7 +66,7 @@ def reconcile_child(want: dict[str, Any], have: dict[str, Any] | None) -> list[A
 def one_created(actions: list[Action]) -> list[Action]:
     """The `Created` Events of one pass's child actions as one Event naming every child, in place of
     the last of them: a new object's Deployment and Services cost the API server one Event, not one
-    each (Events were the largest share of its requests while 1,000 objects were created)."""
+    each (Events are the largest share of its requests while many objects are created)."""
     events = {i: a for i, a in enumerate(actions) if isinstance(a, Event) and a.reason == "Created"}
     created = list(events)
     if len(created) < 2:

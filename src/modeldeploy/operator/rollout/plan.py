@@ -250,9 +250,8 @@ def plan_services(
     stable's, between rollouts): `<name>-canary` with the first canary, `<name>-stable` with the first
     canary or as soon as an HTTPRoute names it (gatewayAPI routing). Before that `<name>` is pinned to
     the one serving bundle and selects exactly the stable's pods, so a cohort Service would be a copy
-    of it: each costs a ClusterIP, Endpoints, an EndpointSlice and every node's proxy rules. Without
-    the early `<name>-stable`, 1,000 new objects reach Stable in 80-93 s instead of 153 s on the
-    bench's 2 cores (bench/results/operator.md)."""
+    of it: each costs a ClusterIP, Endpoints, an EndpointSlice and every node's proxy rules, which a
+    fleet of new objects would pay for Services nothing routes to (bench/results/operator.md)."""
     serving = serving_bundles(state)
     have = {s["metadata"]["name"]: s for s in x.observed.services}
     routed = x.spec.rollout.traffic_routing.gateway_api is not None

@@ -65,8 +65,8 @@ class NodeInfo:
 class Nodes(list[NodeInfo]):
     """A node list that remembers, per (topology, device), which of its nodes fit() accepts one replica on.
 
-    Why: fit() runs in every pass and a rollout's spare_fit() asked it of each node alone; at 2,000
-    nodes that was the largest share of the operator's CPU (bench/results/operator.md). What fit()
+    Why: fit() runs in every pass and a rollout's spare_fit() asks it of each node alone; with
+    thousands of nodes that dominates the operator's CPU (bench/results/operator.md). What fit()
     reads of a node (labels, allocatable GPUs, GPU memory, taints) is the same in the copies that
     only count more GPUs requested (claims.place), so those share the memo (`like`). A list relisted
     from the API server is a new Nodes with an empty memo."""

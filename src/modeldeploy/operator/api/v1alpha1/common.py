@@ -1,6 +1,6 @@
 """Helpers every ModelDeployment API module shares: CEL rules, regex checks, quantities, counts.
 
-Kept apart so the type modules (api_bundle, api_topology, api_analysis, api_rollout) build on one
+Kept apart so the type modules (bundle, topology, analysis, rollout) build on one
 set of checks without importing each other; this module imports none of them. A CEL rule made
 by `_cel` and the pydantic check beside it must say the same thing: the CRD is generated from both.
 """

@@ -1,6 +1,6 @@
 """How a bundle change is rolled out (spec.rollout): canary steps, traffic routing, capacity, warm prior.
 
-The canary's analysis settings are in api_analysis; this module holds the steps and what moves
+The canary's analysis settings are in the analysis module; this module holds the steps and what moves
 traffic and replicas between them.
 """
 

@@ -1,4 +1,4 @@
-"""ModelDeployment status types (written only by the operator); part of the API in api.py."""
+"""ModelDeployment status types (written only by the operator); the object itself is in modeldeployment.py."""
 
 from __future__ import annotations
 
