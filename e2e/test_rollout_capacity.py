@@ -5,7 +5,7 @@ Each test makes a node pool of its own: kwok nodes with exactly 8 allocatable nv
 labelled and tainted for the test's namespace alone, so the fit check and the scheduler see
 exactly those GPUs whatever else the session runs. A ModelDeployment of 16 replicas x 1 GPU
 fills 2 such nodes. kwok pods serve nothing, so canary analysis reads its figures from a
-Prometheus HTTP API stand-in (fake_prometheus.py: a good bundle answers like stable, a slow one
+Prometheus HTTP API stand-in (modeldeploy_dev.fake_prometheus: a good bundle answers like stable, a slow one
 with a slow TTFT) through the operator's real Prometheus source; the capacity decisions, Replace
 batches, promotion and rollback are the operator's, on a real API server and scheduler.
 

@@ -14,7 +14,7 @@ attention kernel's partitioning (chosen from the table width) is fixed at captur
 
 On CPU there is no graph: `DecodeGraphs(capture=False)` runs the same static, padded buffers eagerly.
 That is what CI checks (tests/test_graphs.py: padded and unpadded steps agree, greedy output
-identical); bench/gpu_check.py's `graphs` stage checks captured replay against eager on the GPU.
+identical); tests/gpu/test_gpu_graphs.py checks captured replay against eager on the GPU.
 """
 
 from __future__ import annotations
