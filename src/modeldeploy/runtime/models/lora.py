@@ -20,6 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,14 +96,21 @@ def read_adapter(name: str, path: str | Path, args: ModelArgs, dtype: torch.dtyp
 
     Raises ValueError naming the adapter and what is wrong with it.
     """
-    from safetensors import safe_open
-
     path = Path(path)
     where = f"adapter {name!r} ({path})"
     cfg_path, w_path = path / CONFIG_FILE, path / WEIGHTS_FILE
     if not cfg_path.is_file() or not w_path.is_file():
         raise ValueError(f"{where}: expected {CONFIG_FILE} and {WEIGHTS_FILE} (PEFT format)")
     cfg = json.loads(cfg_path.read_text())
+    rank, alpha = _check_config(cfg, where)
+    raw = _read_tensors(w_path, args, dtype, where)
+    weights = _pair_weights(raw, args, rank, where)
+    targets = tuple(t for t in TARGETS if any(t == k[1] for k in weights))
+    return Adapter(name, str(path), rank, float(alpha), bool(cfg.get("use_rslora", False)), targets, weights)
+
+
+def _check_config(cfg: dict[str, Any], where: str) -> tuple[int, float]:
+    """adapter_config.json: a plain LoRA (no option this runtime would ignore); its rank and alpha."""
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{where}: peft_type {cfg.get('peft_type')!r} is not supported (only LORA)")
     for key, neutral in _NEUTRAL.items():
@@ -113,6 +121,15 @@ def read_adapter(name: str, path: str | Path, args: ModelArgs, dtype: torch.dtyp
         raise ValueError(f"{where}: r must be a positive integer, got {rank!r}")
     if not isinstance(alpha, int | float) or alpha <= 0:
         raise ValueError(f"{where}: lora_alpha must be a positive number, got {alpha!r}")
+    return rank, alpha
+
+
+def _read_tensors(
+    w_path: Path, args: ModelArgs, dtype: torch.dtype, where: str
+) -> dict[tuple[int, str, str], torch.Tensor]:
+    """Every tensor of the weights file, keyed (layer, target, "A" | "B"); none may be anything else."""
+    from safetensors import safe_open
+
     raw: dict[tuple[int, str, str], torch.Tensor] = {}
     with safe_open(str(w_path), framework="pt", device="cpu") as f:
         for key in f.keys():
@@ -130,6 +147,13 @@ def read_adapter(name: str, path: str | Path, args: ModelArgs, dtype: torch.dtyp
             raw[(layer, target, ab)] = f.get_tensor(key).to(dtype)
     if not raw:
         raise ValueError(f"{where}: {WEIGHTS_FILE} holds no LoRA weights")
+    return raw
+
+
+def _pair_weights(
+    raw: dict[tuple[int, str, str], torch.Tensor], args: ModelArgs, rank: int, where: str
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """(lora_A, lora_B) per (layer, target), each pair complete and shaped for this base model."""
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
     for layer, target, ab in sorted(raw):
         if ab != "A":
@@ -147,8 +171,7 @@ def read_adapter(name: str, path: str | Path, args: ModelArgs, dtype: torch.dtyp
     orphans = [k for k in raw if k[2] == "B" and (k[0], k[1]) not in weights]
     if orphans:
         raise ValueError(f"{where}: layer {orphans[0][0]} {orphans[0][1]}_proj has lora_B but no lora_A")
-    targets = tuple(t for t in TARGETS if any(t == k[1] for k in weights))
-    return Adapter(name, str(path), rank, float(alpha), bool(cfg.get("use_rslora", False)), targets, weights)
+    return weights
 
 
 class LoraSlots:
