@@ -33,9 +33,10 @@ test: setup ## Run every test: unit, integration and e2e (builds the local clust
 unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
-lint: setup ## ruff check, ruff format --check and the import contracts of docs/design.md (import-linter).
+lint: setup ## ruff (style, line length, complexity), formatting, pyright (basic) and the import contracts.
 	.venv/bin/ruff check --no-cache .
 	.venv/bin/ruff format --no-cache --check .
+	.venv/bin/pyright
 	$(PY) -m modeldeploy_dev.lint_imports
 
 demo-model: setup ## Make a tiny random-weight Llama in out/tiny-llama.

@@ -1,5 +1,5 @@
 """`make lint`'s checks can fail: the import contracts catch a forbidden import, C901 a complex
-operator function."""
+product function, E501 a long line."""
 
 from __future__ import annotations
 
@@ -50,9 +50,19 @@ def test_operator_functions_above_complexity_15_fail_lint() -> None:
     source = f"def branchy(x: int) -> int:\n{body}    return -1\n"
     r = _ruff("src/modeldeploy/operator/branchy.py", source)
     assert r.returncode == 1 and "C901 `branchy` is too complex (17 > 15)" in r.stdout, r.stdout + r.stderr
+    for product in ("runtime/engine", "runtime/server", "kernels", "conformance"):  # all product code
+        r = _ruff(f"src/modeldeploy/{product}/branchy.py", source)
+        assert r.returncode == 1 and "C901" in r.stdout, (product, r.stdout + r.stderr)
     # the bound is the product's: test infrastructure is not held to it
     assert _ruff("devtools/modeldeploy_dev/branchy.py", source).returncode == 0
     small = "def calm(x: int) -> int:\n" + "".join(
         f"    if x == {i}:\n        return {i}\n" for i in range(14)
     )
     assert _ruff("src/modeldeploy/operator/calm.py", small + "    return -1\n").returncode == 0
+
+
+def test_lines_past_110_columns_fail_lint() -> None:
+    long = "x = " + repr("a" * 110) + "\n"
+    r = _ruff("tests/long.py", long)
+    assert r.returncode == 1 and "E501" in r.stdout, r.stdout + r.stderr
+    assert _ruff("tests/short.py", "x = 1\n").returncode == 0
