@@ -27,8 +27,9 @@ setup: .venv/.installed ## Create .venv and install the project (runtime and dev
 # The Go builds run while the tests that need none of their binaries do (devtools/test_tiers.sh);
 # CI also builds the real node there: `make test TEST_BUILD="cluster-build real-node-build"`.
 TEST_BUILD ?= cluster-build
+PYTEST_ARGS ?=
 test: setup ## Run every test: unit, integration and e2e (builds the local cluster once).
-	bash devtools/test_tiers.sh $(PY) "$(TEST_BUILD)"
+	bash devtools/test_tiers.sh $(PY) "$(TEST_BUILD)" $(PYTEST_ARGS)
 
 unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
