@@ -135,19 +135,20 @@ class AsyncEngine(EngineClient):
             self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
-        """The engine is dead: every waiting request gets the error, health turns 503, the server is told."""
+        """The engine is dead: the server is told first (health turns 503), then every waiting request
+        gets the error."""
         if not self._fatal_once.acquire(blocking=False):
             return
         self.error = e
         self._stop = True
+        if self.on_fatal is not None:
+            self.on_fatal(f"{type(e).__name__}: {e}")
         with self._lock:
             rids = list(self._streams)
         for rid in rids:
             self._deliver(EngineDead(f"engine failed: {e}"), rid)
         if self._engine is not None and self._engine.tp is not None:
             self._engine.tp.kill()  # no rank outlives a dead engine, a hung one included
-        if self.on_fatal is not None:
-            self.on_fatal(f"{type(e).__name__}: {e}")
 
 
 def background_priority() -> None:

@@ -287,10 +287,13 @@ class EngineCoreClient(EngineClient):
             self._fail(RuntimeError(f"engine core process exited (exit code {proc.exitcode})"))
 
     def _fail(self, e: BaseException) -> None:
-        """The core is dead: every waiting request and compile gets EngineDead, the server is told."""
+        """The core is dead: the server is told first, then every waiting request and compile gets
+        EngineDead (a caller that sees EngineDead can count on the server knowing already)."""
         if not self._fatal_once.acquire(blocking=False):
             return
         self.error = e
+        if self.on_fatal is not None:
+            self.on_fatal(f"{type(e).__name__}: {e}")
         dead = EngineDead(f"engine failed: {e}")
 
         def fail_all() -> None:
@@ -304,5 +307,3 @@ class EngineCoreClient(EngineClient):
             self._loop.call_soon_threadsafe(fail_all)
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()  # a core that said it is dead but hangs must still go
-        if self.on_fatal is not None:
-            self.on_fatal(f"{type(e).__name__}: {e}")
