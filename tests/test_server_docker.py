@@ -2,7 +2,9 @@
 
 No registry is reachable, so the base image is made locally: debootstrap a minimal Debian
 bookworm (python3 3.11, venv), `docker import` it once (kept as modeldeploy-base:bookworm),
-build Dockerfile.runtime on it (pip pulls the wheels from PyPI), start the container as its
+build Dockerfile.runtime on it (pip pulls the wheels from PyPI) with the real node's arguments
+(EXTRAS=runtime: the GPU variant adds only CuPy's wheel, which a CPU run cannot exercise), through
+the same builder the real node uses (modeldeploy_dev.cluster.realnode.images), start the container as its
 non-root user on a tiny model mounted read-only, run `modeldeploy conformance` against it,
 then `docker stop` (SIGTERM -> drain) must exit 0. Needs the Docker engine and debootstrap
 (.ci/run installs docker.io and debootstrap; the fixture starts dockerd when none runs).
@@ -21,20 +23,11 @@ import httpx
 import pytest
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
+from modeldeploy_dev.cluster.realnode import images
 from modeldeploy_dev.wait import wait_until
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-BASE = "modeldeploy-base:bookworm"
 IMAGE = "modeldeploy-runtime:ci"
-CONTEXT = [
-    "pyproject.toml",
-    "README.md",
-    "Dockerfile.runtime",
-    "src",
-    "e2e",
-]
-HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -70,49 +63,16 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def base_image(engine):
-    if docker("image", "inspect", BASE, check=False).returncode == 0:
-        return BASE
-    debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
-    assert Path(debootstrap).exists(), "debootstrap is not installed (.ci/run installs it)"
-    with tempfile.TemporaryDirectory() as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        subprocess.run(
-            [
-                debootstrap,
-                "--variant=minbase",
-                "--include=python3,python3-venv,ca-certificates",
-                "bookworm",
-                str(rootfs),
-                "http://deb.debian.org/debian",
-            ],
-            check=True,
-            timeout=1200,
-            capture_output=True,
-        )
-        if HOST_CA.exists():  # the host's CA bundle, so pip in the build trusts what the host trusts
-            shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        docker("import", "-", BASE, stdin=tar.stdout, timeout=600)
-        assert tar.wait() == 0
-    return BASE
-
-
-@pytest.fixture(scope="module")
-def image(base_image):
-    with tempfile.TemporaryDirectory() as ctx:
-        for name in CONTEXT:
-            src = ROOT / name
-            if src.is_dir():
-                shutil.copytree(src, Path(ctx) / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            else:
-                shutil.copy(src, Path(ctx) / name)
-        args = ["build", "-f", "Dockerfile.runtime", "-t", IMAGE, "--build-arg", f"BASE_IMAGE={base_image}"]
-        if HOST_CA.exists():
-            args += ["--build-arg", f"PIP_CERT={HOST_CA}"]
-        docker(*args, ctx, timeout=2400)
+def image(engine):
+    """The real node's runtime image (images.RUNTIME_ARGS), built here first. Not removed after:
+    e2e/test_real_node.py builds the same Dockerfile, context and arguments and gets a full layer
+    cache hit, and the next CI run reuses the torch layer; only superseded tops are pruned."""
+    try:
+        images.build("Dockerfile.runtime", IMAGE, images.RUNTIME_ARGS, timeout=2400)
+    except RuntimeError as e:
+        raise AssertionError(str(e)) from None
     yield IMAGE
-    docker("rmi", "-f", IMAGE, check=False)  # ~7 GB (CUDA wheels): never leave one per CI run behind
+    docker("image", "prune", "-f", check=False)  # dangling tops of earlier source trees
 
 
 def test_container_passes_conformance_and_drains(image, llama_dir):
