@@ -48,6 +48,15 @@ class EngineConfig:
     seed: int = knob(0, "seed of dummy weights")
     grammar_cache_size: int = knob(64, "compiled grammars kept (LRU by schema hash)")
     extra: dict[str, str] = field(default_factory=dict)
+    # vLLM's --hf-overrides: fields of the model's config.json replaced at load (a JSON object;
+    # nested objects merge; `rope_theta` reaches `rope_parameters` where the config keeps it there).
+    # Part of the serving config, so part of the bundle id: a numerics change is a new bundle.
+    hf_overrides: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "JSON object of model config fields to override at load, e.g. '{\"rope_theta\": 1e6}'"
+        },
+    )
     # LoRA adapters, pinned like the model: [{"name", "path", "digest", "revision"}]; a request
     # selects one by name. At most max_loras are on the device at once, the rest in host memory.
     adapters: list[dict[str, str]] = field(default_factory=list)
@@ -90,6 +99,8 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and not (v.startswith("sha256:") and len(v) == 71):
                 raise ValueError(f"{name}: must be 'sha256:' + 64 hex digits, got {v!r}")
+        if not isinstance(self.hf_overrides, dict) or not all(isinstance(k, str) for k in self.hf_overrides):
+            raise ValueError(f"hf_overrides: must be a JSON object, got {self.hf_overrides!r}")
         self._validate_adapters()
         self._validate_parallel()
         if (

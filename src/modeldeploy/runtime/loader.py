@@ -76,7 +76,7 @@ def load(
     """Rank 0's load: digests, config, tokenizer, then its weights (its shard under tensor
     parallelism). `before_weights` runs once the config is validated, before any weight is read:
     the engine starts the other ranks there, so they read their shards while rank 0 reads its own."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     model_dir = Path(config.model)
     if not (model_dir / "config.json").is_file():
@@ -92,7 +92,7 @@ def load(
         model_digest if tok_dir == model_dir else dir_digest(tok_dir)
     )
 
-    hf = AutoConfig.from_pretrained(model_dir)
+    hf = hf_config(model_dir, config.hf_overrides)
     shard = Shard(0, config.tensor_parallel_size)
     args, device, dtype, max_len = _model_setup(config, hf, shard)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -111,12 +111,40 @@ def load(
     )
 
 
+def hf_config(model_dir: Path, overrides: dict[str, Any]) -> Any:
+    """The model's transformers config with `overrides` applied (vLLM's hf_overrides): nested
+    objects merge into the config's own, and `rope_theta` lands in `rope_parameters` where the
+    config keeps it there (transformers 5), so the override reaches the forward instead of being
+    shadowed. A name that is neither in config.json nor a field of the model type is refused:
+    a typo must not serve the unchanged model under a new bundle id."""
+    import json
+
+    from transformers import AutoConfig
+
+    if not overrides:
+        return AutoConfig.from_pretrained(model_dir)
+    d = json.loads((model_dir / "config.json").read_text())
+    model_type = d.pop("model_type", None)
+    if not model_type:
+        raise ValueError(f"hf_overrides: {model_dir}/config.json has no model_type to apply them to")
+    known = set(d) | set(AutoConfig.for_model(model_type).to_dict()) | {"rope_theta"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"hf_overrides: {', '.join(unknown)} is not a field of the {model_type} config")
+    for key, value in overrides.items():
+        if key == "rope_theta" and isinstance(d.get("rope_parameters"), dict):
+            d["rope_parameters"] = {**d["rope_parameters"], "rope_theta": value}
+        elif isinstance(value, dict) and isinstance(d.get(key), dict):
+            d[key] = {**d[key], **value}
+        else:
+            d[key] = value
+    return AutoConfig.for_model(model_type, **d)
+
+
 def load_shard(config: EngineConfig, shard: Shard, progress: Progress = lambda p, f: None) -> Loaded:
     """A worker rank's load: config and its own weight slices only (rank 0 verified the digests and
     holds the tokenizer)."""
-    from transformers import AutoConfig
-
-    hf = AutoConfig.from_pretrained(Path(config.model))
+    hf = hf_config(Path(config.model), config.hf_overrides)
     args, device, dtype, max_len = _model_setup(config, hf, shard)
     weights = load_weights(config, args, dtype, device, shard, progress)
     return Loaded(args, weights, None, dtype, device, max_len, "", "", [], shard)

@@ -57,11 +57,25 @@ ENGINE_FLAGS: dict[str, str | None] = {
     "bundle_id": None,
     "model_digest": None,
     "tokenizer_digest": None,
+    "hf_overrides": None,
 }
 
 
 def engine_flag(name: str) -> str:
     return ENGINE_FLAGS.get(name) or "--" + name.replace("_", "-")
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """argparse type of a dict field: a JSON object (argparse names the flag on a ValueError)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -71,6 +85,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
     types = typing.get_type_hints(EngineConfig)
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    defaults = EngineConfig()
     for name in ENGINE_FLAGS:
         f, kind, flag = fields[name], types[name], engine_flag(name)
         help_ = f.metadata["help"]
@@ -81,15 +96,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
             )
             continue
         base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
-        kw: dict[str, Any] = {"dest": name, "type": base[0], "metavar": flag[2:].replace("-", "_").upper()}
+        parse = json_object if typing.get_origin(kind) is dict else base[0]
+        kw: dict[str, Any] = {"dest": name, "type": parse, "metavar": flag[2:].replace("-", "_").upper()}
         if "choices" in f.metadata:
             kw.update(choices=list(f.metadata["choices"]), metavar=None)
         if name == "model":
             kw["required"] = True
         else:
-            kw["default"] = f.default
-            if f.default not in (None, ""):
-                help_ = f"{help_} (default: {f.default})"
+            kw["default"] = getattr(defaults, name)
+            if kw["default"] not in (None, "", {}):
+                help_ = f"{help_} (default: {kw['default']})"
         p.add_argument(flag, help=help_, **kw)
 
 
