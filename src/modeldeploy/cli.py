@@ -21,6 +21,7 @@ from importlib.metadata import entry_points
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("modeldeploy.runtime.tiny_model", "write a small random-weight HF model + tokenizer"),
     "generate": ("modeldeploy.runtime.generate_cli", "generate offline from a model directory"),
+    "model": ("modeldeploy.runtime.model_cli", "make model directories: import-gguf FILE.gguf OUT_DIR"),
     "digest": ("modeldeploy.digest", "print the sha256 manifest digest of a model directory"),
     "operator": (
         "modeldeploy.operator.cli",
