@@ -62,8 +62,9 @@ class BlockManager:
         return hash((self.root_hash, "adapter", seq.adapter_id))
 
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached block ids covering a prefix of seq (never its last token, which must be computed)."""
-        if not self.prefix_caching:
+        """Cached block ids covering a prefix of seq (never its last token, which must be computed).
+        Nothing for a sequence still scoring its prompt: a cached block would skip positions it must score."""
+        if not self.prefix_caching or seq.scores_prompt:
             return []
         hits, parent, bs = [], self._root(seq), self.block_size
         for i in range((seq.num_tokens - 1) // bs):

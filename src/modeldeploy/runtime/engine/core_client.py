@@ -48,6 +48,7 @@ class _Choice:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     text: str = ""
     logprobs: list = dataclasses.field(default_factory=list)
+    prompt_logprobs: list | None = None  # from the first delta (prompt_logprobs asked)
 
 
 class EngineCoreClient(EngineClient):
@@ -247,6 +248,8 @@ class EngineCoreClient(EngineClient):
         ch.token_ids += d.new_token_ids
         ch.text = ch.text[: d.text_keep] + d.text_add
         ch.logprobs += d.new_logprobs
+        if d.prompt_logprobs is not None:
+            ch.prompt_logprobs = d.prompt_logprobs
         if d.finished:
             self._choices.pop(key, None)
         return RequestOutput(
@@ -263,6 +266,7 @@ class EngineCoreClient(EngineClient):
             index=d.index,
             logprobs=list(ch.logprobs),
             new_logprobs=d.new_logprobs,
+            prompt_logprobs=ch.prompt_logprobs,
         )
 
     def _deliver(self, outs: list[Any], request_id: str | None = None) -> None:

@@ -48,6 +48,7 @@ class DeltaEncoder:
 
     def encode(self, out: RequestOutput) -> m.Delta:
         key = (out.request_id, out.index)
+        first = key not in self._sent
         prev = self._sent.get(key, 0)
         keep = min(prev, len(out.text))
         if out.finished:
@@ -74,6 +75,7 @@ class DeltaEncoder:
             ),
             out.num_preemptions,
             out.new_logprobs,
+            out.prompt_logprobs if first else None,
         )
 
 

@@ -317,7 +317,17 @@ class LLMEngine:
             index=seq.index,
             logprobs=list(seq.logprobs),
             new_logprobs=new_lps,
+            prompt_logprobs=self._prompt_logprobs(seq),
         )
+
+    @staticmethod
+    def _prompt_logprobs(seq: Sequence) -> list | None:
+        """The prompt's scores when asked and complete (an abort mid-prefill has none to give)."""
+        if seq.params.prompt_logprobs is None or seq.index != 0:
+            return None
+        if len(seq.prompt_logprobs) != max(seq.num_prompt_tokens - 1, 0):
+            return None
+        return seq.prompt_logprobs
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do without them)."""

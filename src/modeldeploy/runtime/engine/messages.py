@@ -92,6 +92,7 @@ class Delta(NamedTuple):
     metrics: tuple  # RequestMetrics' fields, in order
     num_preemptions: int
     new_logprobs: list
+    prompt_logprobs: list | None = None  # sent once, with the choice's first delta; the client keeps it
 
 
 class Step(NamedTuple):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from modeldeploy.kernels import dispatch
+from modeldeploy.runtime.engine import prompt_logprobs
 from modeldeploy.runtime.engine.graphs import DecodeGraphs
 from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.scheduler import ScheduledBatch
@@ -60,6 +61,7 @@ class ModelRunner:
         self.adapters, self.tp = adapters, tp
         self.device, self.dtype = loaded.device, loaded.dtype
         self.block_size = block_size
+        self.vocab_size = a.vocab_size
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
         self.model = LlamaModel(a, loaded.weights, max_pos=max(max_model_len, 1), reduce=reduce)
         shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)  # this rank's kv heads
@@ -156,12 +158,15 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
         """Forward the batch; return logits [B, V] float32 for the sequences that sample, and those
-        sequences."""
+        sequences. Sequences that asked for prompt_logprobs get this chunk's prompt scores appended
+        (`prompt_logprobs.py`); nothing is computed for the others."""
         plan, rows, sample_seqs = self.plan(batch)
         lora = self._lora(rows) if self.adapters is not None else None
         if self.tp is not None:
             self.tp.send(("run", plan))  # the other ranks run the same plan on their shards
         hidden = self.execute(plan, lora)
+        if any(s.scores_prompt for s, _ in rows):
+            prompt_logprobs.score(hidden, rows, self.model.logits, self.vocab_size)
         logits = self.model.logits(hidden[self._tensor(plan.sample_rows, torch.int64)])
         return logits, sample_seqs
 

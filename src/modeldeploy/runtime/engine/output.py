@@ -32,6 +32,9 @@ class RequestOutput:
     index: int = 0  # choice index (n > 1)
     logprobs: list = field(default_factory=list)  # TokenLogprob per generated token, when asked
     new_logprobs: list = field(default_factory=list)  # those of new_token_ids
+    # prompt_logprobs asked (choice 0): PromptLogprob of prompt tokens 1.. (token 0 has none), on every
+    # output once the prefill is done; None otherwise
+    prompt_logprobs: list | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -39,6 +39,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
     logprobs: int | None = None  # None: off; k >= 0: the chosen token's logprob and the top k
+    # None: off; k >= 0: every prompt token's logprob (teacher-forced), its rank and the top k (vLLM's)
+    prompt_logprobs: int | None = None
     n: int = 1  # sequences sampled from one prompt (its KV blocks shared by reference)
     structured: Structured | None = None
 
@@ -96,6 +98,9 @@ class SamplingParams:
             raise ValueError(f"min_tokens: must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise ValueError(f"logprobs: must be an integer in [0, 20], got {self.logprobs!r}")
+        k = self.prompt_logprobs
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 20):
+            raise ValueError(f"prompt_logprobs: must be an integer in [0, 20], got {k!r}")
         if not isinstance(self.n, int) or not 1 <= self.n <= 16:
             raise ValueError(f"n: must be an integer in [1, 16], got {self.n!r}")
         if self.structured is not None and self.structured.kind not in GRAMMAR_KINDS:

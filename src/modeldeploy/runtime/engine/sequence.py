@@ -40,6 +40,8 @@ class Sequence:
     index: int = 0  # choice index within the request
     grammar: Any = None  # the grammar matcher of a constrained sequence; advances with each token
     logprobs: list = field(default_factory=list)  # TokenLogprob per generated token, when asked
+    # PromptLogprob of prompt tokens 1.. (token 0 has none), filled prefill chunk by prefill chunk
+    prompt_logprobs: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -60,6 +62,16 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt positions still need their logprobs (choice 0 of a request that asked; the other
+        choices share its prompt). While true, the prefix cache must not skip any of them."""
+        return (
+            self.params.prompt_logprobs is not None
+            and self.index == 0
+            and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        )
 
     @property
     def finished(self) -> bool:
