@@ -30,6 +30,7 @@ _SAMPLING_FIELDS = (
     "repetition_penalty",
     "logit_bias",
     "min_tokens",
+    "prompt_logprobs",  # before "logprobs": the first field named in the message is the param
     "logprobs",
     "n",
 )
@@ -163,11 +164,23 @@ class ServerContext:
         return getattr(self.engine.tokenizer, "chat_template", None)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
+        """The template's text, tokenized. `continue_final_message` leaves the last (assistant) message
+        open, with no end-of-turn after it: how a given answer is scored or continued (vLLM's flags)."""
         tok = self.engine.tokenizer
         try:
-            text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
             raise APIError(400, f"messages: the chat template rejected them: {e}", param="messages") from None
         return list(tok(text, add_special_tokens=False)["input_ids"])
@@ -187,7 +200,14 @@ class ServerContext:
         except RequestError as e:
             raise APIError(400, str(e), param=e.field, code=e.code) from None
 
-    def sampling(self, req: Any, max_tokens: int, structured: Any = None, logprobs: int | None = None) -> Any:
+    def sampling(
+        self,
+        req: Any,
+        max_tokens: int,
+        structured: Any = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> Any:
         from modeldeploy.runtime import SamplingParams
 
         temperature = 0.0 if req.temperature < GREEDY_EPS else req.temperature
@@ -214,6 +234,7 @@ class ServerContext:
             logit_bias=bias,
             min_tokens=req.min_tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             n=getattr(req, "n", 1),
             structured=structured,
         )

@@ -33,6 +33,7 @@ _PREFIX = {"completion": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 
 def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S.ToolPlan]:
     plan = S.ToolPlan("none")
+    prompt_logprobs = getattr(req, "prompt_logprobs", None)
     if kind == "completion":
         req.check_n()
         if isinstance(req.prompt, str):
@@ -40,14 +41,19 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
         else:
             ids = list(req.prompt)
             ctx.check_ids(ids, "prompt")
-        max_tokens = ctx.limit_tokens(len(ids), req.max_tokens, "max_tokens", "prompt")
+        # max_tokens 0 (echo only): the engine samples the one token the prefill gives anyway; it is dropped
+        max_tokens = ctx.limit_tokens(len(ids), req.max_tokens or 1, "max_tokens", "prompt")
         structured, logprobs = S.from_response_format(_response_format(ctx, req)), req.logprobs
+        if req.echo and logprobs is not None:  # the echoed prompt tokens carry their logprobs too
+            prompt_logprobs = max(prompt_logprobs or 0, logprobs)
     elif kind == "chat":
         req.check_n()
+        req.check_prompt_options()
         limit = req.token_limit()
         plan = S.tool_plan(req, ctx.chat_template)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        ids = ctx.encode_chat([m.render() for m in req.messages], tools)
+        msgs = [m.render() for m in req.messages]
+        ids = ctx.encode_chat(msgs, tools, req.add_generation_prompt, req.continue_final_message)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = ctx.limit_tokens(len(ids), limit, param, "messages")
         structured = plan.structured or S.from_response_format(_response_format(ctx, req))
@@ -64,7 +70,7 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
         ids = ctx.encode_chat([m.render() for m in chat.messages], tools)
         max_tokens = ctx.limit_tokens(len(ids), req.max_output_tokens, "max_output_tokens", "input")
         structured = plan.structured or structured
-    return ids, ctx.sampling(req, max_tokens, structured, logprobs), plan
+    return ids, ctx.sampling(req, max_tokens, structured, logprobs, prompt_logprobs), plan
 
 
 DEADLINE = "x-request-deadline-ms"
@@ -78,6 +84,12 @@ def _deadline(request: Request) -> float | None:
     if not raw.isdigit() or not 0 < int(raw) <= 3_600_000:
         raise APIError(400, f"{DEADLINE}: must be an integer of milliseconds in 1..3600000", param=DEADLINE)
     return int(raw) / 1000
+
+
+def _echo(req: Any, ids: list[int]) -> F.Echo:
+    """What a completion body adds about its prompt: the echo, the prompt's scores, or neither."""
+    text = req.prompt if isinstance(req.prompt, str) else None
+    return F.Echo(ids, text, req.echo, req.logprobs, req.prompt_logprobs, req.max_tokens == 0)
 
 
 def _response_format(ctx: ServerContext, req: Any) -> Any:
@@ -128,14 +140,9 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
         await job.close(client_gone=False)
         outs = first_or_final
         if kind == "completion":
-            return JSONResponse(F.completion(rid, created, model, outs, tok))
+            return JSONResponse(F.completion(rid, created, model, outs, tok, _echo(req, ids)))
         if kind == "chat":
-            calls: list[Any] = [None] * len(outs)
-            if plan.mode != "none":  # the text outside the calls stays content
-                pairs = [TC.final_calls(plan.mode, plan.function, o.text) for o in outs]
-                outs = [S.with_text(o, content) for o, (content, _) in zip(outs, pairs, strict=True)]
-                calls = [c for _, c in pairs]
-            return JSONResponse(F.chat(rid, created, model, outs, tok, req.top_logprobs, calls))
+            return JSONResponse(_chat_body(rid, created, model, outs, tok, req, plan, ids))
         content, calls = outs[0].text, None
         if plan.mode != "none":
             content, calls = TC.final_calls(plan.mode, plan.function, outs[0].text)
@@ -150,6 +157,22 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
     else:
         body = _responses_stream(*head, tok, plan)
     return SSEResponse(_until_engine_fails(job, body), on_close=lambda: job.close(client_gone=True))
+
+
+def _chat_body(
+    rid: str, created: int, model: str, outs: list[Any], tok: Any, req: Any, plan: S.ToolPlan, ids: list[int]
+) -> dict[str, Any]:
+    """The non-streamed chat completion; with prompt_logprobs, the prompt's scores at the top level
+    (vLLM's place for chat)."""
+    calls: list[Any] = [None] * len(outs)
+    if plan.mode != "none":  # the text outside the calls stays content
+        pairs = [TC.final_calls(plan.mode, plan.function, o.text) for o in outs]
+        outs = [S.with_text(o, content) for o, (content, _) in zip(outs, pairs, strict=True)]
+        calls = [c for _, c in pairs]
+    body = F.chat(rid, created, model, outs, tok, req.top_logprobs, calls)
+    if req.prompt_logprobs is not None:
+        body["prompt_logprobs"] = F.prompt_logprobs(tok, ids, outs[0], req.prompt_logprobs)
+    return body
 
 
 async def _until_engine_fails(job: Job, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

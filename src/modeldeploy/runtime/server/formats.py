@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -54,22 +55,89 @@ def completion_logprobs(
     }
 
 
-def completion(rid: str, created: int, model: str, outs: list[Any], tok: Any = None) -> dict[str, Any]:
+@dataclasses.dataclass
+class Echo:
+    """A completion request's prompt options. `text` is the prompt as sent (None for token ids: then
+    its decoding); `logprobs` the legacy top-k, `prompt_logprobs` vLLM's, `drop_output` max_tokens 0."""
+
+    ids: list[int]
+    text: str | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    drop_output: bool = False
+
+
+def prompt_logprobs(tok: Any, prompt_ids: list[int], out: Any, k: int) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: one entry per prompt token, the first None (nothing precedes it), then
+    {str(token id): {logprob, rank, decoded_token}} holding the actual token (its own rank) and the top k."""
+    texts: dict[int, str] = {}
+
+    def entry(t: int, lp: float, rank: int) -> dict[str, Any]:
+        if t not in texts:
+            texts[t] = token_text(tok, t)
+        return {"logprob": lp, "rank": rank, "decoded_token": texts[t]}
+
+    scored = out.prompt_logprobs or []
+    result: list[dict[str, Any] | None] = [None] if prompt_ids else []
+    for e in scored:
+        d = {str(e.token_id): entry(e.token_id, e.logprob, e.rank)}
+        for rank, (i, v) in enumerate(e.top[:k], start=1):
+            if str(i) not in d:
+                d[str(i)] = entry(i, v, rank)
+        result.append(d)
+    return result
+
+
+def echo_logprobs(tok: Any, prompt_ids: list[int], out: Any, k: int) -> dict[str, Any]:
+    """The legacy `logprobs` of the echoed prompt: the first token's logprob and top are None."""
+    texts = [token_text(tok, t) for t in prompt_ids]
+    offsets, at = [], 0
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    scored = out.prompt_logprobs or []
+    return {
+        "tokens": texts,
+        "token_logprobs": [None, *(e.logprob for e in scored)][: len(texts)],
+        "top_logprobs": [None, *({token_text(tok, i): v for i, v in e.top[:k]} for e in scored)][
+            : len(texts)
+        ],
+        "text_offset": offsets,
+    }
+
+
+def _completion_choice(o: Any, tok: Any, echo: Echo, first: Any) -> dict[str, Any]:
+    """One completion choice; with echo, the prompt's text (and logprobs) before the output's."""
+    if echo.drop_output:
+        o = dataclasses.replace(o, text="", token_ids=[], logprobs=[])
+    text, lps = o.text, completion_logprobs(tok, o.token_ids, o.logprobs)
+    if echo.echo:
+        prompt_text = echo.text if echo.text is not None else tok.decode(echo.ids)
+        text = prompt_text + o.text
+        if echo.logprobs is not None:
+            head = echo_logprobs(tok, echo.ids, first, echo.logprobs)
+            end = sum(len(t) for t in head["tokens"])
+            tail = completion_logprobs(tok, o.token_ids, o.logprobs, end) or {}
+            lps = {key: head[key] + tail.get(key, []) for key in head}
+    choice = {"index": o.index, "text": text, "logprobs": lps, "finish_reason": o.finish_reason}
+    if echo.prompt_logprobs is not None:  # vLLM's place for completions: in each choice
+        choice["prompt_logprobs"] = prompt_logprobs(tok, echo.ids, first, echo.prompt_logprobs)
+    return choice
+
+
+def completion(
+    rid: str, created: int, model: str, outs: list[Any], tok: Any = None, echo: Echo | None = None
+) -> dict[str, Any]:
+    echo = echo or Echo([])
+    first = outs[0]  # choice 0 carries the prompt's scores (the prompt is the same for every choice)
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": o.index,
-                "text": o.text,
-                "logprobs": completion_logprobs(tok, o.token_ids, o.logprobs),
-                "finish_reason": o.finish_reason,
-            }
-            for o in outs
-        ],
-        "usage": out_usage(outs[0], outs),
+        "choices": [_completion_choice(o, tok, echo, first) for o in outs],
+        "usage": usage(first.num_prompt_tokens, 0) if echo.drop_output else out_usage(outs[0], outs),
     }
 
 

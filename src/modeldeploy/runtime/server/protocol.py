@@ -21,6 +21,7 @@ from pydantic import (
     StrictStr,
     Tag,
     ValidationError,
+    model_validator,
 )
 
 from modeldeploy.runtime.server.errors import APIError
@@ -108,12 +109,30 @@ class _Choices(_Common):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+PromptLogprobs = Annotated[StrictInt, Field(ge=0, le=20)] | None  # vLLM's extension: score the prompt
+
+
 class CompletionRequest(_Choices):
     prompt: StrictStr | list[StrictInt]
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = 16  # 0 only with echo (scoring a text)
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = (
         None  # top-k per token, as OpenAI's legacy API
     )
+    echo: StrictBool = False  # the prompt before the completion; with logprobs, its tokens' logprobs too
+    prompt_logprobs: PromptLogprobs = None
+
+    @model_validator(mode="after")
+    def check_echo(self) -> CompletionRequest:
+        """max_tokens 0 is the legacy scoring idiom (echo the prompt, generate nothing); an echo is
+        not streamed, and the scores it needs are not streamed either. (An APIError is not wrapped
+        by pydantic: it leaves parse_body as the 400 naming the field.)"""
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens: 0 is only allowed with echo true", param="max_tokens")
+        if self.stream and self.echo:
+            raise APIError(400, "echo: not supported with stream true", param="echo")
+        if self.stream and self.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs: not supported with stream true", param="prompt_logprobs")
+        return self
 
 
 class TextPart(BaseModel):
@@ -211,6 +230,28 @@ class ChatCompletionRequest(_Choices):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
+    add_generation_prompt: StrictBool = True  # vLLM's: open an assistant turn after the messages
+    continue_final_message: StrictBool = False  # vLLM's: leave the last (assistant) message open
+    prompt_logprobs: PromptLogprobs = None
+
+    def check_prompt_options(self) -> None:
+        """vLLM's rules for the template flags, and prompt scores only in a non-streamed body."""
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise APIError(
+                    400,
+                    "continue_final_message: cannot be true while add_generation_prompt is true",
+                    param="continue_final_message",
+                )
+            if self.messages[-1].role != "assistant":
+                raise APIError(
+                    400,
+                    "continue_final_message: the last message must have role 'assistant', "
+                    f"got {self.messages[-1].role!r}",
+                    param="continue_final_message",
+                )
+        if self.stream and self.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs: not supported with stream true", param="prompt_logprobs")
 
     def token_limit(self) -> int | None:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
