@@ -95,6 +95,29 @@ def analysis_table(title: Text, a: dict) -> Table:
     return t
 
 
+def quality_view(q: dict[str, Any] | None) -> list[RenderableType]:
+    """The quality gate's last verdict: accuracy, greedy agreement and mean log-probability per cohort,
+    with the thresholds, the evaluation set and its digest, and the verdict in words."""
+    if not q:
+        return []
+    v = q.get("verdict", "?")
+    where = f" step {q['step'] + 1}" if q.get("step") is not None else " (Verifying)"
+    pair = f"{q.get('canary') or '?'} vs {q.get('stable') or '?'}"
+    title = Text.assemble(
+        f"quality gate{where} {pair} at {q.get('time') or '?'}: ",
+        (v, VERDICT_STYLE.get(v, "")),
+        f" ({q.get('reason') or '-'})",
+    )
+    seconds = q.get("seconds")
+    about = f"eval set {q.get('evalSet') or '-'} {q.get('digest') or ''}, {q.get('items', 0)} items" + (
+        f", {seconds:.1f}s" if isinstance(seconds, int | float) else ""
+    )
+    out: list[RenderableType] = [analysis_table(title, q), Text(about)]
+    if q.get("message"):
+        out.append(Text(q["message"], style="" if v == "Pass" else "red"))
+    return out
+
+
 def cohort_text(c: dict[str, Any] | None) -> str:
     if not c:
         return "-"
@@ -163,6 +186,8 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
         out.append(t)
         if a.get("message"):
             out.append(Text(f"analysis could not read: {a['message']}", style="yellow"))
+
+    out += quality_view(st.get("lastQuality"))
 
     history = _history(st)
     if history:

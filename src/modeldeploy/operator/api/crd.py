@@ -43,7 +43,7 @@ _KEEP = frozenset({
     "type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "minItems",
     "maxItems", "pattern", "items", "properties", "required", "additionalProperties",
     "x-kubernetes-validations",
-    "x-kubernetes-int-or-string", "format",
+    "x-kubernetes-int-or-string", "format", "x-kubernetes-preserve-unknown-fields",
 })  # fmt: skip
 
 
@@ -139,6 +139,8 @@ def structural(model: type[BaseModel]) -> dict[str, Any]:
                 props[key] = sub
             out["properties"] = props
             out["type"] = "object"
+        elif out.get("x-kubernetes-preserve-unknown-fields"):
+            out.pop("additionalProperties", None)  # free-form (a JSON Schema): kept as written
         elif isinstance(out.get("additionalProperties"), dict):
             out["additionalProperties"] = conv(out["additionalProperties"], None)
         if isinstance(out.get("items"), dict):

@@ -24,6 +24,8 @@ def rules() -> list[dict[str, Any]]:
         # spec.rollout.trafficRouting.gatewayAPI: the operator owns one HTTPRoute per object
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"], "verbs": rw},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+        # spec.rollout.analysis.quality.evalSet.configMapRef: the pinned evaluation set
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -80,6 +80,15 @@ class Kube:
                 return None
             raise
 
+    def get_configmap(self, ns: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap (the quality gate's evaluation set), or None when there is none."""
+        try:
+            return _json(self.core.read_namespaced_config_map(name, ns, **RAW))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]]:
         """Objects of `kind` (Deployment, Service, Pod) by label."""
         lister = {

@@ -27,3 +27,14 @@ RECONCILE_SECONDS = Histogram(
     "Wall time of one reconcile (read, plan, apply)",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+QUALITY_GATES = Counter(
+    "modeldeploy_operator_quality_gates_total",
+    "Quality gates finished (canary against stable on the pinned evaluation set), by verdict and reason"
+    " (QualityPassed, QualityFailed, EvalSetMismatch, EvalSetInvalid)",
+    ["verdict", "reason"],
+)
+QUALITY_SECONDS = Histogram(
+    "modeldeploy_operator_quality_gate_seconds",
+    "Wall time of one quality gate (both cohorts answer and score every item)",
+    buckets=(1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 300),
+)

@@ -20,10 +20,18 @@ from pydantic import ValidationError
 
 from modeldeploy.operator.analysis.gate import ConformanceRunner
 from modeldeploy.operator.analysis.pods import pod_ready, pod_url, ready_pod_ips
+from modeldeploy.operator.analysis.quality import (
+    Cohort,
+    EvalSetError,
+    QualityRunner,
+    refused,
+    resolve,
+    run_quality,
+)
 from modeldeploy.operator.analysis.scrape import Baselines
 from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval, source_for
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
-from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, QualityResult
 from modeldeploy.operator.controller import metrics
 from modeldeploy.operator.controller.claims import (
     Claim,
@@ -39,8 +47,8 @@ from modeldeploy.operator.controller.store import Store
 from modeldeploy.operator.rollout import commands
 from modeldeploy.operator.rollout.actions import Observed
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
-from modeldeploy.operator.rollout.machine import UNDER_TEST
-from modeldeploy.operator.rollout.progression import epoch, iso
+from modeldeploy.operator.rollout.machine import UNDER_TEST, quality_stage
+from modeldeploy.operator.rollout.progression import epoch, iso, policy
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
 # How old the node list a pass plans on may be. What a pass reads of it is mostly what nodes are (labels,
@@ -206,8 +214,10 @@ class Observer:
         baselines: Baselines,
         together: Callable[[Callable[[str], Any], list[str]], Any] = map,
         store: Store | None = None,
+        quality: QualityRunner | None = None,
     ) -> None:
         self.kube, self.nodes, self.probe, self.gate, self.baselines = kube, nodes, probe, gate, baselines
+        self.quality = quality or QualityRunner()
         self.together = together  # a pool's map: the Deployment and Service LISTs in one round trip's time
         self.store = store
 
@@ -267,7 +277,11 @@ class Observer:
             )
 
         if phase == "Verifying":
-            if (canary_ips := ips(canary)) and spec.rollout.conformance_gate:
+            reason = (st.get("rollout") or {}).get("reason", "")
+            if quality_stage(policy(spec), reason):
+                stable = (st.get("stable") or {}).get("bundle")
+                obs.quality = self._quality(meta, spec, canary, stable, ips(canary), ips(stable))
+            elif (canary_ips := ips(canary)) and spec.rollout.conformance_gate:
                 obs.conformance = self.gate.ensure(
                     (meta["uid"], canary),
                     pod_url(canary_ips[0]),
@@ -294,6 +308,49 @@ class Observer:
             result = result.model_copy(update={"message": problems[:1024]})
         obs.analysis, obs.analysis_at, obs.analysis_fresh = result, epoch(stamp), True
         metrics.DECISIONS.labels("analysis", result.verdict).inc()
+
+    def _quality(
+        self,
+        meta: dict[str, Any],
+        spec: ModelDeploymentSpec,
+        canary: str,
+        stable: str | None,
+        canary_ips: tuple[str, ...],
+        stable_ips: tuple[str, ...],
+    ) -> QualityResult | None:
+        """The quality gate's verdict on this canary (None while it runs or before both cohorts have a
+        Ready pod). The eval set is resolved once, when the run starts: a referenced ConfigMap is read
+        then and refused unless its items match the pinned digest."""
+        q = spec.rollout.analysis.quality
+        key = (meta["uid"], canary, -1)
+        if q is None or not stable or not canary_ips or not stable_ips:
+            return None
+        if self.quality.has(key):
+            return self.quality.ensure(key, _never)
+        try:
+            ref = q.eval_set.config_map_ref if q.eval_set else None
+            es = resolve(q, self.kube.get_configmap(meta["namespace"], ref.name) if ref else None)
+        except EvalSetError as e:
+            es, problem = None, refused(e.reason, str(e))
+        else:
+            problem = None
+
+        def job() -> QualityResult:
+            if es is None:
+                assert problem is not None
+                out = problem
+            else:
+                out = run_quality(q, es, Cohort(pod_url(stable_ips[0])), Cohort(pod_url(canary_ips[0])))
+            metrics.QUALITY_GATES.labels(out.verdict, out.reason).inc()
+            if out.seconds is not None:
+                metrics.QUALITY_SECONDS.observe(out.seconds)
+            return out.model_copy(update={"time": iso(time.time()), "canary": canary, "stable": stable})
+
+        return self.quality.ensure(key, job)
+
+
+def _never() -> QualityResult:
+    raise AssertionError("a quality run exists for this key: ensure() does not start another")
 
 
 def _owned(o: dict[str, Any], uid: str) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from modeldeploy.operator.analysis.gate import ConformanceRunner
+from modeldeploy.operator.analysis.quality import QualityRunner
 from modeldeploy.operator.analysis.scrape import Baselines
 from modeldeploy.operator.controller import apply as applying
 from modeldeploy.operator.controller import metrics
@@ -65,10 +66,18 @@ class Controller:
         self.deciding = threading.Lock()  # capacity decisions, one at a time (claims.py)
         self.probe = LoadProbe(PORT)
         self.gate = ConformanceRunner()
+        self.quality = QualityRunner()
         self.baselines = Baselines()
         self.apply_pool = applying.pool()  # a plan's creates and Events (and observe's LISTs) go together
         self.observer = Observer(
-            kube, self.nodes, self.probe, self.gate, self.baselines, self.apply_pool.map, self.store
+            kube,
+            self.nodes,
+            self.probe,
+            self.gate,
+            self.baselines,
+            self.apply_pool.map,
+            self.store,
+            self.quality,
         )
         self.queue = WorkQueue(lambda key: self.reconcile(*key), tick_s, workers)  # workers: see enqueue
         self.reconciles = 0  # completed, for the liveness probe
@@ -298,12 +307,14 @@ class Controller:
         found += ["probe"] if self.probe.holds(key) else []
         found += ["nodes"] if self.nodes.claims(key) else []
         found += ["gate"] if self.gate.holds(uid) else []
+        found += ["quality"] if self.quality.holds(uid) else []
         found += ["baselines"] if self.baselines.holds(uid) else []
         return found
 
     def _forget_rollout(self, uid: str) -> None:
         """Settled or deleted: no gate results or metric baselines kept; the next rollout starts fresh."""
         self.gate.forget_md(uid)
+        self.quality.forget_md(uid)
         self.baselines.forget(uid)
 
     def _lock(self, key: ObjectKey) -> threading.Lock:

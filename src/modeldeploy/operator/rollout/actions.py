@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, QualityResult
 from modeldeploy.operator.rollout.topology import NodeInfo
 
 
@@ -66,6 +66,7 @@ class Observed:
     load_errors: dict[str, str] = field(default_factory=dict)
     # rollout inputs gathered by observe.py: gate result, latest analysis, manual command
     conformance: tuple[bool, str] | None = None
+    quality: QualityResult | None = None  # the quality gate's verdict on this canary, once it ran
     analysis: AnalysisResult | None = None
     analysis_at: float | None = None
     command: str | None = None

@@ -1,6 +1,6 @@
 """The rollout state machine, pure: `advance(state, policy, signals, now) -> Transition`.
 
-    Stable --spec.bundle changes--> Deploying(canary) --canary Ready--> Verifying(conformance)
+    Stable --spec.bundle changes--> Deploying(canary) --canary Ready--> Verifying(conformance, then quality)
       --pass--> Canary(step i: weight, pause, analysis) --all steps pass--> Promoting --> Stable
     any step --fail/timeout/crash/abort--> RollingBack --> Stable(prior) + Degraded reason
 
@@ -20,7 +20,7 @@ from typing import Literal
 
 from modeldeploy.operator.analysis.verdicts import fmt
 from modeldeploy.operator.api.v1alpha1.common import resolve_count
-from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, QualityResult
 from modeldeploy.operator.rollout.capacity import Have, replace_step
 
 Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
@@ -35,6 +35,8 @@ PROMOTABLE: tuple[Phase, ...] = (
 )  # a manual promote applies
 AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual promote
 INCONCLUSIVE = "AnalysisInconclusive"  # rollback reason under analysis.onInconclusive: Rollback
+CONFORMANCE_PASSED = "ConformancePassed"  # Verifying's reason while the quality gate runs after conformance
+QUALITY_TIMEOUT = "QualityTimeout"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class Policy:
     replicas: int
     steps: tuple[Step, ...] = (Step(10, 60), Step(50, 60))
     conformance_gate: bool = True
+    quality_gate: bool = False  # spec.rollout.analysis.quality set and enabled: Verifying runs it next
+    quality_timeout_seconds: int = 300
     load_timeout_seconds: int = 600
     progress_deadline_seconds: int = 1800
     keep_previous_replicas: int = 1
@@ -90,6 +94,7 @@ class Signals:
     canary_ready: int = 0
     canary_failure: str | None = None  # e.g. CrashLoopBackOff / digest mismatch, from pod status
     conformance: tuple[bool, str] | None = None  # (passed, summary) once the suite ran on the canary
+    quality: QualityResult | None = None  # the quality gate's verdict on this canary, once it ran
     analysis: AnalysisResult | None = None
     analysis_at: float | None = None  # when `analysis` was computed
     command: str | None = None  # "promote" | "abort" | "rollback-to:<bundle>"
@@ -285,10 +290,9 @@ def capacity_mode(p: Policy, sig: Signals) -> tuple[str, str]:
 
 def _deploying(s, p, sig, now, elapsed) -> Transition:
     if sig.canary_ready >= 1:
-        if p.conformance_gate:
-            return _go(
-                s, now, "Verifying", "CanaryReady", f"canary {s.canary} Ready; running the conformance gate"
-            )
+        if p.conformance_gate or p.quality_gate:
+            gate = "conformance gate" if p.conformance_gate else "quality gate"
+            return _go(s, now, "Verifying", "CanaryReady", f"canary {s.canary} Ready; running the {gate}")
         return _enter_step(s, p, now, 0, "CanaryReady")
     if elapsed > p.load_timeout_seconds:
         return _rollback(
@@ -297,7 +301,14 @@ def _deploying(s, p, sig, now, elapsed) -> Transition:
     return Transition(s)
 
 
+def quality_stage(p: Policy, reason: str) -> bool:
+    """Whether Verifying waits on the quality gate now: it runs after conformance passed (or alone)."""
+    return p.quality_gate and (not p.conformance_gate or reason == CONFORMANCE_PASSED)
+
+
 def _verifying(s, p, sig, now, elapsed) -> Transition:
+    if quality_stage(p, s.reason):
+        return _quality(s, p, sig, now, elapsed)
     if sig.conformance is None:
         if elapsed > p.load_timeout_seconds:
             return _rollback(s, now, "ConformanceTimeout", "no conformance result in time")
@@ -305,7 +316,25 @@ def _verifying(s, p, sig, now, elapsed) -> Transition:
     passed, summary = sig.conformance
     if not passed:
         return _rollback(s, now, "ConformanceFailed", summary)
-    return _enter_step(s, p, now, 0, "ConformancePassed", summary)
+    if p.quality_gate:  # the clock restarts: timeoutSeconds is the quality gate's own
+        return _go(s, now, "Verifying", CONFORMANCE_PASSED, f"{summary}; running the quality gate")
+    return _enter_step(s, p, now, 0, CONFORMANCE_PASSED, summary)
+
+
+def _quality(s, p, sig, now, elapsed) -> Transition:
+    q = sig.quality
+    if q is None:
+        if elapsed > p.quality_timeout_seconds:
+            return _rollback(
+                s,
+                now,
+                QUALITY_TIMEOUT,
+                f"no quality verdict within timeoutSeconds={p.quality_timeout_seconds}",
+            )
+        return Transition(s)
+    if q.verdict != "Pass":
+        return _rollback(s, now, q.reason or "QualityFailed", q.message or "quality gate failed")
+    return _enter_step(s, p, now, 0, "QualityPassed", q.message or "")
 
 
 def _enter_step(s, p, now, i, reason, detail="") -> Transition:

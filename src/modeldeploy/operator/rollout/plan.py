@@ -173,6 +173,7 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
         canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
         canary_failure=obs.load_errors.get(state.canary) if state.canary else None,
         conformance=obs.conformance,
+        quality=obs.quality,
         analysis=obs.analysis,
         analysis_at=obs.analysis_at,
         command=obs.command,
@@ -415,6 +416,7 @@ def plan_status(
             "current_step": state.step if state.phase == "Canary" else None,
             "failed_bundles": list(state.failed),
             "last_analysis": x.observed.analysis if analysis_counts else x.prior.last_analysis,
+            "last_quality": x.observed.quality or x.prior.last_quality,  # kept after the rollout ends
             "rollout": progression.rollout_status(state),
         }
     )

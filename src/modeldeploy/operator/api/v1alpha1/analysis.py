@@ -13,6 +13,7 @@ from pydantic import AfterValidator, Field
 
 from modeldeploy.operator.api.v1alpha1._model import _Model
 from modeldeploy.operator.api.v1alpha1.common import _cel
+from modeldeploy.operator.api.v1alpha1.quality import Quality
 
 
 class SLO(_Model):
@@ -160,4 +161,10 @@ class Analysis(_Model):
         default=None,
         description="Read the cohorts' metrics from a Prometheus HTTP API; "
         "default: scrape cohort pods' /metrics.",
+    )
+    quality: Quality | None = Field(
+        default=None,
+        description="The quality gate: canary against stable on a pinned evaluation set, answered greedily, "
+        "after the conformance gate and before any traffic; a failure rolls back (QualityFailed). "
+        "`quality: {}` runs it on the built-in set.",
     )

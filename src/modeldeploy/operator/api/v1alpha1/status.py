@@ -63,6 +63,36 @@ class AnalysisResult(_Model):
     )
 
 
+class QualityResult(_Model):
+    """The quality gate's last verdict: canary against stable on the pinned evaluation set."""
+
+    time: str | None = Field(default=None, description="When the gate finished.")
+    step: int | None = Field(
+        default=None, description="Canary step the gate ran at (none: Verifying, before any traffic)."
+    )
+    canary: str | None = Field(default=None, max_length=64, description="Canary bundle id judged.")
+    stable: str | None = Field(default=None, max_length=64, description="Stable bundle id compared with.")
+    verdict: Literal["Pass", "Fail"] = Field(description="Pass or Fail.")
+    reason: str = Field(
+        default="",
+        max_length=64,
+        description="QualityPassed, QualityFailed, EvalSetMismatch (a ConfigMap no longer matching its "
+        "pinned digest) or EvalSetInvalid (missing or unreadable).",
+    )
+    eval_set: str | None = Field(
+        default=None, max_length=128, description="The evaluation set: built-in, inline or configmap/<name>."
+    )
+    digest: str | None = Field(
+        default=None, max_length=71, description="sha256 of the items' canonical JSON."
+    )
+    items: int = Field(default=0, description="Items answered by each cohort.")
+    seconds: float | None = Field(default=None, description="Wall time of the gate.")
+    metrics: list[MetricVerdict] = Field(
+        default_factory=list, description="accuracy, greedy agreement and log-probability figures."
+    )
+    message: str | None = Field(default=None, max_length=2048, description="The verdict in words.")
+
+
 class RolloutStatus(_Model):
     """What the rollout state machine needs beyond the fields above, so a restarted operator resumes."""
 
@@ -130,6 +160,7 @@ class ModelDeploymentStatus(_Model):
         default_factory=list, max_length=50, description="Prior stable bundles."
     )
     last_analysis: AnalysisResult | None = Field(default=None, description="Latest canary analysis.")
+    last_quality: QualityResult | None = Field(default=None, description="Latest quality gate verdict.")
     failed_bundles: list[str] = Field(
         default_factory=list, max_length=50, description="Bundle ids not retried until spec changes."
     )

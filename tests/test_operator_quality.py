@@ -1,0 +1,508 @@
+"""The quality gate: checks, figures and verdict (tables), eval-set pinning, API refusals, the rollout
+machine's Verifying stages, the status/CLI view, and the HTTP client against real HTTP servers."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from operator_fixtures import md
+from pydantic import ValidationError
+
+from modeldeploy.operator.analysis.quality import (
+    FAILED,
+    INVALID,
+    MISMATCH,
+    Cohort,
+    EvalSetError,
+    QualityRunner,
+    actual_logprob,
+    resolve,
+    run_quality,
+)
+from modeldeploy.operator.analysis.quality_checks import Answer, check, figures, schema_violations, verdict
+from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.quality import EvalItem, Quality, canonical, eval_set_digest
+from modeldeploy.operator.api.v1alpha1.status import MetricVerdict, QualityResult
+from modeldeploy.operator.rollout import progression
+from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance, canary_weight
+from modeldeploy.operator.rollout_cli import render_text
+
+# ---- one answer's check ----
+
+
+def item(**kw: Any) -> EvalItem:
+    return EvalItem.model_validate({"prompt": "q", **kw})
+
+
+@pytest.mark.parametrize(
+    ("check_kw", "answer", "ok"),
+    [
+        ({"contains": "Paris"}, "The capital of France is Paris.", True),
+        ({"contains": "paris"}, "PARIS", True),  # case-insensitive
+        ({"contains": "Paris"}, "The capital of France is Lyon.", False),
+        ({"exact": "4"}, "  4\n", True),
+        ({"exact": "4"}, "4.", False),
+        ({"regex": r"\b15\b"}, "10 + 5 = 15", True),
+        ({"regex": r"\b15\b"}, "10 + 5 = 150", False),
+        ({"jsonSchema": {"type": "object", "required": ["a"]}}, '{"a": 1}', True),
+        ({"jsonSchema": {"type": "object", "required": ["a"]}}, 'Sure:\n```json\n{"a": 1}\n```', True),
+        ({"jsonSchema": {"type": "object", "required": ["a"]}}, '{"b": 1}', False),
+        ({"jsonSchema": {"type": "object"}}, "no json here", False),
+        ({"jsonSchema": {"type": "array", "minItems": 3}}, "[1, 2,", False),  # truncated
+    ],
+)
+def test_check(check_kw: dict[str, Any], answer: str, ok: bool) -> None:
+    assert check(item(**check_kw), answer)[0] is ok
+
+
+@pytest.mark.parametrize(
+    ("doc", "schema", "bad"),
+    [
+        ({"n": 5}, {"properties": {"n": {"type": "integer", "minimum": 5, "maximum": 5}}}, False),
+        ({"n": 6}, {"properties": {"n": {"type": "integer", "minimum": 5, "maximum": 5}}}, True),
+        ({"n": True}, {"properties": {"n": {"type": "integer"}}}, True),  # a bool is no integer
+        ({"s": "abc"}, {"properties": {"s": {"type": "string", "maxLength": 2}}}, True),
+        ({"s": "Paris"}, {"properties": {"s": {"pattern": "^P"}}}, False),
+        ({"x": 1}, {"properties": {}, "additionalProperties": False}, True),
+        ([1, "a"], {"type": "array", "items": {"type": "integer"}}, True),
+        ("ok", {"const": "ok"}, False),
+        ("no", {"enum": ["yes"]}, True),
+        (None, {"type": ["null", "string"]}, False),
+    ],
+)
+def test_schema_violations(doc: Any, schema: dict[str, Any], bad: bool) -> None:
+    assert bool(schema_violations(doc, schema)) is bad
+
+
+# ---- figures and verdict ----
+
+
+def pairs(
+    n: int, s_pass: int, c_pass: int, agree: int, s_lp: float, c_lp: float
+) -> list[tuple[Answer, Answer]]:
+    out = []
+    for i in range(n):
+        s = Answer("a", ("t1", "t2"), i < s_pass, s_lp)
+        c = Answer("a", ("t1", "t2") if i < agree else ("t1", "X"), i < c_pass, c_lp)
+        out.append((s, c))
+    return out
+
+
+def test_figures() -> None:
+    f = figures(pairs(10, 9, 7, 6, -0.5, -0.8), agreement_tokens=2)
+    assert (f.items, f.stable_passed, f.canary_passed, f.scored) == (10, 9, 7, 10)
+    assert f.agreement == pytest.approx(0.6)
+    assert f.divergence == pytest.approx(0.3)
+    assert figures(pairs(10, 9, 7, 6, -0.5, -0.8), agreement_tokens=1).agreement == 1.0  # only t1 compared
+    none = figures([(Answer("", (), False, None), Answer("", (), False, None))], 8)
+    assert none.divergence is None and none.scored == 0
+
+
+Q = Quality()  # defaults: maxAccuracyDrop 3, minAgreement 0.5, maxLogprobDrop 0.1
+
+
+@pytest.mark.parametrize(
+    ("case", "s_pass", "c_pass", "agree", "c_lp", "ok", "failing"),
+    [
+        ("identical", 25, 25, 28, -0.600, True, []),
+        ("harmless drift: agreement lower, accuracy noisy", 25, 23, 20, -0.605, True, []),
+        ("canary even scores higher", 25, 26, 28, -0.5, True, []),
+        ("log-prob drop past the threshold", 25, 25, 28, -0.75, False, ["mean_logprob"]),
+        ("accuracy drop of 4 items", 25, 21, 28, -0.6, False, ["accuracy"]),
+        ("accuracy drop of exactly 3 items", 25, 22, 28, -0.6, True, []),
+        ("agreement very low", 25, 25, 10, -0.6, False, ["greedy_agreement"]),
+        ("everything worse", 25, 10, 3, -2.0, False, ["accuracy", "greedy_agreement", "mean_logprob"]),
+    ],
+)
+def test_verdict_table(
+    case: str, s_pass: int, c_pass: int, agree: int, c_lp: float, ok: bool, failing: list[str]
+) -> None:
+    f = figures(pairs(28, s_pass, c_pass, agree, -0.6, c_lp), Q.agreement_tokens)
+    passed, metrics, summary = verdict(f, Q)
+    assert passed is ok, case
+    assert [m.metric for m in metrics if m.verdict == "Fail"] == failing, case
+    assert summary.startswith("quality passed" if ok else "quality failed")
+    lp = next(m for m in metrics if m.metric == "mean_logprob")
+    assert lp.threshold == pytest.approx(-0.7)  # stable's figure minus maxLogprobDrop
+
+
+def test_accuracy_floor_judges_an_intended_model_change_alone() -> None:
+    q = Quality(accuracy_floor=0.8)
+    f = figures(pairs(20, 15, 17, 2, -0.6, -3.0), q.agreement_tokens)  # another model: diverges widely
+    passed, metrics, summary = verdict(f, q, "model digest sha256:aa -> sha256:bb")
+    assert passed and "accuracyFloor 0.8" in summary
+    assert [m.verdict for m in metrics] == ["Pass", "Pass", "Pass"]
+    f = figures(pairs(20, 15, 15, 2, -0.6, -3.0), q.agreement_tokens)
+    assert not verdict(f, q, "model digest sha256:aa -> sha256:bb")[0]  # 0.75 < floor
+    # the same model (no change): the floor adds to the relative thresholds, it does not replace them
+    assert not verdict(figures(pairs(20, 17, 17, 20, -0.6, -3.0), 8), q)[0]
+
+
+# ---- the evaluation set: API refusals, digest pinning ----
+
+
+def quality_spec(q: dict[str, Any]) -> dict[str, Any]:
+    return md(rollout={"analysis": {"quality": q}})["spec"]
+
+
+@pytest.mark.parametrize(
+    ("q", "needle"),
+    [
+        ({"evalSet": {"inline": []}}, "at least 1 item"),
+        ({"evalSet": {"inline": [{"prompt": "q", "contains": "a", "regex": "b"}]}}, "exactly one check"),
+        ({"evalSet": {"inline": [{"prompt": "q"}]}}, "exactly one check"),
+        ({"evalSet": {"inline": [{"contains": "a"}]}}, "exactly one of prompt or messages"),
+        (
+            {
+                "evalSet": {
+                    "inline": [{"prompt": "q", "messages": [{"role": "user", "content": "q"}], "exact": "a"}]
+                }
+            },
+            "exactly one of prompt or messages",
+        ),
+        ({"evalSet": {"inline": [{"prompt": "q", "regex": "("}]}}, "regex: not a Python regular expression"),
+        (
+            {"evalSet": {"inline": [{"prompt": "q", "jsonSchema": {"type": "object", "uniqueItems": True}}]}},
+            "unsupported JSON Schema keyword 'uniqueItems'",
+        ),
+        ({"evalSet": {"configMapRef": {"name": "evals"}}}, "needs evalSet.digest"),
+        ({"evalSet": {}}, "exactly one of inline or configMapRef"),
+        ({"evalSet": {"configMapRef": {"name": "e"}, "digest": "sha256:xyz"}}, "String should match pattern"),
+        (
+            {"evalSet": {"inline": [{"prompt": "q", "exact": "a"}], "digest": "sha256:" + "0" * 64}},
+            "does not match",
+        ),
+        ({"maxLogprobDrop": -1}, "greater than or equal to 0"),
+    ],
+)
+def test_bad_quality_specs_are_refused_naming_the_field(q: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        ModelDeploymentSpec.model_validate(quality_spec(q))
+    assert needle in str(e.value)
+    assert "quality" in str(e.value)
+
+
+def test_cel_rules_say_what_pydantic_says() -> None:
+    from modeldeploy.operator.api import crd
+
+    text = crd.render()
+    for needle in (
+        "an evaluation item needs exactly one check",
+        "an evaluation item needs exactly one of prompt or messages",
+        "evalSet needs exactly one of inline or configMapRef",
+        "evalSet.configMapRef needs evalSet.digest",
+        "x-kubernetes-preserve-unknown-fields: true",
+    ):
+        assert needle in text
+
+
+ITEMS = [
+    {"prompt": "What is the capital of France?", "contains": "Paris"},
+    {"messages": [{"role": "user", "content": "2+2?"}], "maxTokens": 8, "regex": r"\b4\b"},
+]
+
+
+def cm(items: list[dict[str, Any]], key: str = "items.json") -> dict[str, Any]:
+    return {"data": {key: json.dumps(items)}}
+
+
+def test_digest_is_canonical_and_pins_a_configmap() -> None:
+    parsed = [EvalItem.model_validate(i) for i in ITEMS]
+    digest = eval_set_digest(parsed)
+    # the same items written differently (key order, explicit default) hash the same
+    reordered = [{"contains": "Paris", "maxTokens": 32, "prompt": "What is the capital of France?"}, ITEMS[1]]
+    assert eval_set_digest([EvalItem.model_validate(i) for i in reordered]) == digest
+    assert b'"maxTokens":32' in canonical(parsed)
+    q = Quality.model_validate({"evalSet": {"configMapRef": {"name": "evals"}, "digest": digest}})
+    es = resolve(q, cm(ITEMS))
+    assert (len(es.items), es.digest, es.name) == (2, digest, "configmap/evals:items.json")
+    changed = [ITEMS[0], {**ITEMS[1], "regex": r"\b5\b"}]  # someone edited the ConfigMap
+    with pytest.raises(EvalSetError) as e:
+        resolve(q, cm(changed))
+    assert e.value.reason == MISMATCH and digest in str(e.value) and "refused" in str(e.value)
+    for bad, needle in (
+        (None, "not found"),
+        ({"data": {}}, "no key 'items.json'"),
+        ({"data": {"items.json": "[{"}}, "not a JSON list"),
+        (cm([{"prompt": "q"}]), "exactly one check"),
+    ):
+        with pytest.raises(EvalSetError) as e:
+            resolve(q, bad)
+        assert e.value.reason == INVALID and needle in str(e.value)
+
+
+def test_inline_and_builtin_sets() -> None:
+    q = Quality.model_validate({"evalSet": {"inline": ITEMS}})
+    es = resolve(q, None)
+    assert es.name == "inline" and es.digest == eval_set_digest(list(es.items))
+    pinned = Quality.model_validate({"evalSet": {"inline": ITEMS, "digest": es.digest}})
+    assert resolve(pinned).digest == es.digest
+    builtin = resolve(Quality())
+    assert builtin.name == "built-in" and builtin.digest.startswith("sha256:")
+    assert len(builtin.items) == len(DEFAULT_ITEMS) >= 20
+    checks = {
+        k for i in DEFAULT_ITEMS for k in ("contains", "regex", "json_schema") if getattr(i, k) is not None
+    }
+    assert checks == {"contains", "regex", "json_schema"}
+    longest = max(len(m["content"]) for i in DEFAULT_ITEMS for m in i.chat())
+    assert longest > 8000  # a long-context retrieval item (~2k tokens)
+
+
+# ---- the rollout machine ----
+
+P = Policy(
+    replicas=2,
+    steps=(Step(50, 60),),
+    load_timeout_seconds=300,
+    quality_gate=True,
+    quality_timeout_seconds=120,
+)
+DEPLOYING = RolloutState(phase="Deploying", stable="old", canary="new", started_at=0.0, phase_since=0.0)
+
+
+def qresult(ok: bool, reason: str = "") -> QualityResult:
+    return QualityResult(
+        verdict="Pass" if ok else "Fail",
+        reason=reason or ("QualityPassed" if ok else FAILED),
+        items=25,
+        metrics=[
+            MetricVerdict(metric="mean_logprob", stable=-0.6, canary=-0.9, threshold=-0.7, verdict="Fail")
+        ],
+        message="quality failed: log-prob drop 0.3000 nats/token" if not ok else "quality passed",
+    )
+
+
+def test_verifying_runs_conformance_then_quality_then_traffic() -> None:
+    s = advance(DEPLOYING, P, Signals(desired="new", canary_ready=1), 10.0).state
+    assert (s.phase, s.reason) == ("Verifying", "CanaryReady")
+    t = advance(s, P, Signals(desired="new", canary_ready=1, conformance=(True, "conformance passed")), 20.0)
+    assert (t.state.phase, t.state.reason, t.state.phase_since) == ("Verifying", "ConformancePassed", 20.0)
+    assert "running the quality gate" in t.event[2] and canary_weight(t.state, P) == 0
+    s = t.state
+    # no quality verdict yet: wait (conformance's result no longer matters)
+    assert advance(s, P, Signals(desired="new", canary_ready=1, conformance=(True, "")), 100.0).event is None
+    t = advance(s, P, Signals(desired="new", canary_ready=1, quality=qresult(True)), 110.0)
+    assert (t.state.phase, t.state.step, t.event[1]) == ("Canary", 0, "QualityPassed")
+    assert canary_weight(t.state, P) == 50
+
+
+def test_quality_failure_rolls_back_with_the_figures_and_holds_the_bundle() -> None:
+    s = replace(DEPLOYING, phase="Verifying", reason="ConformancePassed", phase_since=20.0)
+    t = advance(s, P, Signals(desired="new", canary_ready=1, quality=qresult(False)), 30.0)
+    assert (t.state.phase, t.event[0], t.event[1]) == ("RollingBack", "Warning", "QualityFailed")
+    assert "log-prob drop 0.3000" in t.event[2]
+    t = advance(t.state, P, Signals(desired="new", stable_ready=2), 31.0)
+    assert (t.state.phase, t.state.stable, t.state.failed) == ("Stable", "old", ("new",))
+    assert "QualityFailed" in t.event[2]
+    assert "QualityFailed" in progression.FAILURE_REASONS  # Degraded=True names it while spec asks for it
+    t = advance(s, P, Signals(desired="new", canary_ready=1, quality=qresult(False, MISMATCH)), 30.0)
+    assert t.event[1] == MISMATCH
+
+
+def test_quality_timeout_counts_from_the_quality_stage() -> None:
+    s = replace(DEPLOYING, phase="Verifying", reason="ConformancePassed", phase_since=200.0)
+    assert advance(s, P, Signals(desired="new", canary_ready=1), 319.0).event is None
+    t = advance(s, P, Signals(desired="new", canary_ready=1), 321.0)
+    assert (t.state.phase, t.event[1]) == ("RollingBack", "QualityTimeout")
+    assert "timeoutSeconds=120" in t.event[2]
+
+
+def test_quality_gate_alone_and_off() -> None:
+    alone = replace(P, conformance_gate=False)
+    s = advance(DEPLOYING, alone, Signals(desired="new", canary_ready=1), 10.0).state
+    assert (s.phase, s.reason) == ("Verifying", "CanaryReady")
+    t = advance(s, alone, Signals(desired="new", canary_ready=1, quality=qresult(True)), 20.0)
+    assert t.state.phase == "Canary"
+    off = replace(P, quality_gate=False)
+    s = advance(DEPLOYING, off, Signals(desired="new", canary_ready=1), 10.0).state
+    t = advance(s, off, Signals(desired="new", canary_ready=1, conformance=(True, "ok")), 20.0)
+    assert (t.state.phase, t.event[1]) == ("Canary", "ConformancePassed")
+
+
+def test_policy_from_spec() -> None:
+    spec = ModelDeploymentSpec.model_validate(quality_spec({"timeoutSeconds": 90}))
+    p = progression.policy(spec)
+    assert (p.quality_gate, p.quality_timeout_seconds) == (True, 90)
+    assert not progression.policy(
+        ModelDeploymentSpec.model_validate(quality_spec({"enabled": False}))
+    ).quality_gate
+    bare = ModelDeploymentSpec.model_validate(md()["spec"])
+    assert not progression.policy(bare).quality_gate
+
+
+# ---- status and `modeldeploy rollout status` ----
+
+
+def test_rollout_status_shows_the_quality_verdict() -> None:
+    q = qresult(False).model_copy(
+        update={
+            "canary": "new",
+            "stable": "old",
+            "evalSet": None,
+            "digest": "sha256:" + "ab" * 32,
+            "seconds": 41.5,
+        }
+    )
+    status = {"phase": "Stable", "lastQuality": q.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    text = render_text({"metadata": {"name": "m", "namespace": "d"}, "status": status}, width=200)
+    assert "quality gate (Verifying) new vs old" in text
+    assert "Fail" in text and "mean_logprob" in text and "-0.7" in text
+    assert "sha256:abab" in text and "41.5s" in text and "log-prob drop 0.3000" in text
+
+
+# ---- the HTTP client against real HTTP servers speaking the runtime's contract ----
+
+
+class FakeLM:
+    """A deterministic 'model' behind a real HTTP server: each answer is fixed per prompt, and every
+    answer token's log-probability is `lp` (a canary with drift scores lower)."""
+
+    def __init__(self, answers: dict[str, str], lp: float, digest: str = "sha256:m1") -> None:
+        self.answers, self.lp, self.digest = answers, lp, digest
+        self.requests: list[dict[str, Any]] = []
+
+    def tokens(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[str]:
+        out = []
+        for m in messages:
+            out += [f"<{m['role']}>", *m["content"].split()]
+        return out + (["<assistant>"] if generation_prompt else [])
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(body)
+        msgs = body["messages"]
+        if body.get("prompt_logprobs") is not None:
+            assert (
+                body["continue_final_message"]
+                and not body["add_generation_prompt"]
+                and body["max_tokens"] == 1
+            )
+            toks = self.tokens(msgs, False)
+            n_answer = len(msgs[-1]["content"].split())
+            entries: list[Any] = [None]
+            for i, _ in enumerate(toks[1:], start=1):
+                lp = self.lp if i >= len(toks) - n_answer else -9.0
+                entries.append({str(100 + i): {"logprob": lp, "rank": 1, "decoded_token": toks[i]}})
+            return {"choices": [{"message": {"content": "x"}}], "prompt_logprobs": entries,
+                    "usage": {"prompt_tokens": len(toks)}}  # fmt: skip
+        prompt = self.tokens(msgs, True)
+        answer = self.answers.get(msgs[-1]["content"], "I do not know")
+        words = answer.split()[: body["max_tokens"]]
+        return {
+            "choices": [{"message": {"content": " ".join(words)},
+                         "logprobs": {"content": [{"token": w, "logprob": self.lp} for w in words]}}],
+            "usage": {"prompt_tokens": len(prompt)},  # the answer starts where the generation prompt ends
+        }  # fmt: skip
+
+
+def serve(lm: FakeLM) -> tuple[ThreadingHTTPServer, str]:
+    class H(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: dict[str, Any]) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/v1/bundle":
+                self._send(200, {"served_model_name": "m", "model": {"digest": lm.digest}})
+            else:
+                self._send(404, {"error": {"message": "no"}})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            self._send(200, lm.chat(body))
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+GOOD = {"What is the capital of France?": "The capital of France is Paris.", "2+2?": "2 + 2 = 4"}
+
+
+@pytest.fixture
+def cohorts():
+    started: list[ThreadingHTTPServer] = []
+
+    def make(stable: FakeLM, canary: FakeLM) -> tuple[Cohort, Cohort]:
+        (s, su), (c, cu) = serve(stable), serve(canary)
+        started.extend([s, c])
+        return Cohort(su), Cohort(cu)
+
+    yield make
+    for s in started:
+        s.shutdown()
+        s.server_close()
+
+
+def test_client_passes_a_same_model_canary(cohorts) -> None:
+    stable, canary = FakeLM(GOOD, -0.5), FakeLM(GOOD, -0.52)
+    es = resolve(Quality.model_validate({"evalSet": {"inline": ITEMS}}))
+    r = run_quality(Quality(), es, *cohorts(stable, canary))
+    assert (r.verdict, r.reason, r.items, r.digest) == ("Pass", "QualityPassed", 2, es.digest)
+    by = {m.metric: m for m in r.metrics}
+    assert by["accuracy"].canary == by["accuracy"].stable == 1.0
+    assert by["greedy_agreement"].canary == 1.0
+    # only the answer's tokens are averaged (the prompt's -9.0 entries are left out)
+    assert by["mean_logprob"].stable == pytest.approx(-0.5) and by["mean_logprob"].canary == pytest.approx(
+        -0.52
+    )
+    scoring = [b for b in canary.requests if b.get("prompt_logprobs") is not None]
+    assert len(scoring) == 2 and scoring[0]["messages"][-1] == {
+        "role": "assistant",
+        "content": "The capital of France is Paris.",
+    }
+    greedy = [b for b in canary.requests if b.get("prompt_logprobs") is None]
+    assert all(b["temperature"] == 0 and b["logprobs"] is True and b["model"] == "m" for b in greedy)
+
+
+def test_client_fails_a_drifted_canary_and_a_wrong_one(cohorts) -> None:
+    es = resolve(Quality.model_validate({"evalSet": {"inline": ITEMS}}))
+    r = run_quality(Quality(), es, *cohorts(FakeLM(GOOD, -0.5), FakeLM(GOOD, -0.8)))
+    assert r.verdict == "Fail" and r.reason == FAILED
+    assert "mean_logprob" in (r.message or "") and "log-prob drop 0.3000" in (r.message or "")
+    wrong = {"What is the capital of France?": "Lyon", "2+2?": "five"}
+    r = run_quality(Quality(max_accuracy_drop=1), es, *cohorts(FakeLM(GOOD, -0.5), FakeLM(wrong, -0.5)))
+    by = {m.metric: m for m in r.metrics}
+    assert r.verdict == "Fail" and by["accuracy"].canary == 0.0 and by["accuracy"].verdict == "Fail"
+    # an intended model change judged by the floor: a new digest that answers right passes
+    q = Quality(accuracy_floor=0.5)
+    r = run_quality(q, es, *cohorts(FakeLM(GOOD, -0.5), FakeLM(GOOD, -3.0, digest="sha256:m2")))
+    assert r.verdict == "Pass" and "intended model change" in (r.message or "")
+
+
+def test_actual_logprob() -> None:
+    assert actual_logprob({"17": {"logprob": -1.5, "rank": 3, "decoded_token": "x"}}) == -1.5
+    assert math.isclose(actual_logprob({"17": -0.25}), -0.25)
+
+
+def test_runner_reports_an_unreachable_pod_and_a_refused_set_as_failed() -> None:
+    runner = QualityRunner()
+    es = resolve(Quality.model_validate({"evalSet": {"inline": ITEMS}}))
+    key = ("uid", "new", -1)
+    job = lambda: run_quality(Quality(), es, Cohort("http://127.0.0.1:9"), Cohort("http://127.0.0.1:9"), 2.0)  # noqa: E731
+    assert runner.ensure(key, job) is None or runner.has(key)
+    r = runner.wait(key, 30)
+    assert r is not None and r.verdict == "Fail" and "could not run" in (r.message or "")
+    assert runner.ensure(key, job) is r  # one run per key
+    runner.forget_md("uid")
+    assert not runner.holds("uid")
+
+    def refused_set() -> QualityResult:
+        raise EvalSetError(MISMATCH, "evalSet configmap/e:items.json changed")
+
+    runner.ensure(("uid", "b2", -1), refused_set)
+    r = runner.wait(("uid", "b2", -1), 10)
+    assert r is not None and (r.verdict, r.reason) == ("Fail", MISMATCH)
