@@ -40,7 +40,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_check_rules() -> None:
     r = promtool("check", "rules", str(RULES))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 7 rules found" in r.stdout, r.stdout
+    assert "SUCCESS: 8 rules found" in r.stdout, r.stdout
 
 
 def test_every_alert_has_a_unit_test_that_fires_it() -> None:

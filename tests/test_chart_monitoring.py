@@ -150,6 +150,7 @@ def test_prometheus_rule_carries_the_rules_file_and_every_alert() -> None:
         "ModelDeploymentDegraded",
         "ModelDeploymentLoadTimeout",
         "ModelDeploymentCanaryErrorRateHigh",
+        "ModelDeploymentQualityRegression",
         "ModelDeploymentKVCacheFull",
         "ModelDeploymentQueueFull",
     }

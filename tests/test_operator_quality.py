@@ -506,3 +506,58 @@ def test_runner_reports_an_unreachable_pod_and_a_refused_set_as_failed() -> None
     runner.ensure(("uid", "b2", -1), refused_set)
     r = runner.wait(("uid", "b2", -1), 10)
     assert r is not None and (r.verdict, r.reason) == ("Fail", MISMATCH)
+
+
+# ---- through plan(): status.lastQuality, Events, Degraded, the per-object metrics ----
+
+
+def test_plan_records_the_quality_verdict_events_degraded_and_metrics() -> None:
+    from test_operator_plan import advance_to, at, stable_then_change
+
+    from modeldeploy.operator.controller.object_metrics import series
+    from modeldeploy.operator.rollout.actions import Event
+
+    obj, obs, old, _ = stable_then_change()
+    obj["spec"]["rollout"]["analysis"] = {"quality": {"timeoutSeconds": 60}}
+    obj, obs, _ = advance_to(obj, obs, at(0), ready={})
+    new = obj["status"]["canary"]["bundle"]
+    obj, obs, _ = advance_to(obj, obs, at(1))
+    assert (obj["status"]["phase"], obj["status"]["rollout"]["reason"]) == ("Verifying", "CanaryReady")
+    obj, obs, acts = advance_to(obj, obs, at(1, 10), conformance=(True, "conformance passed: 9 checks"))
+    assert (obj["status"]["phase"], obj["status"]["rollout"]["reason"]) == ("Verifying", "ConformancePassed")
+    assert obj["status"]["canaryWeight"] == 0
+    bad = qresult(False).model_copy(update={"canary": new, "stable": old, "time": at(1, 40)})
+    obj, obs, acts = advance_to(obj, obs, at(1, 40), quality=bad)
+    st = obj["status"]
+    assert st["phase"] == "RollingBack" and st["lastQuality"]["verdict"] == "Fail"
+    assert st["lastQuality"]["canary"] == new and st["lastQuality"]["metrics"][0]["metric"] == "mean_logprob"
+    warn = [a for a in acts if isinstance(a, Event) and a.reason == "QualityFailed"]
+    assert warn and warn[0].type == "Warning" and "log-prob drop 0.3000" in warn[0].message
+    obj, obs, acts = advance_to(obj, obs, at(1, 42))
+    st = obj["status"]
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (st["phase"], degraded["status"], degraded["reason"]) == ("Stable", "True", "QualityFailed")
+    assert st["lastQuality"]["verdict"] == "Fail"  # kept after the rollback, for `rollout status`
+    got = {
+        (g._name, labels[2:]): v
+        for g, labels, v in series(obj, st)
+        if g._name.startswith("modeldeploy_quality")
+    }
+    assert got[("modeldeploy_quality_verdict", (new, "QualityFailed"))] == 0.0
+    assert got[("modeldeploy_quality_figure", ("mean_logprob", "canary"))] == -0.9
+    assert got[("modeldeploy_quality_figure", ("mean_logprob", "threshold"))] == -0.7
+
+
+def test_plan_quality_timeout() -> None:
+    from test_operator_plan import advance_to, at, stable_then_change
+
+    obj, obs, _, _ = stable_then_change()
+    obj["spec"]["rollout"]["analysis"] = {"quality": {"timeoutSeconds": 60}}
+    obj["spec"]["rollout"]["conformanceGate"] = False
+    obj, obs, _ = advance_to(obj, obs, at(0), ready={})
+    obj, obs, _ = advance_to(obj, obs, at(1))
+    assert obj["status"]["phase"] == "Verifying"
+    obj, obs, _ = advance_to(obj, obs, at(1, 59))
+    assert obj["status"]["phase"] == "Verifying"
+    obj, obs, _ = advance_to(obj, obs, at(2, 2))
+    assert (obj["status"]["phase"], obj["status"]["rollout"]["reason"]) == ("RollingBack", "QualityTimeout")

@@ -38,6 +38,18 @@ CONDITION = Gauge(
     "1 for each status condition's current status and reason",
     [*KEY, "type", "status", "reason"],
 )
+QUALITY = Gauge(
+    "modeldeploy_quality_figure",
+    "The last quality gate's figures (status.lastQuality): metric accuracy, greedy_agreement or "
+    "mean_logprob, for cohort stable, canary, or the threshold applied",
+    [*KEY, "metric", "cohort"],
+)
+QUALITY_VERDICT = Gauge(
+    "modeldeploy_quality_verdict",
+    "1 when the last quality gate passed, 0 when it failed; reason QualityPassed, QualityFailed, "
+    "EvalSetMismatch or EvalSetInvalid, canary the bundle judged",
+    [*KEY, "canary", "reason"],
+)
 DEADLINE = Gauge(
     "modeldeploy_rollout_deadline_timestamp_seconds",
     "Unix time by which the running rollout must be done (absent when none runs or it awaits a promote)",
@@ -66,6 +78,7 @@ def series(md: dict[str, Any], status: dict[str, Any]) -> list[tuple[Gauge, tupl
             out.append((BUNDLE, (*key, cohort, bid), 1.0))
     for c in status.get("conditions") or []:
         out.append((CONDITION, (*key, c["type"], c["status"], c.get("reason", "")), 1.0))
+    out += quality_series(key, status.get("lastQuality"))
     ro = status.get("rollout") or {}
     started = _epoch(ro.get("startedAt"))
     if phase in ACTIVE_PHASES and ro.get("reason") != AWAITING and started is not None:
@@ -73,6 +86,26 @@ def series(md: dict[str, Any], status: dict[str, Any]) -> list[tuple[Gauge, tupl
         out.append(
             (DEADLINE, key, started + float(spec_ro.get("progressDeadlineSeconds", DEFAULT_DEADLINE_S)))
         )
+    return out
+
+
+def quality_series(
+    key: tuple[str, str], q: dict[str, Any] | None
+) -> list[tuple[Gauge, tuple[str, ...], float]]:
+    """The last quality gate's verdict and figures (none before a gate ran)."""
+    if not q:
+        return []
+    out = [
+        (
+            QUALITY_VERDICT,
+            (*key, q.get("canary") or "", q.get("reason") or ""),
+            float(q.get("verdict") == "Pass"),
+        )
+    ]
+    for m in q.get("metrics") or []:
+        for cohort in ("stable", "canary", "threshold"):
+            if isinstance(m.get(cohort), int | float):
+                out.append((QUALITY, (*key, m["metric"], cohort), float(m[cohort])))
     return out
 
 
