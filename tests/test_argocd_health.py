@@ -170,6 +170,35 @@ def test_degraded_condition_after_rollback() -> None:
     )
 
 
+def test_quality_failure_is_degraded_with_its_figures() -> None:
+    """The quality gate's rollback reaches Argo CD through the Degraded condition, figures and all."""
+    figures = (
+        "rolling back bbbbbbbbbbbbbbbb: quality failed: accuracy canary 19/28 stable 28/28, greedy agreement "
+        "0.21, log-prob drop 0.8123 nats/token over 28 items (canary against stable); failing: accuracy "
+        "canary=0.6786 stable=1.0 threshold=0.8929; mean_logprob canary=-1.41 stable=-0.6 threshold=-0.7"
+    )
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Stable",
+            stable=STABLE,
+            failed_bundles=["b" * 16],
+            conditions=[READY, cond("Degraded", True, "QualityFailed", figures)],
+        )
+    )
+    assert status == "Degraded" and msg == f"QualityFailed: {figures}"
+    status, msg = health(
+        md(
+            observed_generation=2,
+            phase="Verifying",
+            stable=STABLE,
+            canary=CANARY,
+            conditions=[READY, cond("Progressing", True, "ConformancePassed", "running the quality gate")],
+        )
+    )
+    assert status == "Progressing" and "running the quality gate" in msg
+
+
 def test_degraded_wins_over_a_rollout_phase() -> None:
     status, msg = health(
         md(

@@ -561,3 +561,19 @@ def test_plan_quality_timeout() -> None:
     assert obj["status"]["phase"] == "Verifying"
     obj, obs, _ = advance_to(obj, obs, at(2, 2))
     assert (obj["status"]["phase"], obj["status"]["rollout"]["reason"]) == ("RollingBack", "QualityTimeout")
+
+
+def test_the_example_pins_its_configmap_items() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    docs = list(
+        yaml.safe_load_all((Path(__file__).parents[1] / "examples/modeldeployment-quality.yaml").read_text())
+    )
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    spec = ModelDeploymentSpec.model_validate(next(d for d in docs if d["kind"] == "ModelDeployment")["spec"])
+    q = spec.rollout.analysis.quality
+    assert q is not None
+    es = resolve(q, configmap)
+    assert es.digest == q.eval_set.digest and len(es.items) == 3  # type: ignore[union-attr]
