@@ -577,3 +577,71 @@ def test_the_example_pins_its_configmap_items() -> None:
     assert q is not None
     es = resolve(q, configmap)
     assert es.digest == q.eval_set.digest and len(es.items) == 3  # type: ignore[union-attr]
+
+
+# ---- observe(): the Verifying phase starts the gate on one Ready pod of each cohort ----
+
+
+def _observer_world(q: dict[str, Any], stable_url: str, canary_url: str, configmap: dict[str, Any] | None):
+    from fake_kube import FakeKube
+
+    from modeldeploy.operator.analysis.gate import ConformanceRunner
+    from modeldeploy.operator.analysis.scrape import Baselines
+    from modeldeploy.operator.controller.observe import LoadProbe, NodeCache, Observer
+    from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
+
+    class Kube(FakeKube):
+        def get_configmap(self, ns: str, name: str) -> dict[str, Any] | None:
+            return configmap if name == "evals" else None
+
+    kube = Kube()
+    for name, bundle, url in (("chat-s-0", "old", stable_url), ("chat-c-0", "new", canary_url)):
+        labels = {INSTANCE_LABEL: "chat", "app.kubernetes.io/managed-by": MANAGED_BY, BUNDLE_LABEL: bundle}
+        kube.put({
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "labels": labels},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running", "podIP": url.removeprefix("http://"),
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        })  # fmt: skip
+    obj = md(rollout={"analysis": {"quality": q}})
+    obj["status"] = {
+        "phase": "Verifying",
+        "stable": {"bundle": "old"},
+        "canary": {"bundle": "new"},
+        "rollout": {"reason": "ConformancePassed"},
+    }
+    runner = QualityRunner()
+    observer = Observer(
+        kube, NodeCache(kube), LoadProbe(8000), ConformanceRunner(), Baselines(), quality=runner
+    )
+    return observer, runner, obj
+
+
+def test_observe_runs_the_gate_on_the_cohorts_pods(cohorts) -> None:
+    stable_lm, canary_lm = FakeLM(GOOD, -0.5), FakeLM(GOOD, -0.9)
+    s, c = cohorts(stable_lm, canary_lm)
+    observer, runner, obj = _observer_world({"evalSet": {"inline": ITEMS}}, s.url, c.url, None)
+    first = observer.observe(obj)
+    assert first.quality is None and first.conformance is None  # started in the background
+    runner.wait(("uid-1", "new", -1), 30)
+    r = observer.observe(obj).quality
+    assert r is not None and (r.verdict, r.reason, r.canary, r.stable) == ("Fail", FAILED, "new", "old")
+    assert r.time and r.eval_set == "inline" and "mean_logprob" in (r.message or "")
+    assert len(canary_lm.requests) == 4  # 2 greedy answers + 2 scorings: the run was not repeated
+    obj["status"]["rollout"]["reason"] = "CanaryReady"  # conformance still running: no quality gate yet
+    assert observer.observe(obj).quality is None
+
+
+def test_observe_refuses_a_changed_configmap_without_asking_the_pods(cohorts) -> None:
+    stable_lm, canary_lm = FakeLM(GOOD, -0.5), FakeLM(GOOD, -0.5)
+    s, c = cohorts(stable_lm, canary_lm)
+    pinned = eval_set_digest([EvalItem.model_validate(i) for i in ITEMS])
+    edited = cm([ITEMS[0]])
+    q = {"evalSet": {"configMapRef": {"name": "evals"}, "digest": pinned}}
+    observer, runner, obj = _observer_world(q, s.url, c.url, edited)
+    observer.observe(obj)
+    runner.wait(("uid-1", "new", -1), 30)
+    r = observer.observe(obj).quality
+    assert r is not None and (r.verdict, r.reason) == ("Fail", MISMATCH) and pinned in (r.message or "")
+    assert stable_lm.requests == canary_lm.requests == []
