@@ -114,6 +114,7 @@ def test_dashboard_structure() -> None:
         "KV cache",
         "Preemptions",
         "Load progress",
+        "Quality gate",
     ):
         assert needed in titles, needed
 
@@ -188,6 +189,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
         "stable": {"bundle": stable.bundle},
         "canary": {"bundle": canary.bundle},
         "conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected"}],
+        "lastQuality": {
+            "verdict": "Pass",
+            "reason": "QualityPassed",
+            "canary": canary.bundle,
+            "metrics": [{"metric": "mean_logprob", "stable": -0.61, "canary": -0.62, "threshold": -0.71}],
+        },
     }
     objects = ObjectMetrics()  # what the Controller keeps
     objects.record(md, status)
@@ -222,7 +229,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator
             p.stop()
 
 
-OPERATOR_ONLY = {"Rollout phase", "Canary weight"}
+OPERATOR_ONLY = {"Rollout phase", "Canary weight", "Quality gate: last figures"}
 
 
 @pytest.mark.slow
@@ -247,6 +254,10 @@ def test_every_query_returns_series_for_both_cohorts(stack: Any) -> None:
     assert phase["metric"] == {"phase": "Canary"}
     [weight] = answered[("Canary weight", "A")]
     assert float(weight["value"][1]) == 25.0
+    quality = {
+        s["metric"]["cohort"]: float(s["value"][1]) for s in answered[("Quality gate: last figures", "A")]
+    }
+    assert quality == {"stable": -0.61, "canary": -0.62, "threshold": -0.71}
     for title in ("Time to first token p50 / p95", "End-to-end latency p50 / p95"):
         for s in answered[(title, "B")]:
             assert re.fullmatch(r"[0-9.e+-]+", s["value"][1]) and float(s["value"][1]) > 0, (title, s)
