@@ -645,3 +645,36 @@ def test_observe_refuses_a_changed_configmap_without_asking_the_pods(cohorts) ->
     r = observer.observe(obj).quality
     assert r is not None and (r.verdict, r.reason) == ("Fail", MISMATCH) and pinned in (r.message or "")
     assert stable_lm.requests == canary_lm.requests == []
+
+
+# ---- against the real runtime: `modeldeploy serve` processes of a tiny random model ----
+
+
+@pytest.mark.slow
+def test_gate_against_real_runtime_servers(tmp_path, tiny_model) -> None:
+    """Two `modeldeploy serve` of the same weights with another maxNumSeqs (a harmless change) pass with a
+    log-prob drop of ~0; a canary with other weights (seed 1) fails on its figures."""
+    from test_canary_io_server import Serve
+
+    base, other = tiny_model("llama"), tiny_model("llama", seed=1)
+    stable = Serve(tmp_path, base, "--max-num-seqs", "4", bundle="bundle-q-stable")
+    same = Serve(tmp_path, base, "--max-num-seqs", "2", bundle="bundle-q-same")
+    moved = Serve(tmp_path, other, "--max-num-seqs", "4", bundle="bundle-q-other")
+    try:
+        for s in (stable, same, moved):
+            s.wait_ready()
+        items = [
+            {"prompt": p, "maxTokens": 12, "contains": "zzz"} for p in ("hello there", "the cat", "one two")
+        ]
+        es = resolve(Quality.model_validate({"evalSet": {"inline": items}}))
+        ok = run_quality(Quality(), es, Cohort(stable.url), Cohort(same.url))
+        by = {m.metric: m for m in ok.metrics}
+        assert ok.verdict == "Pass", ok.message
+        assert by["greedy_agreement"].canary == 1.0 and by["mean_logprob"].samples == 3
+        assert by["mean_logprob"].stable is not None and by["mean_logprob"].stable < 0
+        assert abs(by["mean_logprob"].stable - (by["mean_logprob"].canary or 0)) < 1e-3
+        bad = run_quality(Quality(), es, Cohort(stable.url), Cohort(moved.url))
+        assert bad.verdict == "Fail" and "mean_logprob" in (bad.message or ""), bad.message
+    finally:
+        for s in (stable, same, moved):
+            s.stop()
