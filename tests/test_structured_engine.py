@@ -156,9 +156,9 @@ def test_stop_string_and_length_finish_reasons(llm):
         ({"not": {"type": "integer"}}, "not"),
         ({"type": "object", "properties": {"a": {"if": {"type": "integer"}, "then": {}}}}, "if"),
         ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "allOf with more than one subschema"),
-        ({"type": "string", "maxLength": 5}, "maxLength"),
+        ({"type": "string", "maxLength": 2, "minLength": 5}, "minLength 5 greater than maxLength 2"),
         ({"$ref": "https://example.com/s.json"}, "$ref to"),
-        ({"type": "string", "format": "credit-card"}, "format 'credit-card'"),
+        ({"type": "string", "format": "ipv6", "maxLength": 9}, "format 'ipv6' together with maxLength"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
     ],
 )

@@ -157,12 +157,12 @@ def test_responses_text_format(server):
                     "format": {
                         "type": "json_schema",
                         "name": "x",
-                        "schema": {"type": "string", "maxLength": 3},
+                        "schema": {"type": "string", "pattern": "^a(?=b)", "maxLength": 3},
                     }
                 },
             },
             "text.format.schema",
-            "maxLength",
+            "lookaround '(?=...)' at position 2 of the pattern' at /pattern",
         ),
         (
             "/v1/chat/completions",
@@ -320,3 +320,33 @@ def test_auto_tool_choice_on_a_random_model(tool_server, server):
     assert m.accept_string(f"Sure. <tool_call>{good}</tool_call>") and m.is_completed()
     r = post(server, "/v1/chat/completions", body)  # the stock template cannot express tools at all
     assert r.status_code == 400 and r.json()["error"]["code"] == "tools_unsupported"
+
+
+def test_pydantic_limits_through_the_openai_client(server):
+    """What clients write: pydantic `Field(min_length, max_length, pattern)` and `conlist` as the
+    official client sends them (`response_format=Model` -> strict json_schema); 20 seeded samples,
+    each parsed back by pydantic itself and validated by jsonschema."""
+    from typing import Annotated
+
+    from pydantic import BaseModel, Field, conlist
+
+    class Ticket(BaseModel):
+        title: str = Field(min_length=2, max_length=12)
+        code: str = Field(pattern=r"^[A-Z]{2}-\d{1,3}$", max_length=5)
+        labels: conlist(Annotated[str, Field(max_length=4)], min_length=1, max_length=3)  # type: ignore[valid-type]
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    schema = Ticket.model_json_schema()
+    for seed in range(20):
+        r = client.beta.chat.completions.parse(
+            model="tiny",
+            messages=[{"role": "user", "content": "A ticket please"}],
+            response_format=Ticket,
+            max_tokens=200,
+            temperature=1.0,
+            seed=seed,
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice
+        assert isinstance(choice.message.parsed, Ticket)
+        jsonschema.validate(json.loads(choice.message.content or ""), schema)

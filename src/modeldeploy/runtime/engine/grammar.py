@@ -1,19 +1,26 @@
 """Constrained decoding through xgrammar: schema checks, compiled-grammar cache, per-step masks.
 
 Why xgrammar (README, "Structured output"): CPU wheels, a packed int32 token bitmask filled for a
-whole batch in one call (`BatchGrammarMatcher`), JSON Schema with `$ref`, patterns, formats and
-numeric bounds, millisecond compiles, Apache-2.0. No JSON state machine is written here.
+whole batch in one call (`BatchGrammarMatcher`), JSON Schema with `$ref`, numeric bounds and array
+limits, millisecond compiles, Apache-2.0. No JSON state machine is written here.
 
-A schema feature xgrammar parses but does not enforce (we probed each one) is refused by
-`check_schema` with its name, so a constrained request is never silently unconstrained.
+String limits (`pattern`, `minLength`/`maxLength`, `format`) are the exception: xgrammar 0.2.9
+enforces them wrongly (raw control characters under `maxLength`, patterns matched against raw JSON
+text, lookaheads ignored), so grammar_regex.py writes them as EBNF over decoded characters and
+`_rewrite` splices that into the EBNF xgrammar makes of the rest of the schema (still one grammar,
+one matcher, one mask). A feature that would not be enforced is refused by `check_schema` with its
+name and path, so a constrained request is never silently unconstrained; an unknown `format` is an
+annotation (JSON Schema 2020-12's default, and what vLLM/xgrammar do) and is ignored.
 Compiles are cached by the sha256 of the canonical schema in a bounded LRU; `compile` is
 thread-safe and meant to run on a worker thread, off the step loop.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +30,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from modeldeploy.runtime.engine import grammar_regex as rx
 from modeldeploy.runtime.engine.output import CompileResult
 from modeldeploy.runtime.engine.sampling_params import Structured
 from modeldeploy.runtime.engine.sequence import Sequence
@@ -33,7 +41,7 @@ LIBRARY = {"name": "xgrammar", "version": version("xgrammar")}
 _ENFORCED = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
     "anyOf", "$ref", "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "pattern", "format", "minItems", "maxItems",
+    "multipleOf", "pattern", "format", "minItems", "maxItems", "minLength", "maxLength",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "contains", "minContains",
     "maxContains", "allOf",
 }  # fmt: skip
@@ -41,10 +49,9 @@ _ANNOTATIONS = {
     "title", "description", "examples", "default", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly",
 }  # fmt: skip
-_FORMATS = {
-    "date", "date-time", "time", "duration", "email", "uuid", "ipv4", "ipv6", "uri", "uri-reference",
-    "hostname",
-}  # fmt: skip
+# Formats xgrammar enforces that grammar_regex.FORMATS does not write (alone only: no length limits)
+_XGRAMMAR_FORMATS = {"duration", "ipv6", "uri-reference"}
+_STRING_LIMITS = ("pattern", "minLength", "maxLength")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SUBSCHEMAS = ("items", "additionalProperties", "propertyNames", "contains")
 _SUBSCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")
@@ -67,11 +74,6 @@ def check_schema(schema: Any, where: str = "") -> None:
     for key, value in schema.items():
         if key in _ANNOTATIONS:
             continue
-        if key in (
-            "minLength",
-            "maxLength",
-        ):  # xgrammar 0.2.9 then lets raw control characters into the string
-            raise UnsupportedSchema(f"{key} (use a 'pattern' such as '^.{{0,12}}$' instead)", where)
         if key not in _ENFORCED:
             raise UnsupportedSchema(key, where)
         at = f"{where}/{key}"
@@ -79,8 +81,6 @@ def check_schema(schema: Any, where: str = "") -> None:
             raise UnsupportedSchema("allOf with more than one subschema", at)
         if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
             raise UnsupportedSchema(f"$ref to {value!r} (only local '#/...' references)", at)
-        if key == "format" and value not in _FORMATS:
-            raise UnsupportedSchema(f"format {value!r}", at)
         if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
             for name, sub in value.items():
                 check_schema(sub, f"{at}/{name}")
@@ -89,6 +89,93 @@ def check_schema(schema: Any, where: str = "") -> None:
         elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
             for i, sub in enumerate(value):
                 check_schema(sub, f"{at}/{i}")
+    _string_grammar(schema, where, "check")
+
+
+def _count(schema: dict[str, Any], key: str, where: str) -> int | None:
+    value = schema.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnsupportedSchema(f"{key} {value!r} (a non-negative integer is required)", f"{where}/{key}")
+    return value
+
+
+def _string_grammar(schema: dict[str, Any], where: str, prefix: str) -> tuple[str, dict[str, str]] | None:
+    """The EBNF (expression, rules) of this schema's string limits, or None when it has none that
+    we write (no limits, an unknown format, or a format xgrammar enforces alone)."""
+    fmt = schema.get("format") if isinstance(schema.get("format"), str) else None
+    ours = fmt if fmt in rx.FORMATS else None
+    limits = [k for k in _STRING_LIMITS if k in schema]
+    if fmt in _XGRAMMAR_FORMATS and limits:
+        raise UnsupportedSchema(f"format {fmt!r} together with {limits[0]}", f"{where}/format")
+    if not limits and ours is None:
+        return None
+    lo, hi = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
+    if hi is not None and hi < lo:
+        raise UnsupportedSchema(f"minLength {lo} greater than maxLength {hi}", f"{where}/maxLength")
+    pattern = schema.get("pattern")
+    if pattern is not None and not isinstance(pattern, str):
+        raise UnsupportedSchema(f"pattern of type {type(pattern).__name__}", f"{where}/pattern")
+    if pattern is not None and ours is not None:
+        raise UnsupportedSchema(f"format {fmt!r} together with pattern", f"{where}/format")
+    source, key = (pattern, "pattern") if pattern is not None else (rx.FORMATS.get(fmt or ""), "format")
+    try:
+        node = rx.parse_pattern(source) if source is not None else rx.ANY_STRING
+        return rx.string_ebnf(node, lo, hi, prefix)
+    except rx.RegexUnsupported as e:
+        raise UnsupportedSchema(
+            f"{key}: {e}", f"{where}/{key if source is not None else 'maxLength'}"
+        ) from None
+
+
+_PLACEHOLDER = "mdxstr{}q"
+_PLACEHOLDER_RE = re.compile(r'Regex\("\^mdxstr(\d+)q\$", json_string=true\)')
+
+
+def _rewrite(schema: Any, pieces: list[tuple[str, dict[str, str]]]) -> Any:
+    """A copy of a checked schema whose string limits are placeholder patterns; their EBNF goes
+    into `pieces`, in placeholder order."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rewrite(sub, pieces) for name, sub in value.items()}
+        elif key in _SUBSCHEMAS:
+            out[key] = _rewrite(value, pieces)
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_rewrite(sub, pieces) for sub in value]
+        else:
+            out[key] = copy.deepcopy(value)
+    built = _string_grammar(schema, "", f"mdx{len(pieces)}")
+    if built is not None:
+        for key in (*_STRING_LIMITS, "format"):
+            out.pop(key, None)
+        out["pattern"] = "^" + _PLACEHOLDER.format(len(pieces)) + "$"
+        pieces.append(built)
+    return out
+
+
+def schema_ebnf(schema_json: str, strict: bool = True) -> str | None:
+    """The whole schema as EBNF with our string grammars spliced in; None when it has no string
+    limits we write (xgrammar then compiles the schema itself)."""
+    pieces: list[tuple[str, dict[str, str]]] = []
+    rewritten = _rewrite(json.loads(schema_json), pieces)
+    if not pieces:
+        return None
+    text = str(xgr.Grammar.from_json_schema(json.dumps(rewritten), any_whitespace=False, strict_mode=strict))
+    used: set[int] = set()
+
+    def splice(m: re.Match[str]) -> str:
+        used.add(int(m.group(1)))
+        return f"({pieces[int(m.group(1))][0]})"
+
+    text = _PLACEHOLDER_RE.sub(splice, text)
+    if used != set(range(len(pieces))):  # a string the grammar lost would be silently free
+        raise ValueError("response_format: a string limit could not be placed in the grammar")
+    rules = "\n".join(f"{name} ::= {body}" for _, extra in pieces for name, body in extra.items())
+    return f"{text}\n{rules}\n"
 
 
 def tool_tag_spec(call_schema: dict[str, Any], begin: str, end: str, stop_after_first: bool) -> Structured:
@@ -122,6 +209,18 @@ def schema_spec(kind: str, schema: Any = None) -> Structured:
     check_schema(schema)
     # key order is kept: it is the order the properties are generated in
     return Structured("json_schema", json.dumps(schema, separators=(",", ":")))
+
+
+def _tag_with_ebnf(tag_json: str) -> str:
+    """A structural tag whose JSON-schema contents with string limits become our EBNF grammars."""
+    tag = json.loads(tag_json)
+    for item in tag["format"].get("tags", []):
+        content = item.get("content", {})
+        if content.get("type") == "json_schema":
+            ebnf = schema_ebnf(json.dumps(content["json_schema"]))
+            if ebnf is not None:
+                item["content"] = {"type": "grammar", "grammar": ebnf}
+    return json.dumps(tag)
 
 
 class GrammarCompiler:
@@ -168,7 +267,10 @@ class GrammarCompiler:
             schema, strict = spec.schema, True
         try:
             if spec.kind == "structural_tag":
-                return self.compiler.compile_structural_tag(schema)
+                return self.compiler.compile_structural_tag(_tag_with_ebnf(schema))
+            ebnf = schema_ebnf(schema, strict)
+            if ebnf is not None:
+                return self.compiler.compile_grammar(ebnf)
             return self.compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=strict)
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"response_format: the schema cannot be compiled: {e}") from None
