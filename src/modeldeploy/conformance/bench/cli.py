@@ -190,9 +190,11 @@ class Display:
             s = d["summary"]
             ttft, itl = s["ttft"], s["itl"]
             good = "-" if s["good_share"] is None else f"{s['good_share'] * 100:.0f}%"
+            rate = s.get("check_pass_rate")
+            checks = "" if rate is None else f"checks passed {rate * 100:.0f}% of {s['checked']} "
             self.console.print(
                 f"{d['name']} rate {d['rate']:g}: sent {s['requests']} "
-                f"ok {s['outcomes'].get('completed', 0)} good {good} "
+                f"ok {s['outcomes'].get('completed', 0)} good {good} {checks}"
                 f"goodput {s['goodput_rps']:.2f} req/s {s['goodput_tok_s']:.0f} tok/s | "
                 f"TTFT p50 {_s(ttft['p50'])} p95 {_s(ttft['p95'])} | "
                 f"ITL p50 {_s(itl['p50'])} p95 {_s(itl['p95'])}",

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from modeldeploy.conformance.bench.checks import run_check
 from modeldeploy.conformance.bench.workload import Item
 from modeldeploy.conformance.measures import outcome_of_status
 
@@ -54,7 +55,9 @@ class Record:
     tokens_from: str = "usage"
     finish_reason: str | None = None
     max_tokens: int | None = None
-    good: bool = False  # completed and within every per-request SLO (set by stats)
+    good: bool = False  # completed, within every per-request SLO and passing its check (set by stats)
+    check_passed: bool | None = None  # the item's output check on the completed output (None: no check)
+    check_error: str | None = None  # why it failed
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -73,6 +76,8 @@ def body(item: Item, s: Settings) -> dict[str, Any]:
         b["max_output_tokens" if s.endpoint == "responses" else "max_tokens"] = item.output_tokens
     if s.ignore_eos:
         b["ignore_eos"] = True
+    if item.response_format is not None and s.endpoint != "responses":
+        b["response_format"] = item.response_format
     if s.endpoint == "responses":
         b["input"] = item.messages or [{"role": "user", "content": item.prompt}]
     elif s.endpoint == "chat":
@@ -118,6 +123,7 @@ async def send(
     start = time.monotonic()
     rec.sent_s = start - t0
     last: float | None = None
+    text: list[str] = []
     try:
         async with client.stream("POST", path, json=body(item, s), timeout=s.timeout_s) as r:
             rec.status = r.status_code
@@ -140,8 +146,10 @@ async def send(
                     rec.prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
                     rec.output_tokens = usage.get("completion_tokens", usage.get("output_tokens"))
                 rec.finish_reason = _finish_of(chunk) or rec.finish_reason
-                if not _text_of(chunk):
+                piece = _text_of(chunk)
+                if not piece:
                     continue
+                text.append(piece)
                 rec.chunks += 1
                 if last is None:
                     rec.ttft = now - start
@@ -163,10 +171,17 @@ async def send(
         rec.status, rec.outcome, rec.error = 0, "error", f"timed out after {s.timeout_s}s"
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec.status, rec.outcome, rec.error = rec.status or 0, "error", f"{type(e).__name__}: {e}"[:300]
+    return _finish(rec, item, "".join(text))
+
+
+def _finish(rec: Record, item: Item, text: str) -> Record:
+    """Token count, TPOT and the item's output check, once the stream is over."""
     if rec.output_tokens is None:
         rec.output_tokens, rec.tokens_from = rec.chunks, "chunks"
     if rec.outcome == "completed" and rec.ttft is not None and rec.e2e is not None and rec.output_tokens > 1:
         rec.tpot = (rec.e2e - rec.ttft) / (rec.output_tokens - 1)
+    if item.check is not None and rec.outcome == "completed":
+        rec.check_passed, rec.check_error = run_check(item.check, text)
     return rec
 
 

@@ -74,8 +74,9 @@ def _positive(val: str, flag: str, part: str) -> float:
 
 
 def is_good(r: Record, slo: dict[str, float]) -> bool:
-    """Completed and within every per-request threshold (itl: every gap of the request)."""
-    if r.outcome != "completed":
+    """Completed, within every per-request threshold (itl: every gap of the request) and, when its
+    item carries an output check, passing it: a fast wrong answer is not goodput."""
+    if r.outcome != "completed" or r.check_passed is False:
         return False
     checks = {
         "ttft": r.ttft,
@@ -112,6 +113,12 @@ def _refusals(rs: Sequence[Record]) -> dict[str, float | None]:
 
 def _outcomes(rs: Sequence[Record]) -> dict[str, float]:
     return dict(Counter(r.outcome for r in rs))
+
+
+def check_pass_rate(rs: Sequence[Record]) -> float | None:
+    """Passed checks over the completed requests that carried one (None: no checks)."""
+    checked = [r.check_passed for r in rs if r.check_passed is not None]
+    return sum(checked) / len(checked) if checked else None
 
 
 def good_share(rs: Sequence[Record]) -> float | None:
@@ -171,6 +178,9 @@ def summarize(rs: list[Record], slo: dict[str, float], rate: float) -> dict[str,
         "goodput_rps": len(good) / window,
         "goodput_tok_s": sum(r.output_tokens or 0 for r in good) / window,
         "good_share": good_share(rs),
+        "checked": sum(r.check_passed is not None for r in rs),
+        "check_pass_rate": check_pass_rate(rs),
+        "check_failures": dict(Counter(r.check_error for r in rs if r.check_error).most_common(3)),
         "error_rate": M.error_rate(_outcomes(rs)),
         "ttft": _dist(_ttfts(rs)),
         "itl": _dist(_gaps(rs)),

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from modeldeploy.conformance.bench.checks import parse_check
+
 _WORDS = (
     "the model serves tokens from a paged cache while the scheduler admits new requests under "
     "a budget of batched tokens and the operator watches latency across cohorts of pods in a "
@@ -142,11 +144,16 @@ class Item:
     prompt_tokens: int  # counted or estimated (see TokenCounter.method); usage has the server's count
     output_tokens: int | None  # max_tokens to ask for (None: the server's default)
     messages: list[dict[str, str]] | None = None
+    check: dict[str, Any] | None = None  # checks.py: the output must pass it to count as good
+    response_format: dict[str, Any] | None = None  # sent as is (chat and completions)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("prompt")
         d.pop("messages")
+        for key in ("check", "response_format"):
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -192,6 +199,20 @@ def load_dataset(path: str, counter: TokenCounter, default_output: int = 128) ->
 def _item(row: Any, i: int, path: str, counter: TokenCounter, default_output: int) -> Item | None:
     if not isinstance(row, dict):
         raise ValueError(f"--dataset: {path} entry {i} is not an object")
+    item = _prompt_item(row, i, path, counter, default_output)
+    if item is not None and row.get("check") is not None:
+        item.check = parse_check(row["check"], f"--dataset: {path} entry {i}")
+    rf = row.get("response_format")
+    if item is not None and rf is not None:
+        if not isinstance(rf, dict) or "type" not in rf:
+            raise ValueError(f"--dataset: {path} entry {i}: response_format must be an object with a type")
+        item.response_format = rf
+    return item
+
+
+def _prompt_item(
+    row: dict[str, Any], i: int, path: str, counter: TokenCounter, default_output: int
+) -> Item | None:
     out = row.get("output_tokens", row.get("max_tokens"))
     if out is not None and (not isinstance(out, int) or out < 1):
         raise ValueError(f"--dataset: {path} entry {i}: output_tokens must be an integer >= 1")
