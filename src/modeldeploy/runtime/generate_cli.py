@@ -16,17 +16,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--model-digest", default=None, help="expected sha256:... manifest digest")
+    parser.add_argument(
+        "--chat", action="store_true", help="each prompt is a user message in the model's chat template"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: the model's own)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+
+
+def _chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt as one user turn through the tokenizer's chat template, as token ids (the template
+    writes its own special tokens, so none are added again)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("--chat: the model's tokenizer has no chat template")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def main(args: argparse.Namespace) -> int:
     from modeldeploy.runtime import LLM, SamplingParams
 
     try:
-        llm = LLM(args.model, dtype=args.dtype, device=args.device, model_digest=args.model_digest)
+        llm = LLM(
+            args.model,
+            dtype=args.dtype,
+            device=args.device,
+            model_digest=args.model_digest,
+            max_model_len=args.max_model_len,
+        )
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        prompts = [_chat_ids(llm.tokenizer, p) for p in args.prompt] if args.chat else args.prompt
         t0 = time.perf_counter()
-        outs = llm.generate(args.prompt, params)
+        outs = llm.generate(prompts, params)
     except ValueError as e:
         raise SystemExit(f"modeldeploy generate: {e}") from None
     dt = time.perf_counter() - t0
