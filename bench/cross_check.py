@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,46 +37,7 @@ from modeldeploy.conformance.bench.runner import Bench, BenchConfig
 from modeldeploy.conformance.bench.server import probe
 from modeldeploy.conformance.prom import Metrics
 from modeldeploy.operator.rollout.progression import RFC3339
-from modeldeploy_dev.wait import wait_until
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(model: str, log: Path, *flags: str, pin: bool = False) -> tuple[subprocess.Popen, str]:
-    """`modeldeploy serve` on CPU; with `pin`, both its processes on CPU 1 with one torch thread."""
-    port = _port()
-    cmd = [
-        *(["taskset", "-c", "1"] if pin else []),
-        sys.executable,
-        "-m",
-        "modeldeploy",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-    ]
-    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if pin else {})}
-    proc = subprocess.Popen([*cmd, *flags], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
-
-    try:
-        wait_until(ready, 300, 0.3, f"{url} ready", ignore=(httpx.TransportError,))
-    except TimeoutError as e:
-        proc.kill()
-        raise RuntimeError("server not ready in 300 s") from e
-    return proc, url
+from modeldeploy_dev.serve_process import serve
 
 
 def server_side(url: str, before: Metrics, after: Metrics) -> dict[str, float | None]:
