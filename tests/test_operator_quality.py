@@ -460,10 +460,8 @@ def test_client_passes_a_same_model_canary(cohorts) -> None:
         -0.52
     )
     scoring = [b for b in canary.requests if b.get("prompt_logprobs") is not None]
-    assert len(scoring) == 2 and scoring[0]["messages"][-1] == {
-        "role": "assistant",
-        "content": "The capital of France is Paris.",
-    }
+    scored = sorted(b["messages"][-1]["content"] for b in scoring)  # the pool sends them in any order
+    assert scored == sorted(GOOD.values()) and all(b["messages"][-1]["role"] == "assistant" for b in scoring)
     greedy = [b for b in canary.requests if b.get("prompt_logprobs") is None]
     assert all(b["temperature"] == 0 and b["logprobs"] is True and b["model"] == "m" for b in greedy)
 
@@ -678,3 +676,40 @@ def test_gate_against_real_runtime_servers(tmp_path, tiny_model) -> None:
     finally:
         for s in (stable, same, moved):
             s.stop()
+
+
+def test_at_each_step_holds_each_step_for_its_own_gate() -> None:
+    from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
+
+    p = replace(P, steps=(Step(20, 30), Step(60, 30)), quality_each_step=True)
+    s = RolloutState(phase="Canary", stable="old", canary="new", step=0, started_at=0.0, phase_since=100.0)
+    passing = AnalysisResult(step=0, verdict="Pass", metrics=[])
+    sig = Signals(desired="new", canary_ready=1, analysis=passing, analysis_at=140.0)
+    assert advance(s, p, sig, 140.0).event is None  # the pause is over but no gate for step 1 yet
+    verifying = qresult(True)  # the Verifying gate's result (step None) does not count for a step
+    assert advance(s, p, replace(sig, quality=verifying), 140.0).event is None
+    t = advance(s, p, replace(sig, quality=qresult(True).model_copy(update={"step": 0})), 141.0)
+    assert (t.state.step, t.event[1]) == (1, "AnalysisPassed")
+    bad = qresult(False).model_copy(update={"step": 0})
+    t = advance(s, p, replace(sig, quality=bad, analysis=None), 110.0)  # fails even during the pause
+    assert (t.state.phase, t.event[1]) == ("RollingBack", "QualityFailed") and t.event[2].count(
+        "step 1:"
+    ) == 1
+    t = advance(s, p, replace(sig, analysis=None), 100.0 + 121)
+    assert (t.state.phase, t.event[1]) == ("RollingBack", "QualityTimeout")
+    assert advance(s, replace(p, quality_each_step=False), sig, 140.0).event[1] == "AnalysisPassed"
+    spec = ModelDeploymentSpec.model_validate(quality_spec({"atEachStep": True}))
+    assert progression.policy(spec).quality_each_step
+
+
+def test_observe_runs_a_gate_per_canary_step_with_at_each_step(cohorts) -> None:
+    s, c = cohorts(FakeLM(GOOD, -0.5), FakeLM(GOOD, -0.5))
+    observer, runner, obj = _observer_world(
+        {"evalSet": {"inline": ITEMS}, "atEachStep": True}, s.url, c.url, None
+    )
+    obj["status"] |= {"phase": "Canary", "currentStep": 1}
+    assert observer.observe(obj).quality is None
+    runner.wait(("uid-1", "new", 1), 30)
+    r = observer.observe(obj).quality
+    assert r is not None and (r.verdict, r.step) == ("Pass", 1)
+    assert not runner.has(("uid-1", "new", -1))  # the Verifying gate is not rerun in Canary

@@ -289,12 +289,14 @@ class Observer:
                 )
             return
         cfg, step = spec.rollout.analysis, st.get("currentStep")
+        stable = (st.get("stable") or {}).get("bundle")
+        if cfg.quality is not None and cfg.quality.enabled and cfg.quality.at_each_step and step is not None:
+            obs.quality = self._quality(meta, spec, canary, stable, ips(canary), ips(stable), step)
         now = time.time()
         last, at = obs.analysis, obs.analysis_at
         if last is not None and last.step == step and at is not None and now - at < cfg.interval_seconds:
             return  # this step's last interval is recent enough
         since = (st.get("rollout") or {}).get("phaseSince")
-        stable = (st.get("stable") or {}).get("bundle")
         if not stable:
             return  # no stable cohort to compare the canary with
         cohorts = AnalysisWindow(
@@ -317,12 +319,13 @@ class Observer:
         stable: str | None,
         canary_ips: tuple[str, ...],
         stable_ips: tuple[str, ...],
+        step: int | None = None,
     ) -> QualityResult | None:
-        """The quality gate's verdict on this canary (None while it runs or before both cohorts have a
-        Ready pod). The eval set is resolved once, when the run starts: a referenced ConfigMap is read
-        then and refused unless its items match the pinned digest."""
+        """The quality gate's verdict on this canary at Verifying (`step` None) or at a canary step (None
+        while it runs or before both cohorts have a Ready pod). The eval set is resolved once, when the
+        run starts: a referenced ConfigMap is read then and refused unless its items match its digest."""
         q = spec.rollout.analysis.quality
-        key = (meta["uid"], canary, -1)
+        key = (meta["uid"], canary, -1 if step is None else step)
         if q is None or not stable or not canary_ips or not stable_ips:
             return None
         if self.quality.has(key):
@@ -344,7 +347,8 @@ class Observer:
             metrics.QUALITY_GATES.labels(out.verdict, out.reason).inc()
             if out.seconds is not None:
                 metrics.QUALITY_SECONDS.observe(out.seconds)
-            return out.model_copy(update={"time": iso(time.time()), "canary": canary, "stable": stable})
+            stamp = {"time": iso(time.time()), "canary": canary, "stable": stable, "step": step}
+            return out.model_copy(update=stamp)
 
         return self.quality.ensure(key, job)
 

@@ -56,6 +56,7 @@ class Policy:
     conformance_gate: bool = True
     quality_gate: bool = False  # spec.rollout.analysis.quality set and enabled: Verifying runs it next
     quality_timeout_seconds: int = 300
+    quality_each_step: bool = False  # quality.atEachStep: each canary step waits for its own gate
     load_timeout_seconds: int = 600
     progress_deadline_seconds: int = 1800
     keep_previous_replicas: int = 1
@@ -345,8 +346,30 @@ def _enter_step(s, p, now, i, reason, detail="") -> Transition:
     return _go(s, now, "Canary", reason, msg, step=i)
 
 
+def _step_quality(s, p, sig, now, elapsed) -> Transition | None:
+    """quality.atEachStep: a failed gate for this step rolls back, a missing one past timeoutSeconds too;
+    while it runs the step holds (Transition(s)); None when the step may go on."""
+    i = s.step or 0
+    q = sig.quality if sig.quality is not None and sig.quality.step == i else None
+    if q is not None and q.verdict != "Pass":
+        return _rollback(
+            s, now, q.reason or "QualityFailed", f"step {i + 1}: {q.message or 'quality gate failed'}"
+        )
+    if q is None and elapsed > p.quality_timeout_seconds:
+        return _rollback(
+            s,
+            now,
+            QUALITY_TIMEOUT,
+            f"step {i + 1}: no quality verdict within timeoutSeconds={p.quality_timeout_seconds}",
+        )
+    return Transition(s) if q is None else None
+
+
 def _canary(s, p, sig, now, elapsed) -> Transition:
     i = s.step or 0
+    held = _step_quality(s, p, sig, now, elapsed) if p.quality_each_step else None
+    if held is not None and held.state.phase == "RollingBack":
+        return held
     a = sig.analysis
     fresh = (
         a is not None
@@ -361,8 +384,8 @@ def _canary(s, p, sig, now, elapsed) -> Transition:
             if m.verdict == "Fail"
         )
         return _rollback(s, now, "AnalysisFailed", f"step {i + 1}: {figures}")
-    if a is None or not fresh or elapsed < p.steps[i].pause_seconds:
-        return Transition(s)  # pausing, or no verdict for this step yet
+    if a is None or not fresh or elapsed < p.steps[i].pause_seconds or held is not None:
+        return Transition(s)  # pausing, or no verdict (analysis, or this step's quality gate) yet
     if a.verdict == "Inconclusive":
         if p.on_inconclusive == "Rollback":
             why = a.message or f"{a.metrics[0].samples if a.metrics else 0} samples"

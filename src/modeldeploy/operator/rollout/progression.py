@@ -58,6 +58,9 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
         conformance_gate=r.conformance_gate,
         quality_gate=r.analysis.quality is not None and r.analysis.quality.enabled,
         quality_timeout_seconds=r.analysis.quality.timeout_seconds if r.analysis.quality else 300,
+        quality_each_step=r.analysis.quality is not None
+        and r.analysis.quality.enabled
+        and r.analysis.quality.at_each_step,
         load_timeout_seconds=spec.readiness.load_timeout_seconds,
         progress_deadline_seconds=r.progress_deadline_seconds,
         keep_previous_replicas=warm_budget(spec),

@@ -241,3 +241,8 @@ class Quality(_Model):
     timeout_seconds: int = Field(
         default=300, ge=10, le=3600, description="No verdict by then: rollback QualityTimeout."
     )
+    at_each_step: bool = Field(
+        default=False,
+        description="Run the gate again when each canary step begins, under live traffic: the step does not "
+        "advance before it passes (timeoutSeconds from the step's start), and a failure rolls back.",
+    )
