@@ -75,6 +75,31 @@ def test_grammar_accepts_exactly_the_valid_strings(llm, schema):
     assert not mismatches, mismatches[:10]
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "^(ab|a)+$", "minLength": 2, "maxLength": 3},
+        {"type": "string", "pattern": "^[a-b]+-[a-b]*$", "maxLength": 3},
+        {"type": "string", "pattern": "a|-", "minLength": 2},
+        {"type": "string", "pattern": '^(a|"|\\\\)*-?$', "minLength": 1, "maxLength": 3},
+    ],
+)
+def test_automaton_fallback_accepts_exactly_the_valid_strings(llm, schema, monkeypatch):
+    """The automaton x length product (used where the exact split is too large), forced here by a
+    zero split budget: the same exhaustive comparison."""
+    monkeypatch.setattr(rx, "MAX_ALTERNATIVES", 0)
+    rx._string_ebnf.cache_clear()
+    schema = {**schema, "title": "automaton"}  # another grammar-cache key than the split's
+    pattern = schema["pattern"].replace("$", "\\Z")
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength", 10**9)
+    try:
+        for s in _strings(3):
+            want = lo <= len(s) <= hi and re.search(pattern, s) is not None
+            assert _accepts(llm, schema, json.dumps(s, ensure_ascii=False)) == want, s
+    finally:
+        rx._string_ebnf.cache_clear()
+
+
 def test_raw_control_characters_are_never_admitted(llm):
     """The xgrammar 0.2.9 bug that made us refuse maxLength: a raw newline inside the string."""
     for schema in ({"type": "string", "maxLength": 4}, {"type": "string", "pattern": "^[\\n\\t]{1,2}$"}):
@@ -111,6 +136,10 @@ def test_unknown_format_is_an_annotation(llm):
     assert _accepts(llm, schema, '"abc"') and not _accepts(llm, schema, '"abcd"')
 
 
+def _fail(v: str) -> None:
+    raise ValueError(v)
+
+
 def _format_ok(fmt: str, s: str) -> bool:
     checks = {
         "date": lambda v: datetime.date.fromisoformat(v),
@@ -118,6 +147,7 @@ def _format_ok(fmt: str, s: str) -> bool:
         "time": lambda v: datetime.time.fromisoformat(v.replace("Z", "+00:00")),
         "uuid": uuid.UUID,
         "ipv4": ipaddress.IPv4Address,
+        "email": lambda v: re.fullmatch(r"[^@\s]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", v) or _fail(v),
     }
     try:
         checks[fmt](s)
@@ -144,8 +174,11 @@ SAMPLED = {
     },
     "formats": {
         "type": "object",
-        "properties": {f: {"type": "string", "format": f} for f in ("date", "time", "uuid", "ipv4")},
-        "required": ["date", "time", "uuid", "ipv4"],
+        "properties": {
+            **{f: {"type": "string", "format": f} for f in ("date", "time", "uuid", "ipv4")},
+            "email": {"type": "string", "format": "email", "maxLength": 24},
+        },
+        "required": ["date", "time", "uuid", "ipv4", "email"],
     },
 }
 

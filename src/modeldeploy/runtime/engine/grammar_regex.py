@@ -25,8 +25,10 @@ import functools
 from dataclasses import dataclass, field
 
 MAX_CODEPOINT = 0x10FFFF
-MAX_ALTERNATIVES = 4096  # pieces one pattern x length window may split into (see `_Writer.ranged`)
+MAX_ALTERNATIVES = 1024  # pieces one pattern x length window may split into (see `_Writer.ranged`)
 MAX_DEPTH = 120  # nested splits (each a few Python frames: stays far under the recursion limit)
+MAX_NFA_STATES = 4000  # the automaton fallback's expanded pattern (bounded repetitions unrolled)
+MAX_PRODUCT_RULES = 20_000  # the automaton fallback's reachable (state set, length) pairs
 MAX_PATTERN_CHARS = 10_000
 MAX_REPEAT = 10**9  # a bound above this is not a number anyone means
 
@@ -376,7 +378,7 @@ _DATE = (
     rf"|{_LEAP})"
 )
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"  # 63-character label limit not kept: it multiplies states
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 FORMATS = {
     "date": f"^{_DATE}$",
@@ -556,13 +558,160 @@ class _Writer:
         return step
 
 
+class _TooLarge(RegexUnsupported):
+    pass
+
+
+class _NFA:
+    """Thompson automaton of a tree: epsilon moves and character-set edges."""
+
+    def __init__(self) -> None:
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[Ranges, int]]] = []
+
+    def new(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:
+            raise _TooLarge(f"over {MAX_NFA_STATES} automaton states")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def build(self, node: Node, s: int, t: int) -> None:
+        if isinstance(node, Chars):
+            self.edges[s].append((_minus(node.ranges, _SURROGATES), t))
+        elif isinstance(node, Alt):
+            for o in node.options:
+                self.build(o, s, t)
+        elif isinstance(node, Seq):
+            cur = s
+            for i, item in enumerate(node.items):
+                nxt = t if i == len(node.items) - 1 else self.new()
+                self.build(item, cur, nxt)
+                cur = nxt
+            if not node.items:
+                self.eps[s].append(t)
+        else:
+            self._repeat(node, s, t)
+
+    def _repeat(self, node: Repeat, s: int, t: int) -> None:
+        cur = s
+        for _ in range(node.lo):
+            nxt = self.new()
+            self.build(node.body, cur, nxt)
+            cur = nxt
+        if node.hi is None:
+            loop = self.new()
+            self.eps[cur].append(loop)
+            self.build(node.body, loop, loop)
+            self.eps[loop].append(t)
+            return
+        for _ in range(node.hi - node.lo):
+            self.eps[cur].append(t)
+            nxt = self.new()
+            self.build(node.body, cur, nxt)
+            cur = nxt
+        self.eps[cur].append(t)
+
+    def closure(self, states: set[int]) -> frozenset[int]:
+        todo, seen = list(states), set(states)
+        while todo:
+            for n in self.eps[todo.pop()]:
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return frozenset(seen)
+
+    def moves(self, states: frozenset[int]) -> dict[frozenset[int], Ranges]:
+        """Target state set -> the characters that lead there (the alphabet split at every edge)."""
+        edges = [(lo, hi, t) for n in states for ranges, t in self.edges[n] for lo, hi in ranges]
+        cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+        groups: dict[frozenset[int], list[tuple[int, int]]] = {}
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            targets = {t for lo, hi, t in edges if lo <= a and b - 1 <= hi}
+            if targets:
+                groups.setdefault(self.closure(targets), []).append((a, b - 1))
+        return {k: _norm(v) for k, v in groups.items()}
+
+
+def _product(w: _Writer, node: Node, lo: int, hi: int | None) -> str | None:
+    """The automaton fallback: one rule per reachable (state set, length so far) pair, so the count
+    is exact whatever the pattern's shape; the length stops counting at `lo` when there is no `hi`."""
+    nfa = _NFA()
+    start, accept = nfa.new(), nfa.new()
+    nfa.build(node, start, accept)
+    first = (nfa.closure({start}), 0)
+    alts: dict[tuple[frozenset[int], int], list[tuple[str, tuple[frozenset[int], int] | None]]] = {}
+    todo = [first]
+    while todo:
+        key = todo.pop()
+        if key in alts:
+            continue
+        if len(alts) >= MAX_PRODUCT_RULES:
+            raise _TooLarge(f"over {MAX_PRODUCT_RULES} automaton states x lengths")
+        states, k = key
+        out: list[tuple[str, tuple[frozenset[int], int] | None]] = []
+        if accept in states and k >= lo:
+            out.append(('""', None))
+        if hi is None or k < hi:
+            for target, ranges in nfa.moves(states).items():
+                cls = w.chars(ranges)
+                if cls is not None:
+                    nxt = (target, k + 1 if hi is not None else min(k + 1, lo))
+                    out.append((cls, nxt))
+                    todo.append(nxt)
+        alts[key] = out
+    live: set[tuple[frozenset[int], int]] = set()
+    changed = True
+    while changed:  # a pair is live when it can still end the string
+        changed = False
+        for key, out in alts.items():
+            if key not in live and any(nxt is None or nxt in live for _, nxt in out):
+                live.add(key)
+                changed = True
+    if first not in live:
+        return None
+    names = {key: f"{w.prefix}_p{i}" for i, key in enumerate(k for k in alts if k in live)}
+    for key, name in names.items():
+        bodies = [
+            cls if nxt is None else f"{cls} {names[nxt]}"
+            for cls, nxt in alts[key]
+            if nxt is None or nxt in live
+        ]
+        w.rules[name] = " | ".join(bodies)
+    return names[first]
+
+
 def string_ebnf(
     node: Node, min_length: int, max_length: int | None, prefix: str
 ) -> tuple[str, dict[str, str]]:
     """(expression, rules): the node's strings with min_length <= length <= max_length, written
-    between the quotes of a JSON string. RegexUnsupported when none exists or it is too large."""
-    w = _Writer(prefix)
-    expr = w.ranged(node, min_length, max_length)
+    between the quotes of a JSON string, its rule names starting with `prefix`. The exact split by
+    length first (no counting when the pattern's repetitions have fixed-length bodies, however
+    large the bounds); where that splits into too many pieces, the automaton x length product.
+    RegexUnsupported when no string qualifies or both are too large. Memoised: the server checks a
+    schema and the engine compiles it, each building the same strings."""
+    expr, rules = _string_ebnf(node, min_length, max_length)
+
+    def rename(text: str) -> str:
+        return text.replace(f"{_TEMPLATE}_", f"{prefix}_")
+
+    return rename(expr), {rename(name): rename(body) for name, body in rules.items()}
+
+
+_TEMPLATE = "mdxtemplate"
+
+
+@functools.lru_cache(maxsize=256)
+def _string_ebnf(node: Node, min_length: int, max_length: int | None) -> tuple[str, dict[str, str]]:
+    w = _Writer(_TEMPLATE)
+    try:
+        expr = w.ranged(node, min_length, max_length)
+    except RegexUnsupported as split_error:
+        w = _Writer(_TEMPLATE)
+        try:
+            expr = _product(w, node, min_length, max_length)
+        except _TooLarge as e:
+            raise RegexUnsupported(f"{split_error}; as an automaton: {e}") from None
     if expr is None:
         raise RegexUnsupported("no string satisfies the pattern, format and length limits together")
     return expr, w.rules
