@@ -343,7 +343,10 @@ class Observer:
                 assert problem is not None
                 out = problem
             else:
-                out = run_quality(q, es, Cohort(pod_url(stable_ips[0])), Cohort(pod_url(canary_ips[0])))
+                cohorts = Cohort(pod_url(stable_ips[0])), Cohort(pod_url(canary_ips[0]))
+                # per request as long as the whole gate may take: a slow pod is the machine's timeout
+                # (QualityTimeout), not a read timeout misread as a failed gate
+                out = run_quality(q, es, *cohorts, timeout_s=q.timeout_seconds)
             metrics.QUALITY_GATES.labels(out.verdict, out.reason).inc()
             if out.seconds is not None:
                 metrics.QUALITY_SECONDS.observe(out.seconds)
