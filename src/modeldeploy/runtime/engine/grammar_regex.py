@@ -639,9 +639,9 @@ def _product(w: _Writer, node: Node, lo: int, hi: int | None) -> str | None:
     nfa = _NFA()
     start, accept = nfa.new(), nfa.new()
     nfa.build(node, start, accept)
-    first = (nfa.closure({start}), 0)
+    first: tuple[frozenset[int], int] = (nfa.closure({start}), 0)
     alts: dict[tuple[frozenset[int], int], list[tuple[str, tuple[frozenset[int], int] | None]]] = {}
-    todo = [first]
+    todo: list[tuple[frozenset[int], int]] = [first]
     while todo:
         key = todo.pop()
         if key in alts:
