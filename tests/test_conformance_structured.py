@@ -60,11 +60,13 @@ def test_not_run_unless_declared(server):
 
 
 def test_validator_catches_each_violation():
-    good = {"service": "api", "tier": "gold", "replicas": 3, "healthy": True}
+    good = {"service": "api", "tier": "gold", "replicas": 3, "healthy": True, "owner": "ops"}
     assert violations(good) == []
     assert violations({**good, "tier": "tin"}) and violations({**good, "replicas": 10})
     assert violations({**good, "service": "API"}) and violations({**good, "healthy": 1})
     assert violations({**good, "extra": 1}) and violations({k: v for k, v in good.items() if k != "tier"})
+    assert violations({**good, "owner": ""}) and violations({**good, "owner": "x" * 9})
+    assert violations({**good, "owner": 7})
     assert violations([good]) and set(SCHEMA["required"]) == set(good)
 
 

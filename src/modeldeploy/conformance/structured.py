@@ -1,6 +1,9 @@
 """The structured-output check: a json_schema request returns JSON that parses and validates, on
 any model (random weights included: the schema bounds every string, number and array), and a
-schema feature the server cannot enforce is refused with a 400 that names it.
+schema feature the server cannot enforce is refused with a 400 that names it. The schema holds a
+string bounded by `minLength`/`maxLength` alone (what pydantic's `Field(max_length=...)` writes),
+so an engine whose grammar library lets a length limit through, or a raw control character (which
+json.loads refuses: "not JSON"), fails.
 
 The operator runs it when the bundle declares `config.structuredOutput: true`, so a canary whose
 constrained decoding broke (an engine or grammar-library upgrade) is caught before traffic.
@@ -24,8 +27,9 @@ SCHEMA: dict[str, Any] = {
         "tier": {"enum": ["gold", "silver", "bronze"]},
         "replicas": {"type": "integer", "minimum": 1, "maximum": 9},
         "healthy": {"type": "boolean"},
+        "owner": {"type": "string", "minLength": 1, "maxLength": 8},
     },
-    "required": ["service", "tier", "replicas", "healthy"],
+    "required": ["service", "tier", "replicas", "healthy", "owner"],
     "additionalProperties": False,
 }
 UNSUPPORTED_FEATURE = "uniqueItems"
@@ -45,14 +49,27 @@ def violations(doc: Any, schema: dict[str, Any] = SCHEMA) -> list[str]:
         v = doc[key]
         if "enum" in sub and v not in sub["enum"]:
             out.append(f"{key}: {v!r} not in {sub['enum']}")
-        elif sub.get("type") == "string" and not (isinstance(v, str) and re.search(sub["pattern"], v)):
-            out.append(f"{key}: {v!r} does not match {sub['pattern']}")
+        elif sub.get("type") == "string":
+            out += _string_violations(key, v, sub)
         elif sub.get("type") == "integer" and not (
             isinstance(v, int) and not isinstance(v, bool) and sub["minimum"] <= v <= sub["maximum"]
         ):
             out.append(f"{key}: {v!r} is not an integer in [{sub['minimum']}, {sub['maximum']}]")
         elif sub.get("type") == "boolean" and not isinstance(v, bool):
             out.append(f"{key}: {v!r} is not a boolean")
+    return out
+
+
+def _string_violations(key: str, v: Any, sub: dict[str, Any]) -> list[str]:
+    if not isinstance(v, str):
+        return [f"{key}: {v!r} is not a string"]
+    out = []
+    if "pattern" in sub and not re.search(sub["pattern"], v):
+        out.append(f"{key}: {v!r} does not match {sub['pattern']}")
+    if not sub.get("minLength", 0) <= len(v) <= sub.get("maxLength", len(v)):
+        out.append(
+            f"{key}: {v!r} has length {len(v)}, outside [{sub.get('minLength', 0)}, {sub.get('maxLength')}]"
+        )
     return out
 
 
