@@ -1,7 +1,8 @@
 """The structured-output test schemas: nested objects, arrays, enums, required fields, bounded
-numbers and string patterns. Strings are bounded by patterns because a random-weight model rarely
-closes a free string within a test's token budget. tests/test_structured_engine.py decodes them;
-bench/structured_output.py times their compilation.
+numbers, string patterns and (`limits`) what pydantic writes: `minLength`/`maxLength`, a pattern
+with a `maxLength`, formats, `minItems`/`maxItems`. Strings are bounded (by a pattern or a length
+limit) because a random-weight model rarely closes a free string within a test's token budget.
+tests/test_structured_engine.py decodes them; bench/structured_output.py times their compilation.
 """
 
 from __future__ import annotations
@@ -84,5 +85,21 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "kind": {"const": "polyline"},
         },
         "required": ["label", "kind"],
+    },
+    "limits": {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "minLength": 1, "maxLength": 10},
+            "slug": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 12},
+            "when": {"type": "string", "format": "date"},
+            "id": {"type": "string", "format": "uuid"},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 4},
+                "minItems": 1,
+                "maxItems": 2,
+            },
+        },
+        "required": ["title", "slug", "when", "id", "tags"],
     },
 }
