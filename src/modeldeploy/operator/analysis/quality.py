@@ -166,11 +166,14 @@ def run_quality(
     s, c = _Client(stable, timeout_s), _Client(canary, timeout_s)
     try:
         items = list(es.items)
-        with ThreadPoolExecutor(parallel) as pool:
-            s_ans = list(pool.map(s.answer, items))
-            c_ans = list(pool.map(c.answer, items))
-            s_lp = list(pool.map(lambda i: s.score(items[i], s_ans[i][0], s_ans[i][2]), range(len(items))))
-            c_lp = list(pool.map(lambda i: c.score(items[i], s_ans[i][0], c_ans[i][2]), range(len(items))))
+        n = range(len(items))
+        # both pods at once, `parallel` requests each: the cohorts run on different pods (nodes)
+        with ThreadPoolExecutor(parallel) as sp, ThreadPoolExecutor(parallel) as cp:
+            s_fut, c_fut = sp.map(s.answer, items), cp.map(c.answer, items)
+            s_ans, c_ans = list(s_fut), list(c_fut)
+            s_fut = sp.map(lambda i: s.score(items[i], s_ans[i][0], s_ans[i][2]), n)
+            c_fut = cp.map(lambda i: c.score(items[i], s_ans[i][0], c_ans[i][2]), n)
+            s_lp, c_lp = list(s_fut), list(c_fut)
         pairs = [
             (
                 Answer(sa[0], sa[1], check(it, sa[0])[0], sl if sa[0] else None),
