@@ -2,7 +2,8 @@
 
 Short items SmolLM2-135M-Instruct (the default model, issue 36) answers right greedily: factual
 questions checked with `contains`, arithmetic and counts with a regex, a JSON answer with a schema;
-and two long-context retrieval items, a fact placed ~1.1k and ~2k tokens before its question
+six facts stated only in a system turn (the model answers them only when it sees that turn);
+and two long-context retrieval items, a fact placed ~1.1k and ~1.5k tokens before its question
 (position bugs such as a wrong rope_theta hide in short prompts). Every item was kept only after
 the real model passed it greedily (transformers, float32, its own chat template): docs/design.md
 ("The quality gate") records the run. Its digest is computed, never written by hand, and shown in
@@ -38,6 +39,13 @@ def _filler(sentences: int) -> str:
 
 def _ask(prompt: str, **check: Any) -> dict[str, Any]:
     return {"prompt": prompt, "maxTokens": 24, **check}
+
+
+def _told(system: str, question: str, **check: Any) -> dict[str, Any]:
+    """A fact given only in the system turn: a template or server that loses the system message
+    (a tokenizer revision whose chat template drops it) cannot answer these."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    return {"messages": msgs, "maxTokens": 24, **check}
 
 
 def _recall(fact: str, question: str, answer_regex: str, sentences: int) -> dict[str, Any]:
@@ -90,10 +98,18 @@ _ITEMS: tuple[dict[str, Any], ...] = (
             "properties": {"answer": {"type": "integer", "minimum": 5, "maximum": 5}},
         },
     },
-    _recall("Note: the meeting room number is 417.", "What is the meeting room number?", r"\b417\b", 70),
-    _recall(
-        "Remember this: the secret password is PELICAN.", "What is the secret password?", r"(?i)pelican", 130
+    _told("The secret code is 5521.", "What is the secret code?", regex=r"\b5521\b"),
+    _told("The user's name is Maria.", "What is my name?", contains="Maria"),
+    _told(
+        "The capital of the fictional country Zorbia is Quenta.",
+        "What is the capital of Zorbia?",
+        contains="Quenta",
     ),
+    _told("The password for the wifi is sunflower42.", "What is the wifi password?", contains="sunflower42"),
+    _told("Today is Friday.", "What day is it today?", contains="Friday"),
+    _told("The package weighs 12 kilograms.", "How much does the package weigh?", regex=r"\b12\b"),
+    _recall("Note: the meeting room number is 417.", "What is the meeting room number?", r"\b417\b", 70),
+    _recall("My cat is called Whiskers.", "What is my cat called?", r"(?i)whiskers", 100),
 )
 
 DEFAULT_ITEMS: tuple[EvalItem, ...] = tuple(EvalItem.model_validate(i) for i in _ITEMS)
