@@ -229,12 +229,22 @@ def test_sampled_outputs_validate(llm, name):
         ),
         ({"type": "string", "pattern": "^[a-c]{2}$", "minLength": 3}, "no string satisfies"),
         ({"type": "string", "format": "date", "pattern": "^2"}, "format 'date' together with pattern"),
+        ({"maxLength": 2}, 'maxLength without "type": "string"\' at /maxLength'),
+        ({"type": "string", "enum": ["abcdef", "x"], "maxLength": 3}, "maxLength together with enum/const"),
     ],
 )
 def test_unenforceable_patterns_are_refused_by_name_and_path(schema, named):
     with pytest.raises(UnsupportedSchema) as e:
         check_schema(schema)
     assert named in str(e.value)
+
+
+def test_string_keywords_apply_to_strings_only(llm):
+    """JSON Schema: maxLength on an integer constrains nothing; on a nullable string, the string."""
+    assert _accepts(llm, {"type": "integer", "maxLength": 1}, "12345")
+    nullable = {"type": ["string", "null"], "maxLength": 2}
+    assert _accepts(llm, nullable, "null") and _accepts(llm, nullable, '"ab"')
+    assert not _accepts(llm, nullable, '"abc"')
 
 
 def test_compile_stays_bounded(llm):

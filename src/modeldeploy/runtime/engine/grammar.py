@@ -111,6 +111,16 @@ def _string_grammar(schema: dict[str, Any], where: str, prefix: str) -> tuple[st
         raise UnsupportedSchema(f"format {fmt!r} together with {limits[0]}", f"{where}/format")
     if not limits and ours is None:
         return None
+    types = _types(schema)
+    if types is not None and "string" not in types:
+        return None  # string keywords do not apply to other types (_rewrite drops them)
+    first = (limits or ["format"])[0]
+    if types is None:
+        raise UnsupportedSchema(f'{first} without "type": "string"', f"{where}/{first}")
+    if "enum" in schema or "const" in schema:
+        raise UnsupportedSchema(
+            f"{first} together with enum/const (list only the values that qualify)", where
+        )
     lo, hi = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
     if hi is not None and hi < lo:
         raise UnsupportedSchema(f"minLength {lo} greater than maxLength {hi}", f"{where}/maxLength")
@@ -127,6 +137,11 @@ def _string_grammar(schema: dict[str, Any], where: str, prefix: str) -> tuple[st
         raise UnsupportedSchema(
             f"{key}: {e}", f"{where}/{key if source is not None else 'maxLength'}"
         ) from None
+
+
+def _types(schema: dict[str, Any]) -> list[str] | None:
+    t = schema.get("type")
+    return t if isinstance(t, list) else [t] if isinstance(t, str) else None
 
 
 _PLACEHOLDER = "mdxstr{}q"
@@ -149,6 +164,10 @@ def _rewrite(schema: Any, pieces: list[tuple[str, dict[str, str]]]) -> Any:
         else:
             out[key] = copy.deepcopy(value)
     built = _string_grammar(schema, "", f"mdx{len(pieces)}")
+    types = _types(schema)
+    if types is not None and "string" not in types:
+        for key in (*_STRING_LIMITS, "format"):
+            out.pop(key, None)
     if built is not None:
         for key in (*_STRING_LIMITS, "format"):
             out.pop(key, None)
