@@ -282,3 +282,27 @@ def test_the_real_model_keeps_the_gguf_tokenizer_and_chat_template(
     from modeldeploy_dev.real_model import GGUF_SHA256
 
     assert source == {"dtype": "float32", "gguf_file": gguf_file.name, "gguf_sha256": GGUF_SHA256}
+
+
+def test_generate_chat_sends_the_prompt_through_the_chat_template(
+    llama_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`modeldeploy generate --chat` (make demo-generate): the prompt is one user turn in the model's
+    template, tokenized without extra special tokens."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from modeldeploy.runtime import LLM, SamplingParams
+
+    argv = ["generate", "--model", str(llama_dir), "--chat", "--max-model-len", "256", "--max-tokens", "6"]
+    assert cli([*argv, "--json", "--dtype", "float32", "--prompt", "hi"]) == 0
+    got = json.loads(capsys.readouterr().out.splitlines()[0])["token_ids"]
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids.count(tok.bos_token_id) == 1  # the template's own bos, not a second one
+    want = LLM(llama_dir, dtype="float32").generate([ids], SamplingParams(temperature=0.0, max_tokens=6))
+    assert got == want[0].token_ids
