@@ -1,9 +1,11 @@
 # ruff: noqa: F811  (the crd_installed fixture imported from test_operator is a parameter here)
 """`make demo`'s story, run as is against the e2e session's cluster.
 
-The same `modeldeploy.demo.run_story` the command runs: the operator as a subprocess, the tiny
-model on the process node, a good bundle promoted and a slow one rolled back under load. The
-command adds only its own cluster, the CRD, the namespace and the live table around it.
+The same `modeldeploy.demo.run_story` the command runs: the operator as a subprocess, the real
+model (SmolLM2-135M-Instruct) on the process node answering a chat through the `openai` client, a
+good bundle promoted, a slow one rolled back under load, and a quality regression (3-bit weights)
+rolled back by the quality gate before any traffic. The command adds only its own cluster, the
+CRD, the namespace and the live table around it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .conftest import E2ECluster
 from .test_operator import crd_installed  # noqa: F401  (fixture)
 
 
-def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one(
+def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one_and_the_worse_one(
     cluster: E2ECluster, namespace: str, crd_installed: None, tmp_path: Path
 ) -> None:
     if cluster.process_node is None:
@@ -33,7 +35,7 @@ def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one(
             print(lines[-1])
 
     try:
-        out = demo.run_story(cluster.kubeconfig, namespace, tmp_path, show, deadline_s=600)
+        out = demo.run_story(cluster.kubeconfig, namespace, tmp_path, show, deadline_s=1200)
     finally:
         demo.remove_volume(cluster.api, namespace)  # cluster-scoped; goes once the namespace's claim is gone
     print("\n".join(demo.summary(out)))
@@ -42,9 +44,20 @@ def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one(
     assert out.ok, out.failure
     assert out.promoted and out.rollback_reason == "AnalysisFailed", out
     assert "ttft_p95_seconds" in out.rollback_message, out.rollback_message
-    assert len(set(out.bundles.values())) == 3, out.bundles
+    assert "paris" in out.chat[1].lower(), out.chat  # a real answer, through the official client
+    assert out.quality_reason == "QualityFailed" and "mean_logprob" in out.quality_message, out
+    q = out.quality
+    assert (
+        q["verdict"] == "Fail" and q["canary"] == out.bundles["worse"] and q["stable"] == out.bundles["good"]
+    ), q
+    lp = next(m for m in q["metrics"] if m["metric"] == "mean_logprob")
+    assert lp["verdict"] == "Fail" and lp["canary"] < lp["threshold"] < lp["stable"], q
+    text = "\n".join(demo.summary(out))
+    assert "QualityFailed" in text and "mean_logprob" in text and "accuracy" in text, text
+    assert len(set(out.bundles.values())) == 4, out.bundles
     by = {c.label: c for c in out.cohorts}
-    assert set(by) == {"base", "good", "slow"}, out.cohorts  # every request hit a known bundle
+    # every request hit a known bundle; the quality regression never took traffic
+    assert set(by) == {"base", "good", "slow"}, out.cohorts
     # base was stable during the good rollout, good during the slow one: no failed request on either
     assert by["base"].errors == 0 and by["good"].errors == 0, out.cohorts
     assert by["base"].ok > 20 and by["good"].ok > 20 and by["slow"].ok > 0, out.cohorts

@@ -86,10 +86,20 @@ def test_spec_is_valid_and_each_bundle_change_is_a_new_bundle_id() -> None:
     good["bundle"]["config"]["maxNumSeqs"] = 6
     slow["bundle"]["config"]["maxNumSeqs"] = 1
     slow["rollout"]["analysis"].update(demo.SLOW_ANALYSIS)
-    ids = {bundle_id(ModelDeploymentSpec.model_validate(s).bundle) for s in (base, good, slow)}
-    assert len(ids) == 3
+    worse = copy.deepcopy(good)
+    worse["bundle"]["model"].update(uri=f"pvc://models/{demo.BAD_MODEL_DIR}", digest="sha256:" + "b" * 64)
+    worse["bundle"]["tokenizer"]["digest"] = "sha256:" + "b" * 64
+    ids = {bundle_id(ModelDeploymentSpec.model_validate(s).bundle) for s in (base, good, slow, worse)}
+    assert len(ids) == 4
     spec = ModelDeploymentSpec.model_validate(base)
-    assert spec.rollout.analysis.min_samples == 8 and spec.bundle.model.uri == "pvc://models/tiny-llama"
+    assert spec.rollout.analysis.min_samples == 8
+    assert spec.bundle.model.uri == "pvc://models/smollm2-135m-instruct"
+    # the quality gate runs on 8 pinned built-in items, the system-turn and the long recall among them
+    q = spec.rollout.analysis.quality
+    assert q is not None and q.eval_set is not None and q.eval_set.inline is not None
+    assert len(q.eval_set.inline) == 8 and q.eval_set.digest is not None
+    assert sum(i.messages is not None and i.messages[0].role == "system" for i in q.eval_set.inline) == 2
+    assert any(len(i.chat()[0]["content"]) > 4000 for i in q.eval_set.inline)
     assert demo.ANALYSIS["maxTtftP95Ratio"] == 3.0  # spec_for copied, not aliased
 
 
@@ -138,22 +148,51 @@ def test_view_shows_analysis_figures_traffic_and_events() -> None:
     assert ttft.split()[-1] == "Fail"
 
 
-def test_summary_passes_only_when_promoted_and_rolled_back_by_analysis() -> None:
+def test_summary_passes_only_when_promoted_and_rolled_back_by_analysis_and_quality() -> None:
+    quality = {
+        "verdict": "Fail",
+        "items": 8,
+        "digest": "sha256:" + "d" * 64,
+        "seconds": 21.5,
+        "metrics": [
+            {"metric": "accuracy", "stable": 1.0, "canary": 0.25, "threshold": 0.625, "verdict": "Fail"},
+            {"metric": "mean_logprob", "stable": -0.2, "canary": -3.1, "threshold": -0.3, "verdict": "Fail"},
+        ],
+    }
     out = demo.Outcome(
-        bundles={"good": "g" * 16, "slow": "s" * 16},
+        bundles={"good": "g" * 16, "slow": "s" * 16, "worse": "w" * 16},
         promoted=True,
         rollback_reason="AnalysisFailed",
         rollback_message="step 1: ttft_p95_seconds 0.9 > 0.3",
+        chat=("What is the capital of France?", "The capital of France is Paris."),
+        quality_reason="QualityFailed",
+        quality_message="rolling back: quality failed; failing: mean_logprob canary=-3.1",
+        quality=quality,
         cohorts=COHORTS,
         seconds={"good rollout": 40.0},
     )
     lines = demo.summary(out)
     assert out.ok and lines[-1] == "result: PASS"
-    assert lines[0] == f"good bundle {'g' * 16} (maxNumSeqs 6): promoted"
-    assert "rolled back, AnalysisFailed: step 1: ttft_p95_seconds" in lines[1]
+    assert lines[0] == "chat through the openai client: 'What is the capital of France?' -> " + repr(
+        "The capital of France is Paris."
+    )
+    assert lines[1] == f"good bundle {'g' * 16} (maxNumSeqs 6): promoted"
+    assert "rolled back, AnalysisFailed: step 1: ttft_p95_seconds" in lines[2]
+    assert lines[3].startswith(
+        f"quality regression {'w' * 16} (weights re-quantized to 3 bits): rolled back, "
+    )
+    assert "QualityFailed: rolling back" in lines[3]
+    assert "  mean_logprob      stable -0.200 canary -3.100 threshold -0.300 Fail" in lines
     assert "requests slow  slow000000000000: 95 ok, 3 failed" in lines
     assert "time good rollout: 40.0s" in lines
-    for broken in ({"promoted": False}, {"rollback_reason": "CanaryFailed"}, {"failure": "TimeoutError"}):
+    for broken in (
+        {"promoted": False},
+        {"rollback_reason": "CanaryFailed"},
+        {"failure": "TimeoutError"},
+        {"quality_reason": ""},
+        {"quality_reason": "QualityTimeout"},
+        {"chat": ("What is the capital of France?", "noise")},
+    ):
         bad = demo.Outcome(**{**out.__dict__, **broken})
         assert not bad.ok and demo.summary(bad)[-1] == "result: FAIL"
 

