@@ -25,7 +25,14 @@ from modeldeploy.operator.analysis.quality import (
     resolve,
     run_quality,
 )
-from modeldeploy.operator.analysis.quality_checks import Answer, check, figures, schema_violations, verdict
+from modeldeploy.operator.analysis.quality_checks import (
+    Answer,
+    check,
+    figures,
+    logprob_threshold,
+    schema_violations,
+    verdict,
+)
 from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.quality import EvalItem, Quality, canonical, eval_set_digest
@@ -105,7 +112,7 @@ def test_figures() -> None:
     assert none.divergence is None and none.scored == 0
 
 
-Q = Quality()  # defaults: maxAccuracyDrop 3, minAgreement 0.5, maxLogprobDrop 0.1
+Q = Quality()  # defaults: maxAccuracyDrop 3, minAgreement 0.5, maxLogprobDrop 0.1 (not both float32)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +138,28 @@ def test_verdict_table(
     assert summary.startswith("quality passed" if ok else "quality failed")
     lp = next(m for m in metrics if m.metric == "mean_logprob")
     assert lp.threshold == pytest.approx(-0.7)  # stable's figure minus maxLogprobDrop
+
+
+@pytest.mark.parametrize(
+    ("drop", "float32", "spec", "ok", "threshold"),
+    [
+        (0.0064, True, None, False, 0.005),  # rms_norm_eps 100x too large, as measured on the real model
+        (0.0064, False, None, True, 0.1),  # the same drift in bf16: within the unmeasured default
+        (0.00004, True, None, True, 0.005),  # harmless float32 spread, as measured
+        (0.0064, True, 0.01, True, 0.01),  # the spec's own threshold wins over either default
+        (0.05, False, 0.01, False, 0.01),
+    ],
+)
+def test_the_default_logprob_threshold_follows_the_cohorts_precision(
+    drop: float, float32: bool, spec: float | None, ok: bool, threshold: float
+) -> None:
+    q = Quality(max_logprob_drop=spec)
+    assert logprob_threshold(q, float32) == threshold
+    f = figures(pairs(28, 28, 28, 28, -0.6, -0.6 - drop), q.agreement_tokens)
+    passed, metrics, _ = verdict(f, q, float32=float32)
+    assert passed is ok
+    lp = next(m for m in metrics if m.metric == "mean_logprob")
+    assert lp.threshold == pytest.approx(-0.6 - threshold)
 
 
 def test_accuracy_floor_judges_an_intended_model_change_alone() -> None:

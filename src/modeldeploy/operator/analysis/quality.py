@@ -98,6 +98,7 @@ class _Client:
         info = self._ok(self.http.get("/v1/bundle"))
         self.model = info.get("served_model_name") or ""
         self.model_digest = (info.get("model") or {}).get("digest")
+        self.dtype = info.get("dtype")  # resolved ("auto" on CPU serves float32)
 
     def _ok(self, r: httpx.Response) -> dict[str, Any]:
         if r.status_code != 200:
@@ -188,7 +189,7 @@ def run_quality(
         s.close()
         c.close()
     f = figures(pairs, q.agreement_tokens)
-    ok, metrics, summary = verdict(f, q, change)
+    ok, metrics, summary = verdict(f, q, change, float32=s.dtype == c.dtype == "float32")
     result = QualityResult(
         verdict="Pass" if ok else "Fail",
         reason=PASSED if ok else FAILED,

@@ -178,9 +178,28 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def verdict(f: Figures, q: Quality, model_change: str | None = None) -> tuple[bool, list[MetricVerdict], str]:
+# maxLogprobDrop when the spec leaves it unset. Float32 on both sides: every harmless change measured
+# on the real model (other max_num_seqs, batch budget, TP=3, file layout; bench/results/quality.md)
+# moved the drop by under 5e-5, so 0.005 keeps a 100x margin and still sees a 100x-wrong rms_norm_eps
+# (0.0064) or a 10x-low rope_theta (0.044). Lower precision reorders more; until its spread is
+# measured on a GPU, the conservative 0.1.
+LOGPROB_DROP_FLOAT32, LOGPROB_DROP_OTHER = 0.005, 0.1
+
+
+def logprob_threshold(q: Quality, float32: bool) -> float:
+    """The log-probability drop allowed: the spec's, else the default for the cohorts' precision."""
+    if q.max_logprob_drop is not None:
+        return q.max_logprob_drop
+    return LOGPROB_DROP_FLOAT32 if float32 else LOGPROB_DROP_OTHER
+
+
+def verdict(
+    f: Figures, q: Quality, model_change: str | None = None, float32: bool = False
+) -> tuple[bool, list[MetricVerdict], str]:
     """(passed, per-figure verdicts, summary). `model_change`: "old -> new" model digests when the canary
-    serves another model; with `accuracyFloor` set such a canary is judged by the floor alone."""
+    serves another model; with `accuracyFloor` set such a canary is judged by the floor alone.
+    `float32`: both cohorts compute in float32 (their /v1/bundle dtype), which tightens the default
+    log-probability threshold."""
     n = max(f.items, 1)
     s_acc, c_acc = f.stable_passed / n, f.canary_passed / n
     floor_mode = model_change is not None and q.accuracy_floor is not None
@@ -202,8 +221,9 @@ def verdict(f: Figures, q: Quality, model_change: str | None = None) -> tuple[bo
         acc_ok = acc_ok and c_acc >= q.accuracy_floor
     agree_ok = f.agreement >= q.min_agreement
     div = f.divergence
-    lp_ok = div is None or div <= q.max_logprob_drop  # nothing scored: not judged (stated in the summary)
-    lp_threshold = None if f.stable_logprob is None else _r(f.stable_logprob - q.max_logprob_drop)
+    max_drop = logprob_threshold(q, float32)
+    lp_ok = div is None or div <= max_drop  # nothing scored: not judged (stated in the summary)
+    lp_threshold = None if f.stable_logprob is None else _r(f.stable_logprob - max_drop)
     acc_threshold = max((f.stable_passed - q.max_accuracy_drop) / n, q.accuracy_floor or 0.0)
     metrics = [
         MetricVerdict(metric=ACCURACY, stable=_r(s_acc), canary=_r(c_acc), threshold=_r(acc_threshold),
