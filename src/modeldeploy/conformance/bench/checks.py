@@ -54,7 +54,9 @@ def _validator_class() -> Any:
     return jsonschema.Draft202012Validator
 
 
-def _json_doc(text: str) -> Any:
+def json_doc(text: str) -> Any:
+    """The text as JSON: the whole of it, else its first {...} or [...] span (models wrap JSON in prose
+    or a code fence); raises ValueError when there is none. The quality gate's checks use it too."""
     text = text.strip()
     try:
         return json.loads(text)
@@ -80,7 +82,7 @@ def run_check(check: dict[str, Any], text: str) -> tuple[bool, str | None]:
         ok = re.search(value, text) is not None
         return ok, None if ok else f"does not match {value[:60]!r}"
     try:
-        doc = _json_doc(text)
+        doc = json_doc(text)
     except ValueError as e:
         return False, f"not JSON: {str(e)[:100]}"
     err = next(iter(_validator_class()(value).iter_errors(doc)), None)

@@ -16,7 +16,6 @@ No I/O here: analysis/quality.py asks the pods, the rollout machine reads the ve
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -24,26 +23,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from modeldeploy.conformance.bench.checks import json_doc
 from modeldeploy.operator.api.v1alpha1.quality import EvalItem, Quality
 from modeldeploy.operator.api.v1alpha1.status import MetricVerdict, QualityResult
 
 ACCURACY, AGREEMENT, LOGPROB = "accuracy", "greedy_agreement", "mean_logprob"
-
-
-def _json_doc(answer: str) -> Any:
-    """The answer as JSON: the whole text, else its first {...} or [...] span (models wrap JSON in prose
-    or a code fence); raises ValueError when there is none."""
-    text = answer.strip()
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
-    if not starts:
-        raise ValueError("no JSON object or array in the answer")
-    start = min(starts)
-    doc, _ = json.JSONDecoder().raw_decode(text[start:])
-    return doc
 
 
 _TYPES: Mapping[str, Callable[[Any], bool]] = MappingProxyType(
@@ -122,7 +106,7 @@ def check(item: EvalItem, answer: str) -> tuple[bool, str]:
         ok = re.search(item.regex, answer) is not None
         return ok, "" if ok else f"does not match {item.regex!r}"
     try:
-        doc = _json_doc(answer)
+        doc = json_doc(answer)
     except ValueError as e:
         return False, f"not JSON: {e}"
     bad = schema_violations(doc, item.json_schema or {})
