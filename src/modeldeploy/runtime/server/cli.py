@@ -38,6 +38,7 @@ log = logging.getLogger("modeldeploy.server")
 # --field-name. Type, default, choices and help come from the field (runtime/config.py).
 ENGINE_FLAGS: dict[str, str | None] = {
     "model": None,
+    "tokenizer": None,
     "max_num_seqs": None,
     "max_model_len": None,
     "max_num_batched_tokens": None,
