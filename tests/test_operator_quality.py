@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -394,9 +395,15 @@ class FakeLM:
     """A deterministic 'model' behind a real HTTP server: each answer is fixed per prompt, and every
     answer token's log-probability is `lp` (a canary with drift scores lower)."""
 
-    def __init__(self, answers: dict[str, str], lp: float, digest: str = "sha256:m1") -> None:
+    def __init__(
+        self, answers: dict[str, str], lp: float, digest: str = "sha256:m1", slots: int | None = None
+    ) -> None:
         self.answers, self.lp, self.digest = answers, lp, digest
         self.requests: list[dict[str, Any]] = []
+        self.slots = slots  # /v1/bundle's server.max_num_seqs, when set
+        self.refuse = 0  # answer this many POSTs 429 (Retry-After: 0) first: a busy pod's admission
+        self.inflight = self.most_inflight = 0
+        self.lock = threading.Lock()
 
     def tokens(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[str]:
         out = []
@@ -443,13 +450,29 @@ def serve(lm: FakeLM) -> tuple[ThreadingHTTPServer, str]:
 
         def do_GET(self) -> None:  # noqa: N802
             if self.path == "/v1/bundle":
-                self._send(200, {"served_model_name": "m", "model": {"digest": lm.digest}})
+                server = {"max_num_seqs": lm.slots} if lm.slots else {}
+                self._send(200, {"served_model_name": "m", "model": {"digest": lm.digest}, "server": server})
             else:
                 self._send(404, {"error": {"message": "no"}})
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            self._send(200, lm.chat(body))
+            with lm.lock:
+                busy, lm.refuse = lm.refuse > 0, max(lm.refuse - 1, 0)
+                lm.inflight += 1
+                lm.most_inflight = max(lm.most_inflight, lm.inflight)
+            try:
+                if busy:
+                    self.send_response(429)
+                    self.send_header("retry-after", "0")
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                time.sleep(0.01)  # long enough for concurrent requests to overlap
+                self._send(200, lm.chat(body))
+            finally:
+                with lm.lock:
+                    lm.inflight -= 1
 
         def log_message(self, *a: Any) -> None:
             pass
@@ -509,6 +532,18 @@ def test_client_fails_a_drifted_canary_and_a_wrong_one(cohorts) -> None:
     q = Quality(accuracy_floor=0.5)
     r = run_quality(q, es, *cohorts(FakeLM(GOOD, -0.5), FakeLM(GOOD, -3.0, digest="sha256:m2")))
     assert r.verdict == "Pass" and "intended model change" in (r.message or "")
+
+
+def test_client_asks_a_pod_no_more_at_once_than_its_slots_and_waits_out_429s(cohorts) -> None:
+    """A correct canary with one slot and a queue budget must not fail the gate because the gate
+    flooded it (seen in the demo: 8 requests at a maxNumSeqs 1 pod, answered 429)."""
+    stable, canary = FakeLM(GOOD, -0.5, slots=4), FakeLM(GOOD, -0.5, slots=1)
+    canary.refuse = 3
+    es = resolve(Quality.model_validate({"evalSet": {"inline": ITEMS}}))
+    r = run_quality(Quality(), es, *cohorts(stable, canary), parallel=8)
+    assert r.verdict == "Pass", r.message
+    assert canary.most_inflight == 1 and canary.refuse == 0
+    assert stable.most_inflight <= 4
 
 
 def test_actual_logprob() -> None:

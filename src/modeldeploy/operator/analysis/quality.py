@@ -95,10 +95,29 @@ class _Client:
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else {}
         self.url = c.url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self.deadline = time.monotonic() + timeout_s
         info = self._ok(self.http.get("/v1/bundle"))
         self.model = info.get("served_model_name") or ""
+        # The pod's running slots: more requests in flight only queue behind them, and a pod with a
+        # queue budget refuses (429) what it expects to wait too long, so the gate never asks a
+        # cohort for more at once than it runs.
+        self.slots = max(1, int((info.get("server") or {}).get("max_num_seqs") or 1))
         self.model_digest = (info.get("model") or {}).get("digest")
         self.dtype = info.get("dtype")  # resolved ("auto" on CPU serves float32)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST, waiting out 429s (admission: queue full or over budget) as the pod's Retry-After
+        asks, until the gate's deadline: a busy pod is slow, not wrong, and the deadline ends in
+        QualityTimeout's territory rather than a failed verdict."""
+        while True:
+            r = self.http.post(path, json=body)
+            if r.status_code != 429 or time.monotonic() >= self.deadline:
+                return self._ok(r)
+            try:
+                wait = float(r.headers.get("retry-after", "1"))
+            except ValueError:
+                wait = 1.0
+            time.sleep(min(max(wait, 0.2), 5.0, max(self.deadline - time.monotonic(), 0.0)))
 
     def _ok(self, r: httpx.Response) -> dict[str, Any]:
         if r.status_code != 200:
@@ -118,7 +137,7 @@ class _Client:
             "temperature": 0,
             "logprobs": True,
         }
-        out = self._ok(self.http.post("/v1/chat/completions", json=body))
+        out = self._post("/v1/chat/completions", body)
         choice = out["choices"][0]
         tokens = tuple(t["token"] for t in ((choice.get("logprobs") or {}).get("content") or []))
         return choice["message"].get("content") or "", tokens, int(out["usage"]["prompt_tokens"])
@@ -135,7 +154,7 @@ class _Client:
             "max_tokens": 1,
             "temperature": 0,
         }
-        out = self._ok(self.http.post("/v1/chat/completions", json=body))
+        out = self._post("/v1/chat/completions", body)
         entries = out.get("prompt_logprobs")
         if not isinstance(entries, list):
             raise ValueError(f"{self.url}: no prompt_logprobs in the response (prompt_logprobs unsupported?)")
@@ -168,8 +187,9 @@ def run_quality(
     try:
         items = list(es.items)
         n = range(len(items))
-        # both pods at once, `parallel` requests each: the cohorts run on different pods (nodes)
-        with ThreadPoolExecutor(parallel) as sp, ThreadPoolExecutor(parallel) as cp:
+        # both pods at once, up to `parallel` requests each but never more than the pod's slots
+        s_n, c_n = min(parallel, s.slots), min(parallel, c.slots)
+        with ThreadPoolExecutor(s_n) as sp, ThreadPoolExecutor(c_n) as cp:
             s_fut, c_fut = sp.map(s.answer, items), cp.map(c.answer, items)
             s_ans, c_ans = list(s_fut), list(c_fut)
             s_fut = sp.map(lambda i: s.score(items[i], s_ans[i][0], s_ans[i][2]), n)
