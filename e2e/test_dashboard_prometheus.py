@@ -44,6 +44,10 @@ DASHBOARD = (
     / "modeldeploy.json"
 )
 OPERATOR_ONLY = {"Rollout phase", "Canary weight"}
+# Panels with series only once a quality gate ran: this canary has none (the panel's queries are
+# checked against a real Prometheus with gate figures in tests/test_dashboard.py); here they must
+# only be valid PromQL.
+GATE_ONLY = {"Quality gate: last figures"}
 
 
 def queries(ns: str, name: str) -> list[tuple[str, str, str]]:
@@ -104,6 +108,8 @@ def answers(prom: Prom, ns: str, name: str, cohorts: dict[str, str]) -> dict[tup
         r = httpx.get(prom.url + "/api/v1/query", params={"query": q}, timeout=10).json()
         assert r["status"] == "success", (title, q, r)
         result = r["data"]["result"]
+        if title in GATE_ONLY:
+            continue
         if not result:
             return None
         if title not in OPERATOR_ONLY:

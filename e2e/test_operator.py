@@ -116,9 +116,14 @@ def test_api_server_applies_defaults_and_examples_validate(
         and out["spec"]["bundle"]["config"]["maxQueue"] == 64
     )
     for path in sorted((ROOT / "examples").glob("modeldeployment-*.yaml")):
-        doc = yaml.safe_load(path.read_text())
-        doc["metadata"]["namespace"] = namespace
-        cluster.custom.create_namespaced_custom_object(G, V, namespace, P, doc, dry_run="All")
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]  # a ConfigMap may come along
+        assert [d["kind"] for d in docs].count("ModelDeployment") == 1, path
+        for doc in docs:
+            doc["metadata"]["namespace"] = namespace
+            if doc["kind"] == "ConfigMap":
+                cluster.core.create_namespaced_config_map(namespace, doc, dry_run="All")
+            else:
+                cluster.custom.create_namespaced_custom_object(G, V, namespace, P, doc, dry_run="All")
     explain = cluster.kubectl("explain", "md.spec.bundle.engine.image").stdout
     assert "pinned by digest" in explain
 
