@@ -419,6 +419,8 @@ def tiny_md(name: str, engine: str, model_digest: str) -> dict:
     b["engine"]["image"] = engine
     b["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": model_digest}
     b["tokenizer"] = {"revision": "seed0", "digest": model_digest}
+    # The example's bounds are the real model's (maxModelLen 2048); the tiny model serves its own 1024.
+    b.get("config", {}).pop("maxModelLen", None)
     doc["spec"]["topology"] = {"gpusPerReplica": 0, "nodeSelector": {"modeldeploy.dev/node-kind": "real"}}
     doc["spec"]["readiness"] = {"loadTimeoutSeconds": 300}
     return doc
