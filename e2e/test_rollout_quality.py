@@ -26,6 +26,7 @@ from modeldeploy.digest import dir_digest
 from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
 from modeldeploy.operator.api.v1alpha1.quality import EvalItem, eval_set_digest
 from modeldeploy_dev import model_variants
+from modeldeploy_dev.demo import EVAL_PICK
 from modeldeploy_dev.load import Load
 from modeldeploy_dev.real_model import MODEL_DIGEST, REVISION, cache_root, cached_real_model
 from modeldeploy_dev.rollout_scenario import stable_and_ready
@@ -43,18 +44,9 @@ from .test_operator import (  # noqa: F401  (fixtures)
 from .test_rollout import ANALYSIS, change_bundle, events, pod_ips, rolled_back, wait_md, wait_phase
 
 SERVED = "smollm2"
-# Prompts (or first user message) of the built-in items this test asks: plain QA, arithmetic, JSON,
-# two facts given only in the system turn, and the ~1.1k-token recall of a fact far back.
-PICK = (
-    "What is the capital of France?",
-    "Who wrote Romeo and Juliet?",
-    "What is 2 + 2?",
-    "Which planet is known as the Red Planet?",
-    'Reply in JSON with a key "answer" holding the result of 2 + 3 as a number.',
-    "The secret code is 5521.",
-    "The user's name is Maria.",
-    "Note: the meeting room number is 417.",
-)
+# The built-in items this test asks: the demo's pick (QA, arithmetic, JSON, two system-turn facts,
+# the ~1.1k-token recall), so the e2e and the demo judge bundles on the same pinned set.
+PICK = EVAL_PICK
 
 
 def eval_items() -> list[EvalItem]:
