@@ -339,3 +339,41 @@ def test_queue_budget_flags_are_ones_the_runtime_parses() -> None:
         p.parse_args(children.serve_args(ModelDeploymentSpec.model_validate(obj["spec"]), "b"))
     )
     assert cfg.queue_budget_s == 1.5 and cfg.max_queued_tokens == 512
+
+
+def test_hf_overrides_reach_the_runtime_and_are_part_of_the_bundle() -> None:
+    """bundle.config.hfOverrides is the config-regression knob a canary must be able to carry: it
+    reaches `serve --hf-overrides` as the JSON object the runtime parses, and it changes the bundle
+    id (a numerics change is a new bundle); unset, the bundle id is the one it always was."""
+    import argparse
+
+    obj = md()
+    obj["spec"]["bundle"]["config"]["hfOverrides"] = {"rope_theta": 10000.0, "rms_norm_eps": 1e-3}
+    s = ModelDeploymentSpec.model_validate(obj["spec"])
+    plain = ModelDeploymentSpec.model_validate(md()["spec"])
+    assert "hfOverrides" not in canonical_json(plain.bundle)
+    assert bundle_id(s.bundle) != bundle_id(plain.bundle)
+    args = children.serve_args(s, "b")
+    assert _flag(args, "--hf-overrides") == '{"rms_norm_eps":0.001,"rope_theta":10000.0}'
+    assert "--hf-overrides" not in children.serve_args(plain, "b")
+    pytest.importorskip("torch")
+    from modeldeploy.runtime.server import cli
+
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    cfg = cli.build_config(p.parse_args(args))
+    assert cfg.engine.hf_overrides == {"rope_theta": 10000.0, "rms_norm_eps": 1e-3}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [({"rope theta": 1}, "is not a config.json field name"), ({"a": "x" * 5000}, "at most 4096 bytes")],
+)
+def test_bad_hf_overrides_are_refused_naming_the_field(overrides: dict, message: str) -> None:
+    from pydantic import ValidationError
+
+    obj = md()
+    obj["spec"]["bundle"]["config"]["hfOverrides"] = overrides
+    with pytest.raises(ValidationError, match=message) as e:
+        ModelDeploymentSpec.model_validate(obj["spec"])
+    assert "hf_overrides" in str(e.value) or "hfOverrides" in str(e.value)

@@ -11,6 +11,7 @@ filesystem stays read-only): sizeLimit topology.shmSize, else 1Gi per tensor-par
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 from urllib.parse import urlparse
@@ -89,6 +90,8 @@ def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
         args += ["--max-loras", str(c.max_loras)]
     if c.cuda_graphs:
         args += ["--cuda-graphs"]
+    if c.hf_overrides:
+        args += ["--hf-overrides", json.dumps(c.hf_overrides, sort_keys=True, separators=(",", ":"))]
     if spec.topology.tensor_parallel > 1:  # only then: a TP=1 pod keeps the args (and template) it had
         args += ["--tensor-parallel-size", str(spec.topology.tensor_parallel)]
     return args  # the API key arrives as env MODELDEPLOY_API_KEY, never on the command line

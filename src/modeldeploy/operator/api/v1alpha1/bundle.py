@@ -6,7 +6,9 @@ pins (image by digest, artifacts by manifest digest) and their CEL rules live ne
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -178,6 +180,25 @@ class ServingConfig(_Model):
         description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, "
         "never read by the operator.",
     )
+    hf_overrides: dict[str, Any] | None = Field(
+        default=None,
+        description="Fields of the model's config.json replaced at load (--hf-overrides, vLLM's "
+        "hf_overrides), keyed as in config.json (e.g. rope_theta: 1000000); nested objects merge. A name "
+        "the model's config does not have fails the load (the pod never turns Ready). Part of the bundle "
+        "id: a numerics change is a new bundle, and the quality gate judges it.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+    @field_validator("hf_overrides")
+    @classmethod
+    def _overrides(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Keys are config.json field names; the size bound keeps a bundle (and its args) small."""
+        for key in v or {}:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", key):
+                raise ValueError(f"hfOverrides: {key!r} is not a config.json field name")
+        if v and len(json.dumps(v)) > 4096:
+            raise ValueError("hfOverrides: at most 4096 bytes of JSON")
+        return v
 
 
 class Bundle(_Model):
