@@ -29,19 +29,41 @@ class EngineConfig:
     dtype: str = knob("auto", "auto: the config's torch dtype on cuda, float32 on cpu", choices=DTYPES)
     device: str = knob("auto", "auto: cuda when available", choices=DEVICES)
     max_num_seqs: int = knob(16, "sequences running in the engine at once")
-    max_num_batched_tokens: int = knob(2048, "token budget per step (prefill chunks + decodes)")
-    max_model_len: int | None = knob(None, "context length (default: the model's max_position_embeddings)")
+    max_num_batched_tokens: int = knob(2048, "tokens per step, prefill chunks and decodes together")
+    # The chunked-prefill time bound (engine/scheduler.py, PrefillCost): a step's prefill chunk is sized
+    # from the measured seconds per prefill token so the step (decode rows first) stays under this.
+    target_itl_ms: float | None = knob(
+        None,
+        "target step time in milliseconds, the inter-token latency decoding streams see while prompts "
+        "prefill: each step's prefill chunk is sized from the measured per-token prefill cost to stay "
+        "under it (default: off, only max_num_batched_tokens bounds a step)",
+    )
+    max_model_len: int | None = knob(
+        None,
+        "context length in tokens (default: the model's max_position_embeddings, lowered with a log "
+        "line to what the KV cache holds; given explicitly, a KV cache that cannot hold it is an error)",
+    )
     block_size: int = knob(16, "tokens per KV block")
     num_kv_blocks: int | None = knob(
         None, "KV blocks (default: sized from kv_cache_fraction on cuda, kv_cache_cpu_bytes on cpu)"
     )
-    kv_cache_fraction: float = knob(0.9, "share of free device memory given to the KV cache (cuda)")
-    kv_cache_cpu_bytes: int = knob(256 << 20, "KV cache size on cpu when num_kv_blocks is unset")
+    kv_cache_fraction: float = knob(0.9, "share (0-1] of free device memory given to the KV cache (cuda)")
+    # None: sized at load from the memory available after the weights (engine/llm_engine.py,
+    # cpu_kv_budget), then resolved here so /v1/bundle shows the bytes that were used.
+    kv_cache_cpu_bytes: int | None = knob(
+        None,
+        "KV cache size in bytes on cpu when num_kv_blocks is unset (default: half the memory available "
+        "after the weights load, container limit included, at most 4 GiB)",
+    )
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of a shared prompt prefix")
     enable_chunked_prefill: bool = knob(True, "split long prompts over steps within the token budget")
-    model_digest: str | None = knob(None, "refuse to serve unless the model dir has this digest")
-    tokenizer_digest: str | None = knob(None, "refuse to serve unless the tokenizer dir has this digest")
-    bundle_id: str = knob("", "bundle id: keys the prefix cache, labels every metric series")
+    model_digest: str | None = knob(
+        None, "refuse to serve unless the model dir has this digest (default: not checked)"
+    )
+    tokenizer_digest: str | None = knob(
+        None, "refuse to serve unless the tokenizer dir has this digest (default: not checked)"
+    )
+    bundle_id: str = knob("", "bundle id: keys the prefix cache, labels every metric series (default: empty)")
     load_format: str = knob(
         "safetensors", "dummy: random weights from config.json (benchmarks)", choices=LOAD_FORMATS
     )
@@ -54,7 +76,8 @@ class EngineConfig:
     hf_overrides: dict[str, Any] = field(
         default_factory=dict,
         metadata={
-            "help": "JSON object of model config fields to override at load, e.g. '{\"rope_theta\": 1e6}'"
+            "help": "JSON object of model config fields to override at load, e.g. '{\"rope_theta\": 1e6}' "
+            "(default: none)"
         },
     )
     # LoRA adapters, pinned like the model: [{"name", "path", "digest", "revision"}]; a request
@@ -89,10 +112,11 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "grammar_cache_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks: must be >= 1, got {self.num_kv_blocks}")
+        for name in ("max_model_len", "num_kv_blocks", "kv_cache_cpu_bytes"):  # None: sized at load
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.target_itl_ms is not None and not self.target_itl_ms > 0:
+            raise ValueError(f"target_itl_ms: must be > 0, got {self.target_itl_ms}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {self.kv_cache_fraction}")
         for name in ("model_digest", "tokenizer_digest"):

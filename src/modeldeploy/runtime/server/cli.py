@@ -42,9 +42,11 @@ ENGINE_FLAGS: dict[str, str | None] = {
     "max_num_seqs": None,
     "max_model_len": None,
     "max_num_batched_tokens": None,
+    "target_itl_ms": None,
     "block_size": None,
     "num_kv_blocks": None,
     "kv_cache_fraction": None,
+    "kv_cache_cpu_bytes": None,
     "enable_prefix_caching": "--no-prefix-caching",
     "enable_chunked_prefill": "--no-chunked-prefill",
     "grammar_cache_size": None,
@@ -91,10 +93,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         f, kind, flag = fields[name], types[name], engine_flag(name)
         help_ = f.metadata["help"]
         if kind is bool:
-            off = "off: " if f.default else ""
-            p.add_argument(
-                flag, dest=name, action="store_false" if f.default else "store_true", help=off + help_
-            )
+            help_ = f"turn off: {help_} (on by default)" if f.default else f"{help_} (default: off)"
+            p.add_argument(flag, dest=name, action="store_false" if f.default else "store_true", help=help_)
             continue
         base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
         parse = json_object if typing.get_origin(kind) is dict else base[0]
@@ -112,15 +112,27 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_engine_flags(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: dir name)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="TCP port to listen on; 0: any free port (default: %(default)s)",
+    )
+    p.add_argument(
+        "--served-model-name", default=None, help="the `model` clients send (default: the model dir's name)"
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests that may wait for a slot; beyond: 429 (default: %(default)s)",
+    )
     p.add_argument(
         "--max-queued-tokens",
         type=int,
         default=0,
-        help="prompt tokens that may wait together; beyond: 429 (0: no bound)",
+        help="prompt tokens that may wait together; beyond: 429 (default: 0, no bound)",
     )
     p.add_argument(
         "--queue-budget",
@@ -134,40 +146,55 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=PATH",
-        help="a LoRA adapter (PEFT directory) served as model NAME; repeatable",
+        help="a LoRA adapter (PEFT directory) served as model NAME; repeatable (default: none)",
     )
     p.add_argument(
         "--adapter-digest",
         action="append",
         default=[],
         metavar="NAME=DIGEST",
-        help="refuse to serve unless adapter NAME's directory has this digest",
+        help="refuse to serve unless adapter NAME's directory has this digest (default: not checked)",
     )
     p.add_argument(
-        "--adapter-revision", action="append", default=[], metavar="NAME=REV", help="a label in /v1/bundle"
+        "--adapter-revision",
+        action="append",
+        default=[],
+        metavar="NAME=REV",
+        help="adapter NAME's revision, a label in /v1/bundle (default: empty)",
     )
-    p.add_argument("--model-revision", default="", help="bundle.model.revision (a metric label)")
+    p.add_argument(
+        "--model-revision", default="", help="bundle.model.revision, a metric label (default: empty)"
+    )
     p.add_argument(
         "--engine-build",
         default=os.environ.get("MODELDEPLOY_ENGINE_BUILD", ""),
-        help="engine image digest / build id (env MODELDEPLOY_ENGINE_BUILD)",
+        help="engine image digest / build id (default: env MODELDEPLOY_ENGINE_BUILD, else empty)",
     )
     p.add_argument(
-        "--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish on SIGTERM (default: %(default)s)",
     )
     p.add_argument(
         "--api-key",
         default=os.environ.get("MODELDEPLOY_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (env MODELDEPLOY_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: env MODELDEPLOY_API_KEY, else open)",
     )
     p.add_argument(
         "--engine-core",
         choices=["process", "thread"],
         default="process",
-        help="where the step loop runs: a process of its own (default), or a thread of the server",
+        help="where the step loop runs: a process of its own, or a thread of the server "
+        "(default: %(default)s)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--access-log", action="store_true")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: %(default)s)",
+    )
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
     p.add_argument(
         "--load-delay",
         type=float,
