@@ -21,14 +21,20 @@ from importlib.metadata import entry_points
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("modeldeploy.runtime.tiny_model", "write a small random-weight HF model + tokenizer"),
     "generate": ("modeldeploy.runtime.generate_cli", "generate offline from a model directory"),
-    "model": ("modeldeploy.runtime.model_cli", "make model directories: import-gguf FILE.gguf OUT_DIR"),
+    "model": (
+        "modeldeploy.runtime.model_cli",
+        "model directories: import-gguf FILE.gguf OUT_DIR | push DIR REGISTRY/REPO",
+    ),
     "digest": ("modeldeploy.digest", "print the sha256 manifest digest of a model directory"),
     "operator": (
         "modeldeploy.operator.cli",
         "run the ModelDeployment operator (kopf) against the current kubeconfig",
     ),
     "crd": ("modeldeploy.operator.api.crd", "generate the ModelDeployment CRD from the API types"),
-    "fetch": ("modeldeploy.fetch", "download a model over http(s) and verify its digest (init container)"),
+    "fetch": (
+        "modeldeploy.fetch",
+        "download a model over http(s) or oci:// and verify its digest (init container)",
+    ),
     "serve": ("modeldeploy.runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
     "conformance": ("modeldeploy.conformance.cli", "run the serving-contract suite against a server URL"),
     "bench": (

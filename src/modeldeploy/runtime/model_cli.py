@@ -2,7 +2,10 @@
 
 `modeldeploy model import-gguf FILE.gguf OUT_DIR` de-quantizes a llama.cpp GGUF file into a
 byte-reproducible directory (safetensors, config, tokenizer, chat template) whose digest a bundle
-pins. Each subcommand's module is imported only when it runs (torch and transformers are heavy).
+pins. `modeldeploy model push DIR REGISTRY/REPO[:TAG]` packs a model directory as an OCI image
+(one layer per safetensors file) and prints the `oci://REGISTRY/REPO@sha256:...` URI and model
+digest a bundle pins (`modeldeploy.oci.push`, torch-free). Each subcommand's module is imported
+only when it runs (torch and transformers are heavy).
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "import-gguf": (
         "modeldeploy.runtime.gguf_import",
         "de-quantize a GGUF file into a pinned model directory (safetensors, config, tokenizer)",
+    ),
+    "push": (
+        "modeldeploy.oci.push",
+        "push a model directory to a registry as an OCI artifact; prints its oci://...@sha256 URI",
     ),
 }
 
