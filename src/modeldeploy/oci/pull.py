@@ -117,7 +117,7 @@ def _unpack_layer(client: RegistryClient, ref: OciRef, desc: dict[str, Any], sta
     with client.open_blob(ref.repository, digest) as chunks:
         reader = _HashingReader(chunks, digest, size)
         try:
-            with tarfile.open(fileobj=reader, mode=TAR_LAYER_MEDIA_TYPES[media], bufsize=1 << 20) as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=reader, mode=TAR_LAYER_MEDIA_TYPES[media]) as tar:  # type: ignore[call-overload]
                 tar.extractall(staging, filter=_member_filter)
             reader.drain()
         except (tarfile.TarError, EOFError, OSError, ValueError) as e:
