@@ -6,7 +6,10 @@ Stable serves SmolLM2-135M-Instruct on the process node. A canary whose weights 
 digest, pinned like any revision) is neither slower nor failing, only worse: the gate, after
 conformance and before any traffic weight, rolls it back with reason QualityFailed, and the figures
 and thresholds show in status.lastQuality, an Event and `modeldeploy rollout status`. Then a
-harmless bundle (the same weights, another maxNumSeqs) passes the same gate and is promoted.
+harmless bundle (the same weights, another maxNumSeqs) passes the same gate and is promoted. Last, a
+config regression (rope_theta 10x low through bundle.config.hfOverrides, the same weights) and a
+tokenizer revision whose chat template drops the system turn are each rolled back by the same gate:
+the three bad bundles of issue 36, none slower and none failing a request.
 
 The evaluation set is 8 items of the built-in set, inline and pinned by digest (the system-turn
 facts and the ~1.1k-token recall item among them), so each gate takes seconds, not a minute.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +62,18 @@ def eval_items() -> list[EvalItem]:
     return items
 
 
-def models_volume(cluster: E2ECluster, ns: str, tmp: Path) -> tuple[str, str]:
-    """PV+PVC `models` holding `real` (the imported model) and `rtn3` (its 3-bit re-quantization,
-    made once per machine next to the model cache); returns (real digest, rtn3 digest)."""
+def models_volume(cluster: E2ECluster, ns: str, tmp: Path) -> tuple[str, str, str]:
+    """PV+PVC `models` holding `real` (the imported model), `rtn3` (its 3-bit re-quantization) and
+    `nosys` (its tokenizer files with a chat template that drops the system turn); returns the three
+    digests."""
     real = cached_real_model()
     assert dir_digest(real) == MODEL_DIGEST
-    rtn3 = cache_root() / "test-models" / "smollm2-rtn3-g32"
-    if not (rtn3 / "model.safetensors").exists():
-        part = rtn3.with_name(f".{rtn3.name}-{os.getpid()}")
-        model_variants.requantize(real, part, bits=3, group=32)
-        part.rename(rtn3)
+    rtn3 = variant(real, "smollm2-rtn3-g32", lambda o: model_variants.requantize(real, o, bits=3, group=32))
+    nosys = variant(real, "smollm2-no-system-turn", lambda out: model_variants.drop_system_turn(real, out))
     vol = tmp / "models"
     vol.mkdir()
-    (vol / "real").symlink_to(real, target_is_directory=True)
-    (vol / "rtn3").symlink_to(rtn3, target_is_directory=True)
+    for sub, target in (("real", real), ("rtn3", rtn3), ("nosys", nosys)):
+        (vol / sub).symlink_to(target, target_is_directory=True)
     pv = f"{ns}-models"
     cluster.core.create_persistent_volume(
         {
@@ -98,7 +100,18 @@ def models_volume(cluster: E2ECluster, ns: str, tmp: Path) -> tuple[str, str]:
             },
         },
     )
-    return MODEL_DIGEST, dir_digest(rtn3)
+    return MODEL_DIGEST, dir_digest(rtn3), dir_digest(nosys)
+
+
+def variant(real: Path, name: str, make: Callable[[Path], Path]) -> Path:
+    """A bad bundle's model directory, made once per machine next to the model cache by test tooling
+    (modeldeploy_dev.model_variants), never by a switch in the product."""
+    out = cache_root() / "test-models" / name
+    if not (out / "config.json").exists():
+        part = out.with_name(f".{out.name}-{os.getpid()}")
+        make(part)
+        part.rename(out)
+    return out
 
 
 def serve_real(cluster: E2ECluster, ns: str, name: str, digest: str) -> str:
@@ -142,7 +155,29 @@ def figures(q: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["metric"]: m for m in q.get("metrics") or []}
 
 
-def test_requantized_weights_rolled_back_by_the_quality_gate_then_a_harmless_bundle_promoted(
+def rolled_back_new(m: dict[str, Any], before: list[str]) -> bool:
+    """Stable again with a bundle recorded as failed that was not failed `before` (a new canary
+    forgets older failures, so the list holds the latest only)."""
+    st = m.get("status", {})
+    return bool(set(st.get("failedBundles") or []) - set(before)) and st.get("phase") == "Stable"
+
+
+def assert_quality_rollback(md: dict[str, Any], stable: str) -> dict[str, Any]:
+    """The canary was rolled back by the quality gate (not conformance, not latency) to `stable`, with
+    the log-probability figure below its threshold; returns status.lastQuality."""
+    st = md["status"]
+    assert st["stable"]["bundle"] == stable and st.get("canaryWeight", 0) == 0, st
+    assert len(st["failedBundles"]) == 1, st
+    deg = condition(md, "Degraded")
+    assert deg["status"] == "True" and deg["reason"] == "QualityFailed", deg
+    q = st["lastQuality"]
+    assert q["verdict"] == "Fail" and q["stable"] == stable and q["canary"] in st["failedBundles"], q
+    lp = figures(q)["mean_logprob"]
+    assert lp["verdict"] == "Fail" and lp["canary"] < lp["threshold"] < lp["stable"], q
+    return q
+
+
+def test_quality_gate_rolls_back_three_bad_bundles_and_promotes_a_harmless_one(
     cluster: E2ECluster,
     namespace: str,
     operator: Operator,
@@ -153,8 +188,8 @@ def test_requantized_weights_rolled_back_by_the_quality_gate_then_a_harmless_bun
         pytest.skip("external $KUBECONFIG cluster: no process node")
     ns, name = namespace, "q"
     t0 = time.monotonic()
-    real_digest, rtn3_digest = models_volume(cluster, ns, tmp_path)
-    assert rtn3_digest != real_digest
+    real_digest, rtn3_digest, nosys_digest = models_volume(cluster, ns, tmp_path)
+    assert len({real_digest, rtn3_digest, nosys_digest}) == 3
     old = serve_real(cluster, ns, name, real_digest)
     old_ips = pod_ips(cluster, ns, old)
     print(f"[timing] real model Stable and Ready: {time.monotonic() - t0:.1f}s")
@@ -228,4 +263,41 @@ def test_requantized_weights_rolled_back_by_the_quality_gate_then_a_harmless_bun
     f = figures(q)
     assert f["accuracy"]["canary"] == f["accuracy"]["stable"] and f["greedy_agreement"]["canary"] >= 0.75, q
     assert [r for r, _ in events(cluster, ns, name)].count("QualityPassed") >= 1
+
+    # A config regression: the same weights, rope_theta 10x low through bundle.config.hfOverrides. It
+    # is a new bundle (the id hashes the config); the answers drift and the log-probabilities drop.
+    t = time.monotonic()
+    change_bundle(cluster, ns, name, lambda b: b["config"].update(hfOverrides={"rope_theta": 10000.0}))
+    md = wait_md(
+        cluster,
+        ns,
+        name,
+        lambda m: rolled_back_new(m, []),
+        600,
+        "the rope_theta-override bundle rolled back",
+    )
+    print(f"[timing] config regression -> rolled back: {time.monotonic() - t:.1f}s")
+    assert_quality_rollback(md, good)
+
+    # A tokenizer revision whose chat template drops the system turn: the same weights and config, the
+    # conformance gate passes it, and only answers that depend on the system message change.
+    t = time.monotonic()
+    change_bundle(
+        cluster,
+        ns,
+        name,
+        lambda b: (
+            b["config"].pop("hfOverrides"),
+            b["model"].update(uri="pvc://models/nosys", digest=nosys_digest),
+            b["tokenizer"].update(revision="no-system-turn", digest=nosys_digest),
+        ),
+    )
+    cfg_failed = md["status"]["failedBundles"]
+    md = wait_md(
+        cluster, ns, name, lambda m: rolled_back_new(m, cfg_failed), 600, "template regression rolled back"
+    )
+    print(f"[timing] tokenizer-template regression -> rolled back: {time.monotonic() - t:.1f}s")
+    q = assert_quality_rollback(md, good)
+    acc = figures(q)["accuracy"]
+    assert acc["canary"] < acc["stable"], q  # the system-turn facts are lost
     print(f"[timing] whole test: {time.monotonic() - t0:.1f}s")
