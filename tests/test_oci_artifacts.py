@@ -6,6 +6,8 @@ The registry is the real-node lane's (`make cluster-build` builds it), started p
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -235,3 +237,78 @@ def test_real_model_round_trip(registry, real_model_dir, tmp_path, capsys) -> No
     rc, err = _fetch(capsys, uri, tmp_path / "out", model_digest)
     assert rc == 0, err
     assert dir_digest(tmp_path / "out") == model_digest
+
+
+def _put_image(reg: Registry, repo: str, layers: list[tuple[str, bytes]], annotations: dict | None) -> str:
+    """An image built by hand, as another tool would: (media type, blob) layers, a minimal config."""
+
+    def sha(b: bytes) -> str:
+        return "sha256:" + hashlib.sha256(b).hexdigest()
+
+    config = canonical_json(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}
+    )
+    man: dict = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": sha(config), "size": len(config)},
+        "layers": [{"mediaType": m, "digest": sha(b), "size": len(b)} for m, b in layers],
+    }
+    if annotations:
+        man["annotations"] = annotations
+    with RegistryClient(reg.host) as c:
+        for blob in [config, *(b for _, b in layers)]:
+            c.upload_blob(repo, sha(blob), len(blob), [blob])
+        return c.put_manifest(repo, sha(canonical_json(man)), canonical_json(man), MANIFEST_MEDIA_TYPE)
+
+
+def _tar(files: dict[str, bytes], gz: bool = False) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz" if gz else "w") as t:
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_gzip_image_from_another_tool_pulls_and_verifies_without_annotation(
+    registry, tmp_path, capsys
+) -> None:
+    src = _unique_model(tmp_path, "foreign")
+    files = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    layers = [
+        ("application/vnd.oci.image.layer.v1.tar+gzip", _tar({"config.json": files["config.json"]}, gz=True)),
+        (
+            "application/vnd.oci.image.layer.v1.tar",
+            _tar({k: v for k, v in files.items() if k != "config.json"}),
+        ),
+    ]
+    digest = _put_image(registry, "models/foreign", layers, None)
+    rc, said = _fetch(
+        capsys, f"oci://{registry.host}/models/foreign@{digest}", tmp_path / "out", dir_digest(src)
+    )
+    assert rc == 0, said
+    assert dir_digest(tmp_path / "out") == dir_digest(src)
+
+
+def test_layers_that_delete_or_are_not_tar_are_refused(registry, tmp_path, capsys) -> None:
+    digest = _put_image(
+        registry, "models/whiteout", [(LAYER_MEDIA_TYPE, _tar({"sub/.wh.config.json": b""}))], None
+    )
+    rc, said = _fetch(
+        capsys, f"oci://{registry.host}/models/whiteout@{digest}", tmp_path / "o1", "sha256:" + "1" * 64
+    )
+    assert rc == 1 and "whiteout 'sub/.wh.config.json'" in said
+    _assert_nothing_usable(tmp_path / "o1")
+    digest = _put_image(registry, "models/blobs", [("application/vnd.example.weights", b"raw weights")], None)
+    rc, said = _fetch(
+        capsys, f"oci://{registry.host}/models/blobs@{digest}", tmp_path / "o2", "sha256:" + "1" * 64
+    )
+    assert rc == 1 and "media type 'application/vnd.example.weights'" in said
+
+
+def test_plain_http_only_for_loopback_or_insecure() -> None:
+    assert RegistryClient("127.0.0.1:5000").base == "http://127.0.0.1:5000"
+    assert RegistryClient("registry.example:5000").base == "https://registry.example:5000"
+    assert RegistryClient("registry.example:5000", insecure=True).base == "http://registry.example:5000"

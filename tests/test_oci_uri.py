@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from modeldeploy.oci import OciRef, OciRefError, is_loopback, parse_oci_uri, parse_push_target
+from modeldeploy.oci import URI_PATTERN, OciRef, OciRefError, is_loopback, parse_oci_uri, parse_push_target
 
 D = "sha256:" + "ab" * 32
 
@@ -39,6 +40,38 @@ def test_bad_uris_are_refused_naming_the_problem(uri: str, words: list[str]) -> 
         parse_oci_uri(uri)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+
+
+GOOD = [
+    f"oci://127.0.0.1:5000/models/smollm2@{D}",
+    f"oci://localhost/m@{D}",
+    f"oci://localhost:5000/a/b/c@{D}",
+    f"oci://ghcr.io/org/team/model-x_1.2@{D}",
+    f"oci://[::1]:5000/m@{D}",
+    f"oci://registry.kube-system.svc.cluster.local:5000/models/x__y@{D}",
+]
+BAD = [
+    "oci://ghcr.io/org/model:v1",
+    f"oci://ghcr.io/org/model:v1@{D}",
+    "oci://ghcr.io/org/model",
+    "oci://ghcr.io/org/model@sha256:abc",
+    f"oci://org/model@{D}",
+    f"oci://ghcr.io@{D}",
+    f"oci://ghcr.io/Org/Model@{D}",
+    f"oci://ghcr.io/org//model@{D}",
+    f"oci://ghcr.io/org/-model@{D}",
+    f"oci://-bad.io/org/model@{D}",
+    f"http://ghcr.io/org/model@{D}",
+]
+
+
+def test_api_pattern_accepts_exactly_what_the_parser_accepts() -> None:
+    for uri in GOOD:
+        assert parse_oci_uri(uri).uri == uri and re.match(URI_PATTERN, uri), uri
+    for uri in BAD:
+        with pytest.raises(OciRefError):
+            parse_oci_uri(uri)
+        assert not re.match(URI_PATTERN, uri), uri
 
 
 def test_push_targets() -> None:

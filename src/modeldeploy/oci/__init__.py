@@ -35,6 +35,11 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_PORT = r"(?::[0-9]{1,5})?"
+_NAMED_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})+{_PORT}|{_LABEL}:[0-9]{{1,5}}|localhost|\[[0-9A-Fa-f:]+\]{_PORT})"
+# The same acceptance as parse_oci_uri, as one RE2-compatible pattern (no lookaround): for an API
+# field's `pattern` or a CEL `matches()` rule, so apply refuses what the parser would.
+URI_PATTERN = rf"^oci://{_NAMED_HOST}/{_COMPONENT}(?:/{_COMPONENT})*@sha256:[0-9a-f]{{64}}$"
 
 
 class OciRefError(ValueError):
