@@ -77,7 +77,8 @@ def test_reconcile_creates_children_and_recognises_its_own_status_echo() -> None
     assert ctrl.md_event("ADDED", NS, NAME, obj) is True
     ctrl.request(NS, NAME)
     kinds = sorted(k for (k, _, _) in kube.objects if k != MD)
-    assert kinds == ["Deployment", "Service"]  # the cohort Services come with the first canary
+    # the cohort Services come with the first canary; the NetworkPolicy (spec.network) with the object
+    assert kinds == ["Deployment", "NetworkPolicy", "Service"]
     stored = kube.get_md(NS, NAME)
     assert stored["status"]["phase"] == "Deploying" and ctrl.reconciles == 1
     assert ctrl.md_event("MODIFIED", NS, NAME, stored) is False  # the echo of our own status write

@@ -79,6 +79,7 @@ def modeldeployment_changed(
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD)
 @kopf.on.event("", "v1", "services", labels=CHILD)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILD)  # spec.network: edits revert
 def child_changed(type: str | None, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_) -> None:
     owner = memo.controller.child_event(type, body)
     if owner is not None:

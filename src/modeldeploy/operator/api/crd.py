@@ -41,7 +41,7 @@ MSG_NAME = (
 
 _KEEP = frozenset({
     "type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "minItems",
-    "maxItems", "pattern", "items", "properties", "required", "additionalProperties",
+    "maxItems", "pattern", "items", "properties", "required", "additionalProperties", "maxProperties",
     "x-kubernetes-validations",
     "x-kubernetes-int-or-string", "format", "x-kubernetes-preserve-unknown-fields",
 })  # fmt: skip
@@ -51,7 +51,7 @@ _ORDER = MappingProxyType({k: i for i, k in enumerate([
     "type", "description", "default", "x-kubernetes-int-or-string", "enum", "format", "minimum",
     "exclusiveMinimum",
     "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "required", "properties", "items",
-    "additionalProperties", "x-kubernetes-validations",
+    "additionalProperties", "maxProperties", "x-kubernetes-validations",
 ])})  # fmt: skip
 
 

@@ -7,6 +7,7 @@ no Secrets: API keys reach pods by secretKeyRef, which the kubelet resolves, not
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL
@@ -21,6 +22,8 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": rw},
         {"apiGroups": [""], "resources": ["services"], "verbs": rw},
+        # spec.network: the operator owns one NetworkPolicy per object (watched, so an edit reverts)
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": rw},
         # spec.rollout.trafficRouting.gatewayAPI: the operator owns one HTTPRoute per object
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"], "verbs": rw},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
@@ -41,3 +44,19 @@ def rules() -> list[dict[str, Any]]:
         },
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     ]
+
+
+def permissions(rules: Iterable[Mapping[str, Any]]) -> list[str]:
+    """RBAC rules as sorted `verb resource.group[/subresource]` lines (core group: `verb resource`), the
+    spelling of `kubectl auth can-i --list`: the form tests/data/operator_permissions.txt reviews, so a
+    widening is a one-line diff there, and the e2e can hold the API server's answer against it."""
+    out: set[str] = set()
+    for r in rules:
+        if r.get("resourceNames") or r.get("nonResourceURLs"):
+            raise ValueError(f"rule outside the reviewed form (resourceNames, nonResourceURLs): {dict(r)}")
+        for group in r["apiGroups"]:
+            for res in r["resources"]:
+                base, _, sub = res.partition("/")
+                name = f"{base}.{group}" if group else base
+                out.update(f"{verb} {name}/{sub}" if sub else f"{verb} {name}" for verb in r["verbs"])
+    return sorted(out)

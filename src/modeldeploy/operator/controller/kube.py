@@ -2,7 +2,7 @@
 
 Every call asks for the raw body (`_preload_content=False`) and reads JSON itself: decoding
 into the kubernetes client's models costs more than the reconcile's own work at scale.
-Children are addressed by kind (Deployment, Service, HTTPRoute), so `apply.py` maps an
+Children are addressed by kind (Deployment, Service, HTTPRoute, NetworkPolicy), so `apply.py` maps an
 action to one call without caring which API group serves it. Errors stay `ApiException`.
 """
 
@@ -17,6 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
+from modeldeploy.operator.rollout.network import KIND as POLICY_KIND
 from modeldeploy.operator.rollout.routing import KIND as ROUTE_KIND
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
@@ -59,6 +60,7 @@ class Kube:
             client.AppsV1Api(api),
             client.CustomObjectsApi(api),
         )
+        self.net = client.NetworkingV1Api(api)
 
     @classmethod
     def connect(cls) -> Kube:
@@ -90,10 +92,11 @@ class Kube:
             raise
 
     def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]]:
-        """Objects of `kind` (Deployment, Service, Pod) by label."""
+        """Objects of `kind` (Deployment, Service, NetworkPolicy, Pod) by label."""
         lister = {
             "Deployment": self.apps.list_namespaced_deployment,
             "Service": self.core.list_namespaced_service,
+            POLICY_KIND: self.net.list_namespaced_network_policy,
             "Pod": self.core.list_namespaced_pod,
         }[kind]
         return _json(lister(ns, label_selector=selector, **RAW))["items"]
@@ -131,6 +134,8 @@ class Kube:
             resp = self.custom.create_namespaced_custom_object(*ROUTE_API[:2], ns, ROUTE_API[2], obj, **RAW)
         elif kind == "Deployment":
             resp = self.apps.create_namespaced_deployment(ns, _body(obj), **RAW)
+        elif kind == POLICY_KIND:
+            resp = self.net.create_namespaced_network_policy(ns, _body(obj), **RAW)
         else:
             resp = self.core.create_namespaced_service(ns, _body(obj), **RAW)
         return _json(resp)
@@ -143,6 +148,8 @@ class Kube:
             )
         elif kind == "Deployment":
             resp = self.apps.patch_namespaced_deployment(name, ns, body, _content_type=MERGE, **RAW)
+        elif kind == POLICY_KIND:
+            resp = self.net.patch_namespaced_network_policy(name, ns, body, _content_type=MERGE, **RAW)
         else:
             resp = self.core.patch_namespaced_service(name, ns, body, _content_type=MERGE, **RAW)
         return _json(resp)
@@ -154,6 +161,8 @@ class Kube:
             self.apps.delete_namespaced_deployment(
                 name, ns, body=_body({"propagationPolicy": "Background"}), **RAW
             )
+        elif kind == POLICY_KIND:
+            self.net.delete_namespaced_network_policy(name, ns, **RAW)
         else:
             self.core.delete_namespaced_service(
                 name, ns, body=_body({"propagationPolicy": "Background"}), **RAW

@@ -1,6 +1,6 @@
 """Read the world for one reconcile: children, nodes, load progress and the rollout's inputs -> `Observed`.
 
-The Deployments and Services come from the Controller's watch-fed store when it knows them
+The Deployments, Services and NetworkPolicies come from the Controller's watch-fed store when it knows them
 complete (store.py says why that is as good as a LIST), else from a fresh LIST that refills it;
 pods, routes and nodes are always read fresh. Everything that talks to pods is bounded:
 MAX_PROBES load probes of PROBE_TIMEOUT_S each per reconcile, one conformance run per
@@ -9,10 +9,11 @@ MAX_PROBES load probes of PROBE_TIMEOUT_S each per reconcile, one conformance ru
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -48,6 +49,7 @@ from modeldeploy.operator.rollout import commands
 from modeldeploy.operator.rollout.actions import Observed
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
 from modeldeploy.operator.rollout.machine import UNDER_TEST, quality_stage
+from modeldeploy.operator.rollout.network import KIND as POLICY_KIND
 from modeldeploy.operator.rollout.progression import epoch, iso, policy
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
@@ -62,6 +64,22 @@ MAX_PROBES = 8
 PROBE_TIMEOUT_S = 0.5
 UNREACHABLE_S = 60.0
 MAX_UNREACHABLE = 10_000  # remembered unroutable pods, all objects together
+CHILD_KINDS = ("Deployment", "Service", POLICY_KIND)  # listed together, or read from the store
+OPERATOR_NAMESPACE_ENV = "MODELDEPLOY_OPERATOR_NAMESPACE"
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def operator_namespace(env: Mapping[str, str] = os.environ, sa_file: str = SA_NAMESPACE_FILE) -> str | None:
+    """The namespace the operator runs in: $MODELDEPLOY_OPERATOR_NAMESPACE, else the one its in-cluster
+    ServiceAccount token was issued for (the file every pod with a mounted token has, the same the
+    kubernetes clients read); None outside a cluster (a process on a host reaches pods from the node)."""
+    if ns := env.get(OPERATOR_NAMESPACE_ENV, "").strip():
+        return ns
+    try:
+        with open(sa_file) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 class NodeCache:
@@ -218,8 +236,9 @@ class Observer:
     ) -> None:
         self.kube, self.nodes, self.probe, self.gate, self.baselines = kube, nodes, probe, gate, baselines
         self.quality = quality or QualityRunner()
-        self.together = together  # a pool's map: the Deployment and Service LISTs in one round trip's time
+        self.together = together  # a pool's map: the children's LISTs in one round trip's time
         self.store = store
+        self.operator_namespace = operator_namespace()  # the NetworkPolicy admits it to /metrics
 
     def observe(self, md: dict[str, Any], fresh: bool = True) -> Observed:
         """`fresh`: LIST the children even when the store knows them."""
@@ -228,27 +247,26 @@ class Observer:
         sel = f"{INSTANCE_LABEL}={name},app.kubernetes.io/managed-by={MANAGED_BY}"
         kept = None if fresh or self.store is None else self._kept(uid, name)
         if kept is not None:
-            deps, svcs = kept
+            deps, svcs, policies = kept
         else:
-            deps, svcs = (
+            deps, svcs, policies = (
                 [o for o in listed if _owned(o, uid)]
-                for listed in self.together(
-                    lambda kind: self.kube.list(kind, ns, sel), ["Deployment", "Service"]
-                )
+                for listed in self.together(lambda kind: self.kube.list(kind, ns, sel), list(CHILD_KINDS))
             )
             if self.store is not None:
-                self.store.replace(uid, ns, {"Deployment": deps, "Service": svcs})
+                self.store.replace(uid, ns, dict(zip(CHILD_KINDS, (deps, svcs, policies), strict=True)))
         loading, errors = {}, {}
         if any(_not_ready(d) for d in deps):
             loading, errors = self.probe.probe((ns, name), self.kube.list("Pod", ns, sel))
         obs = Observed(deps, svcs, self.nodes.get(), loading, errors)
+        obs.policies, obs.operator_namespace = policies, self.operator_namespace
         self._rollout(md, sel, obs)
         return obs
 
-    def _kept(self, uid: str, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    def _kept(self, uid: str, name: str) -> tuple[list[dict[str, Any]], ...] | None:
         assert self.store is not None
-        deps, svcs = self.store.children("Deployment", uid, name), self.store.children("Service", uid, name)
-        return None if deps is None or svcs is None else (deps, svcs)
+        kept = [self.store.children(kind, uid, name) for kind in CHILD_KINDS]
+        return None if any(k is None for k in kept) else tuple(k or [] for k in kept)
 
     def _rollout(self, md: dict[str, Any], sel: str, obs: Observed) -> None:
         """The rollout machine's inputs: manual command, conformance gate result, canary analysis, routes."""

@@ -55,9 +55,9 @@ class Controller:
         workers: int = 0,
         cache: bool = False,
     ) -> None:
-        """`cache`: read the ModelDeployment and its Deployments and Services from `store` (store.py),
-        which the watch handlers feed through md_event and child_event. Off, every pass reads fresh:
-        for callers that change the API server between passes without telling the Controller."""
+        """`cache`: read the ModelDeployment and its Deployments, Services and NetworkPolicies from `store`
+        (store.py), which the watch handlers feed through md_event and child_event. Off, every pass reads
+        fresh: for callers that change the API server between passes without telling the Controller."""
         self.kube = kube
         self.store = Store() if cache else None
         self.doubted: set[ObjectKey] = set()  # keys whose next pass reads fresh, not from the store
@@ -334,7 +334,8 @@ def signature(body: Mapping[str, Any]) -> tuple:
     ]
     return (
         meta.get("generation"),
-        repr(spec) if body.get("kind") == "Service" else None,  # Services have no generation
+        # Services have no generation; a NetworkPolicy's is kept by the API server, its spec is small
+        repr(spec) if body.get("kind") in ("Service", "NetworkPolicy") else None,
         repr(sorted((meta.get("labels") or {}).items())),
         (meta.get("annotations") or {}).get(DESIRED_HASH),
         status.get("readyReplicas"),

@@ -30,7 +30,8 @@ from typing import Any
 
 from modeldeploy.operator.rollout.bundle import INSTANCE_LABEL, MANAGED_BY
 
-KINDS = ("Deployment", "Service")  # the children served from here (HTTPRoutes and Pods are listed fresh)
+# the children served from here (HTTPRoutes and Pods are listed fresh)
+KINDS = ("Deployment", "Service", "NetworkPolicy")
 MD = "ModelDeployment"
 MAX_TOMBSTONES = 10_000  # deletes whose DELETED event has not come yet (a watch restart may lose it)
 Ref = tuple[str, str, str]  # (kind, namespace, name)
@@ -55,7 +56,7 @@ def _slim(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Store:
-    """ModelDeployments by (namespace, name); Deployments and Services by owner uid."""
+    """ModelDeployments by (namespace, name); Deployments, Services and NetworkPolicies by owner uid."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()

@@ -73,3 +73,5 @@ class Observed:
     command_annotations: tuple[str, ...] = ()
     routes: list[dict[str, Any]] | None = None  # HTTPRoutes owned; None: Gateway API not served
     analysis_fresh: bool = False  # `analysis` was computed for this reconcile (not read back from status)
+    policies: list[dict[str, Any]] | None = None  # NetworkPolicies owned; None: not read, left alone
+    operator_namespace: str | None = None  # where the operator runs; None: outside the cluster

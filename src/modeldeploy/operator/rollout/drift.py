@@ -15,7 +15,10 @@ DESIRED_HASH = "modeldeploy.dev/desired-hash"
 def subset(want: Any, have: Any) -> bool:
     """Every field we set has our value (API defaults may add fields; lists must match in length)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and subset(v, have[k]) for k, v in want.items())
+        # an empty list or map we set may come back left out (the API server omits empty fields)
+        return isinstance(have, dict) and all(
+            subset(v, have[k]) if k in have else v in ([], {}) for k, v in want.items()
+        )
     if isinstance(want, list):
         return (
             isinstance(have, list)

@@ -12,7 +12,7 @@ steps judged by canary analysis, then promotion with the prior bundle kept warm,
 rollback. The machine's state lives in status, so a restarted operator resumes it.
 
 `plan()` is a chain of named sub-planners, read top to bottom as Argo's `rolloutCanary()` is:
-rollout step, Deployments, Services, HTTPRoute, cohort figures, Degraded, phase, conditions,
+rollout step, Deployments, Services, HTTPRoute, NetworkPolicy, cohort figures, Degraded, phase, conditions,
 status. Each one is pure and takes the `Inputs` every planner shares.
 """
 
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from modeldeploy.operator.analysis.verdicts import describe
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition, ModelDeploymentStatus
-from modeldeploy.operator.rollout import children, progression, routing
+from modeldeploy.operator.rollout import children, network, progression, routing
 from modeldeploy.operator.rollout.actions import (  # noqa: F401  (re-exported: plan's vocabulary)
     Action,
     Annotate,
@@ -138,7 +138,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     canary_id = state.canary if state.phase in IN_FLIGHT else None
     weight = canary_weight(state, x.policy)
     route_problem, routes = plan_routes(x, weight, canary_id is not None)
-    out += one_created(deployments + plan_services(x, state, live, canary_id) + routes)
+    out += one_created(deployments + plan_services(x, state, live, canary_id) + routes + plan_network(x))
     cohorts = plan_cohorts(x, state, sizes, canary_id, live)
     degraded = plan_degraded(x, state, unfit, route_problem)
     waiting = capacity_wait(state, x.policy, x.have)
@@ -286,6 +286,25 @@ def plan_routes(x: Inputs, weight: int, has_canary: bool) -> tuple[str | None, l
             [],
         )
     return None, reconcile_child(want, have.get(want["metadata"]["name"]))
+
+
+def plan_network(x: Inputs) -> list[Action]:
+    """The NetworkPolicy `<name>` under spec.network: created or reverted while wanted, deleted when
+    spec.network.policy turns false (as is any other owned policy). Nothing when policies were not read."""
+    if x.observed.policies is None:
+        return []
+    want = network.network_policy(x.md, x.spec, x.observed.operator_namespace)
+    have = {p["metadata"]["name"]: p for p in x.observed.policies}
+    out: list[Action] = []
+    if want is not None:
+        out += reconcile_child(want, have.pop(want["metadata"]["name"], None))
+    why = "spec.network.policy is false" if want is None else "not this object's policy"
+    for name in have:
+        out += [
+            Delete(network.KIND, name),
+            Event("Normal", "Deleted", f"deleted NetworkPolicy {name} ({why})"),
+        ]
+    return out
 
 
 def plan_cohorts(

@@ -20,6 +20,7 @@ from modeldeploy.operator.api.v1alpha1._model import _Model
 from modeldeploy.operator.api.v1alpha1.bundle import (
     Bundle,
 )
+from modeldeploy.operator.api.v1alpha1.network import Network
 from modeldeploy.operator.api.v1alpha1.rollout import (
     Rollout,
 )
@@ -111,6 +112,10 @@ class ModelDeploymentSpec(_Model):
     rollout: Rollout = Field(default_factory=Rollout, description="How a bundle change is rolled out.")
     observability: Observability = Field(
         default_factory=Observability, description="Telemetry the runtime pods export (traces over OTLP)."
+    )
+    network: Network = Field(
+        default_factory=Network,
+        description="Who may reach the serving pods: the NetworkPolicy the operator writes (ingress only).",
     )
 
     @model_validator(mode="after")
