@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,41 @@ import pytest
 from .conftest import E2ECluster
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "modeldeploy-operator"
+REVIEWED = Path(__file__).resolve().parents[1] / "tests" / "data" / "operator_permissions.txt"
+# what every authenticated user is granted (system:basic-user): asking about oneself is not a permission
+# of the operator's; the non-resource URLs (discovery, /healthz, /version, the issuer's keys) come from
+# system:discovery, system:public-info-viewer and system:service-account-issuer-discovery, to everyone
+EVERYONE = frozenset({
+    "selfsubjectreviews.authentication.k8s.io",
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+})  # fmt: skip
+_ROW = re.compile(r"^(\S*)\s+\[(.*?)\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$")
+
+
+def reviewed_permissions() -> list[str]:
+    """tests/data/operator_permissions.txt: `verb resource.group[/subresource]`, sorted."""
+    return [ln for ln in REVIEWED.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def effective_permissions(table: str) -> list[str]:
+    """`kubectl auth can-i --list --no-headers` as sorted `verb resource` lines, without the rows every
+    user has (EVERYONE, non-resource URLs). A rule limited to resource names is refused, not ignored:
+    the reviewed list has no form for it, so it must be reviewed on its own."""
+    out: set[str] = set()
+    for line in table.splitlines():
+        if not line.strip():
+            continue
+        m = _ROW.match(line)
+        assert m is not None, f"unexpected `kubectl auth can-i --list` row: {line!r}"
+        resource, urls, names, verbs = m.groups()
+        if not resource and urls:
+            continue
+        if resource in EVERYONE:
+            continue
+        assert not names, f"a rule limited to resource names: {line!r}"
+        out.update(f"{verb} {resource}" for verb in verbs.split())
+    return sorted(out)
 
 
 def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, namespace: str) -> None:
@@ -35,6 +71,13 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
         assert can("create", "deployments.apps", "-n", "default") == "yes"
         assert can("patch", "modeldeployments.serving.modeldeploy.dev/status", "-n", "default") == "yes"
         assert can("list", "nodes") == "yes"
+        # the whole effective list, as the API server answers it, is the reviewed one: in the release's
+        # namespace and in another (the chart grants one ClusterRole, so both views are the same)
+        for ns in (namespace, "default"):
+            listed = cluster.kubectl("auth", "can-i", "--list", "--no-headers", f"--as={sa}", "-n", ns).stdout
+            assert effective_permissions(listed) == reviewed_permissions(), (
+                f"the operator's effective permissions in {ns} differ from {REVIEWED}: review the change"
+            )
         # the operator pod is admitted under Pod Security `restricted` (the ReplicaSet created it)
         pods = cluster.wait(
             lambda: (
