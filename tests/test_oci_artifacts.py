@@ -6,16 +6,23 @@ The registry is the real-node lane's (`make cluster-build` builds it), started p
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.server
 import io
 import json
 import os
 import shutil
 import socket
+import subprocess
 import tarfile
+import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from modeldeploy.cli import main as cli
@@ -118,9 +125,9 @@ def test_push_is_reproducible_and_pulls_back_identical(registry, llama_dir, tmp_
 def test_layout_is_a_plain_image_one_layer_per_safetensors(registry, llama_dir) -> None:
     art = pack(llama_dir)
     with RegistryClient(registry.host) as c:
-        c.upload_blob("layout/check", art.config_digest, len(art.config), [art.config])
+        c.upload_blob("layout/check", art.config_digest, len(art.config), lambda: [art.config])
         for la in art.layers:
-            c.upload_blob("layout/check", la.digest, la.size, la.chunks())
+            c.upload_blob("layout/check", la.digest, la.size, la.chunks)
         c.put_manifest("layout/check", art.digest, art.manifest, MANIFEST_MEDIA_TYPE)
         man = json.loads(c.get_manifest("layout/check", art.digest))
     assert man["mediaType"] == MANIFEST_MEDIA_TYPE and man["config"]["mediaType"] == CONFIG_MEDIA_TYPE
@@ -258,7 +265,7 @@ def _put_image(reg: Registry, repo: str, layers: list[tuple[str, bytes]], annota
         man["annotations"] = annotations
     with RegistryClient(reg.host) as c:
         for blob in [config, *(b for _, b in layers)]:
-            c.upload_blob(repo, sha(blob), len(blob), [blob])
+            c.upload_blob(repo, sha(blob), len(blob), lambda b=blob: [b])
         return c.put_manifest(repo, sha(canonical_json(man)), canonical_json(man), MANIFEST_MEDIA_TYPE)
 
 
@@ -312,3 +319,150 @@ def test_plain_http_only_for_loopback_or_insecure() -> None:
     assert RegistryClient("127.0.0.1:5000").base == "http://127.0.0.1:5000"
     assert RegistryClient("registry.example:5000").base == "https://registry.example:5000"
     assert RegistryClient("registry.example:5000", insecure=True).base == "http://registry.example:5000"
+
+
+# --- a registry behind token auth: distribution's `auth.token` with a token server of our own that
+# --- checks docker-style Basic credentials and signs RS256 JWTs with openssl (as docker's auth does)
+
+USER, PASSWORD = "alice", "s3cret"
+
+
+def _b64url(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+class _TokenServer:
+    def __init__(self, key: Path, cert_der: bytes, service: str) -> None:
+        self.scopes: list[tuple[str | None, str]] = []
+        parent = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                auth = self.headers.get("Authorization")
+                good = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+                parent.scopes.append((auth and auth.split()[0], q.get("scope", [""])[0]))
+                if auth != good:
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                access = []
+                for sc in q.get("scope", []):
+                    typ, name, actions = sc.split(":")
+                    access.append({"type": typ, "name": name, "actions": actions.split(",")})
+                body = json.dumps({"token": parent.sign(access, q["service"][0])}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.key, self.cert_der, self.service = key, cert_der, service
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.realm = f"http://127.0.0.1:{self.srv.server_address[1]}/token"
+
+    def sign(self, access: list[dict], aud: str) -> str:
+        now = int(time.time())
+        header = {"alg": "RS256", "typ": "JWT", "x5c": [base64.b64encode(self.cert_der).decode()]}
+        claims = {"iss": "modeldeploy-test", "sub": USER, "aud": aud, "exp": now + 300, "nbf": now - 10}
+        claims |= {"iat": now, "jti": os.urandom(8).hex(), "access": access}
+        msg = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        sig = subprocess.run(
+            ["openssl", "dgst", "-sha256", "-sign", str(self.key)],
+            input=msg.encode(),
+            capture_output=True,
+            check=True,
+        ).stdout
+        return f"{msg}.{_b64url(sig)}"
+
+
+class _AuthRegistry(Registry):
+    def __init__(self, *a, tokens: _TokenServer, cert: Path, **k) -> None:
+        super().__init__(*a, **k)
+        self.tokens, self.cert = tokens, cert
+
+    def config(self) -> str:
+        return super().config() + (
+            f"auth:\n  token:\n    realm: {self.tokens.realm}\n    service: {self.tokens.service}\n"
+            f"    issuer: modeldeploy-test\n    rootcertbundle: {self.cert}\n"
+        )
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"http://{self.host}/v2/", timeout=2).status_code == 401  # up, and asking
+        except httpx.HTTPError:
+            return False
+
+
+@pytest.fixture(scope="module")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_AuthRegistry]:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to sign the test token server's JWTs")
+    root = tmp_path_factory.mktemp("auth-registry")
+    key, cert = root / "key.pem", root / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+        + ["-days", "2", "-subj", "/CN=modeldeploy-test"],
+        check=True,
+        capture_output=True,
+    )
+    der = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-outform", "DER"], check=True, capture_output=True
+    ).stdout
+    tokens = _TokenServer(key, der, "modeldeploy-test-registry")
+    reg = _AuthRegistry(REGISTRY_BIN, root / "storage", root / "run", _free_port(), tokens=tokens, cert=cert)
+    reg.up()
+    try:
+        yield reg
+    finally:
+        reg.down()
+        tokens.srv.shutdown()
+
+
+def _docker_config(tmp: Path, host: str, password: str) -> Path:
+    d = tmp / "docker"
+    d.mkdir(exist_ok=True)
+    auth = base64.b64encode(f"{USER}:{password}".encode()).decode()
+    (d / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return d
+
+
+def test_push_and_fetch_with_docker_config_credentials(auth_registry, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path, auth_registry.host, PASSWORD)))
+    src = _unique_model(tmp_path, "authed")
+    uri, model_digest = _push(capsys, src, f"{auth_registry.host}/models/authed:v1")
+    rc, said = _fetch(capsys, uri, tmp_path / "out", model_digest)
+    assert rc == 0, said
+    assert dir_digest(tmp_path / "out") == model_digest
+    seen = set(auth_registry.tokens.scopes)
+    assert ("Basic", "repository:models/authed:pull,push") in seen and (
+        "Basic",
+        "repository:models/authed:pull",
+    ) in seen
+
+
+def test_missing_or_wrong_credentials_are_named(auth_registry, tmp_path, capsys, monkeypatch) -> None:
+    src = _unique_model(tmp_path, "denied")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "nowhere"))
+    assert cli(["model", "push", str(src), f"{auth_registry.host}/models/denied"]) == 1
+    err = capsys.readouterr().err
+    assert "HTTP 401, refused anonymously" in err and f"no `auths` entry for {auth_registry.host}" in err
+    monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path, auth_registry.host, "wrong")))
+    assert cli(["model", "push", str(src), f"{auth_registry.host}/models/denied"]) == 1
+    err = capsys.readouterr().err
+    assert "HTTP 401, refused with the credentials from" in err and str(tmp_path / "docker") in err
+
+
+def test_an_expired_token_is_renewed_and_the_request_resent(auth_registry, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path, auth_registry.host, PASSWORD)))
+    blob = b"resent after a 401"
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    with RegistryClient(auth_registry.host) as c:
+        c._auth = "Bearer expired"  # what a long upload's token looks like once it lapsed
+        c.upload_blob("models/renew", digest, len(blob), lambda: [blob])
+        assert c._auth != "Bearer expired" and c.has_blob("models/renew", digest)

@@ -210,6 +210,7 @@ def pull(
     staging.mkdir()
     try:
         with RegistryClient(ref.registry, insecure=insecure) as client:
+            client.authorize(ref.repository, "pull")
             man = _read_manifest(client, ref, model_digest)
             for i, desc in enumerate(man["layers"]):
                 log(f"layer {i + 1}/{len(man['layers'])}: {desc.get('digest')} ({desc.get('size')} bytes)")

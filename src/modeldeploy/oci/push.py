@@ -36,14 +36,15 @@ def push(
     t1 = time.monotonic()
     sent = skipped = 0
     with RegistryClient(registry, insecure=insecure) as client:
+        client.authorize(repo, "pull,push")
         for layer in art.layers:
             if client.has_blob(repo, layer.digest):
                 skipped += layer.size
                 continue
-            client.upload_blob(repo, layer.digest, layer.size, layer.chunks())
+            client.upload_blob(repo, layer.digest, layer.size, layer.chunks)
             sent += layer.size
         if not client.has_blob(repo, art.config_digest):
-            client.upload_blob(repo, art.config_digest, len(art.config), [art.config])
+            client.upload_blob(repo, art.config_digest, len(art.config), lambda: [art.config])
         for ref in [art.digest, *([tag] if tag else [])]:
             got = client.put_manifest(repo, ref, art.manifest, MANIFEST_MEDIA_TYPE)
             if got and got != art.digest:
