@@ -216,9 +216,23 @@ def test_leftover_staging_is_removed_and_foreign_files_are_named(registry, tmp_p
     assert pull(parse_oci_uri(uri), out, model_digest) is True
     assert dir_digest(out) == model_digest and not (out / STAGING).exists()
     assert pull(parse_oci_uri(uri), out, model_digest) is False  # verified in place: nothing pulled
-    (out / "stray.txt").write_text("not in the artifact")
+    (out / "sub" / "mine.txt").write_text("not in the artifact")  # in a directory the artifact has
+    (out / "config.json").write_text("stale")
     rc, err = _fetch(capsys, uri, out, model_digest)
-    assert rc == 1 and "also holds files the artifact does not: stray.txt" in err
+    assert rc == 1 and "also holds files the artifact does not: sub/mine.txt" in err
+    assert (out / "sub" / "mine.txt").read_text() == "not in the artifact"  # named, never deleted
+    assert (out / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    assert dir_digest(out) != model_digest
+
+
+def test_quiet_push_prints_the_uri_alone_and_platform_is_checked(registry, tmp_path, capsys) -> None:
+    src = _unique_model(tmp_path, "quiet")
+    assert cli(["model", "push", "-q", str(src), f"{registry.host}/models/quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == parse_oci_uri(out.strip()).uri and out.count("\n") == 1
+    assert cli(["model", "push", "--platform", "amd64", str(src), f"{registry.host}/models/quiet"]) == 2
+    assert "--platform 'amd64' must be OS/ARCH" in capsys.readouterr().err
+    assert pack(src, "linux/arm64").digest != pack(src).digest  # the platform is in the config
 
 
 def test_bad_arguments_are_refused(registry, llama_dir, tmp_path, capsys) -> None:

@@ -120,12 +120,10 @@ def _unpack_layer(client: RegistryClient, ref: OciRef, desc: dict[str, Any], sta
             with tarfile.open(fileobj=reader, mode=TAR_LAYER_MEDIA_TYPES[media]) as tar:  # type: ignore[call-overload]
                 tar.extractall(staging, filter=_member_filter)
             reader.drain()
-        except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-            if isinstance(e, ArtifactDigestMismatch):
-                raise
+        except (tarfile.TarError, EOFError) as e:  # not OSError: a full disk says so itself
             reader.drain()
             reader.check()  # a short or modified blob is the cause, not the tar error it led to
-            raise ArtifactError(f"layer {digest} is not a readable tar: {e}") from e
+            raise ArtifactError(f"layer {digest} cannot be unpacked: {type(e).__name__}: {e}") from e
         reader.check()
 
 
@@ -175,15 +173,23 @@ def _files_under(root: Path) -> set[str]:
     return out
 
 
-def _move_into(staging: Path, out: Path, files: dict[str, str]) -> None:
-    """Rename the verified entries into DIR (same filesystem: each rename is atomic)."""
-    for entry in sorted(staging.iterdir()):
-        target = out / entry.name
+def _merge(src: Path, dst: Path) -> None:
+    """Move src's entries into dst: files replace files of the same name (an interrupted move's),
+    directories merge, so nothing the artifact does not name is ever deleted."""
+    for entry in sorted(src.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir() and not entry.is_symlink() and target.is_dir() and not target.is_symlink():
+            _merge(entry, target)
+            entry.rmdir()
+            continue
         if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)  # a name the artifact carries: left by an interrupted move
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        entry.rename(target)
+            raise ArtifactError(f"{target} is a directory; the artifact has a file there")
+        entry.replace(target)  # same filesystem: atomic per entry
+
+
+def _move_into(staging: Path, out: Path, files: dict[str, str]) -> None:
+    """Move the verified files into DIR, then refuse a DIR that also holds files the model has not."""
+    _merge(staging, out)
     staging.rmdir()
     foreign = sorted(_files_under(out) - set(files))
     if foreign:

@@ -62,7 +62,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "dir", help="model directory (what `modeldeploy digest DIR` covers is what is pushed)"
     )
-    parser.add_argument("target", help="REGISTRY/REPO[:TAG], e.g. 127.0.0.1:5000/models/smollm2:v1")
+    parser.add_argument(
+        "target",
+        help="REGISTRY/REPO[:TAG], e.g. 127.0.0.1:5000/models/smollm2:v1; credentials, if the registry "
+        "asks, from docker's config.json (`docker login`)",
+    )
     parser.add_argument(
         "--insecure",
         action="store_true",
