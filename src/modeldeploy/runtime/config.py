@@ -115,8 +115,11 @@ class EngineConfig:
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_cpu_bytes"):  # None: sized at load
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.target_itl_ms is not None and not self.target_itl_ms > 0:
-            raise ValueError(f"target_itl_ms: must be > 0, got {self.target_itl_ms}")
+        if self.target_itl_ms is not None and not (self.target_itl_ms > 0 and self.enable_chunked_prefill):
+            raise ValueError(
+                f"target_itl_ms: must be > 0 and needs chunked prefill, got {self.target_itl_ms} "
+                f"(enable_chunked_prefill {self.enable_chunked_prefill})"
+            )
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {self.kv_cache_fraction}")
         for name in ("model_digest", "tokenizer_digest"):

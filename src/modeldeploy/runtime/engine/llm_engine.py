@@ -26,7 +26,7 @@ from modeldeploy.runtime.engine.parallel import TensorParallel
 from modeldeploy.runtime.engine.request_check import check_adapter, check_request
 from modeldeploy.runtime.engine.sampler import Sampler
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
-from modeldeploy.runtime.engine.scheduler import Scheduler
+from modeldeploy.runtime.engine.scheduler import PrefillCost, ScheduledBatch, Scheduler
 from modeldeploy.runtime.engine.sequence import Sequence
 from modeldeploy.runtime.loader import Loaded, load
 
@@ -164,6 +164,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             config.enable_chunked_prefill,
             self.adapters.num_slots if self.adapters else None,
+            target_step_s=config.target_itl_ms / 1e3 if config.target_itl_ms else None,
         )
         self.sampler = Sampler(self.eos_token_ids, apply_bitmask)
         vocab = loaded.args.vocab_size
@@ -246,6 +247,7 @@ class LLMEngine:
             self.step()
         self.prompt_tokens_total = self.generation_tokens_total = self.steps_total = 0
         self.block_manager.hits = 0
+        self.scheduler.cost = PrefillCost()  # the warmup's first forward pays lazy setup: not a step's cost
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -305,9 +307,16 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch.empty:
             return []
+        outputs = self._run(batch)
+        # the whole step, as a decoding stream sees it: what the time-bounded prefill chunk learns from
+        self.scheduler.observe(batch, time.perf_counter() - start)
+        return outputs
+
+    def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
         logits, sample_seqs = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n

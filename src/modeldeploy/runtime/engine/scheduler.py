@@ -1,9 +1,18 @@
 """Continuous batching: which sequences run this step, and how many tokens each.
 
-FCFS. Running sequences go first (a decode is one token; an unfinished prefill takes
-the next chunk), then waiting ones are admitted while the token budget, the sequence
-limit and the free blocks allow. When blocks run out, the most recently admitted
-running sequence is preempted: its blocks are released and it is recomputed later.
+FCFS. Running sequences go first, decodes (one token each) before unfinished prefills (the
+next chunk), then waiting ones are admitted while the token budget, the sequence limit and the
+free blocks allow. When blocks run out, the most recently admitted running sequence is
+preempted: its blocks are released and it is recomputed later.
+
+With a target step time (EngineConfig.target_itl_ms) the prefill tokens of a step that also
+decodes are bounded by time as well as by the token budget: `PrefillCost` learns, from the steps
+the engine reports, a decode-only step's seconds and the seconds per prefill token, and the step
+gets the prefill tokens that fit in what the decodes leave of the target (at least
+MIN_PREFILL_CHUNK, so prompts still progress when decoding alone fills the target). Decoding
+streams then see one step per token at about the target, instead of a step that carries a whole
+long prompt chunk (vLLM's chunked-prefill policy, with the chunk from measured cost, as in
+Sarathi-Serve's stall-free batching).
 """
 
 from __future__ import annotations
@@ -14,6 +23,53 @@ from dataclasses import dataclass
 
 from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.sequence import Sequence, Status
+
+MIN_PREFILL_CHUNK = 32  # tokens a step's prefill always gets: progress when decodes alone fill the target
+COLD_PREFILL_CHUNK = 64  # before any prefill has been measured
+
+
+class PrefillCost:
+    """Seconds a step costs, learned online from the steps run (exponentially weighted, so it follows
+    a machine whose load changes): a decode-only step's time by decode rows (power-of-two buckets),
+    and the seconds per prefill token over what the decodes cost. Pure: the engine reports each
+    step's rows and measured seconds; tests feed it made-up times."""
+
+    def __init__(self, alpha: float = 0.25, min_sample_tokens: int = 16):
+        self.alpha = alpha
+        self.min_sample_tokens = min_sample_tokens  # smaller chunks: noise swamps the per-token figure
+        self.decode_by_bucket: dict[int, float] = {}
+        self.per_token_s: float | None = None
+
+    def _ewma(self, old: float | None, sample: float) -> float:
+        return sample if old is None else old + self.alpha * (sample - old)
+
+    def decode_s(self, decodes: int) -> float:
+        """A decode-only step's seconds at `decodes` rows (the nearest measured bucket; 0 if none)."""
+        if decodes <= 0 or not self.decode_by_bucket:
+            return 0.0
+        b = decodes.bit_length()
+        near = min(self.decode_by_bucket, key=lambda k: (abs(k - b), -k))
+        return self.decode_by_bucket[near]
+
+    def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
+        if prefill_tokens == 0:
+            if decodes > 0:
+                b = decodes.bit_length()
+                self.decode_by_bucket[b] = self._ewma(self.decode_by_bucket.get(b), seconds)
+            return
+        if prefill_tokens < self.min_sample_tokens:
+            return
+        sample = max(seconds - self.decode_s(decodes), 0.0) / prefill_tokens
+        self.per_token_s = self._ewma(self.per_token_s, sample)
+
+    def prefill_tokens(self, target_s: float, decodes: int) -> int:
+        """Prefill tokens a step with `decodes` decode rows may carry to stay under `target_s`."""
+        if self.per_token_s is None:
+            return COLD_PREFILL_CHUNK
+        left = target_s - self.decode_s(decodes)
+        if self.per_token_s <= 0:
+            return 1 << 30
+        return max(MIN_PREFILL_CHUNK, int(left / self.per_token_s))
 
 
 @dataclass
@@ -37,12 +93,17 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
         max_adapters: int | None = None,
+        target_step_s: float | None = None,
+        cost: PrefillCost | None = None,
     ):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens  # tokens per step (not SamplingParams.max_tokens)
         self.chunked = enable_chunked_prefill
         self.max_adapters = max_adapters  # distinct LoRA adapters running at once (device slots)
+        # The time bound needs chunks: a whole prompt cannot be cut to fit (EngineConfig.validate).
+        self.target_step_s = target_step_s if enable_chunked_prefill else None
+        self.cost = cost if cost is not None else PrefillCost()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
@@ -53,35 +114,43 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
+        """The engine ran `batch` in `seconds` (the whole step): the cost model learns from it."""
+        decodes = sum(1 for n in batch.num_tokens if n == 1)
+        self.cost.observe(decodes, sum(n for n in batch.num_tokens if n > 1), seconds)
+
     def schedule(self) -> ScheduledBatch:
-        budget = self.token_budget
         picked: dict[str, int] = {}
         preempted = 0
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        # decodes first: a decoding stream's next token never waits behind a prompt's chunk
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        stalled = False
+        for seq in decodes:
+            if seq.status is Status.RUNNING and self._room(picked) > 0:
+                ok, p = self._grow(seq, 1, picked)
+                preempted += p
+                if not ok:
+                    stalled = True
+                    break
+        prefill_left = self._prefill_limit(len(picked))
+        for seq in [] if stalled else list(self.running):
+            budget = min(self._room(picked), prefill_left)
+            if seq.status is not Status.RUNNING or seq.request_id in picked or budget <= 0:
+                continue
             n = self._chunk(seq.num_uncomputed_tokens, budget)
             if n == 0:
-                i += 1
                 continue
-            while not self.bm.can_grow(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                picked.pop(victim.request_id, None)
-                preempted += 1
-                if victim is seq:
-                    break
-            if seq.status is not Status.RUNNING:
+            ok, p = self._grow(seq, n, picked)
+            preempted += p
+            if not ok:
                 break
-            self.bm.grow(seq, seq.num_computed_tokens + n)
-            picked[seq.request_id] = n
-            budget -= n
-            i += 1
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+            prefill_left -= n
+        while self.waiting and not preempted and len(self.running) < self.max_num_seqs:
+            budget = min(self._room(picked), prefill_left)
             seq = self.waiting[0]
             hits = self.bm.match_prefix(seq)
             n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
-            if n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
+            if budget <= 0 or n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
                 break
             self.waiting.popleft()
             self.bm.admit(seq, hits)
@@ -91,12 +160,37 @@ class Scheduler:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             picked[seq.request_id] = n
-            budget -= n
+            prefill_left -= n
         order = [s for s in self.running if s.request_id in picked]
         order.sort(
             key=lambda s: not (picked[s.request_id] == 1 and s.num_uncomputed_tokens == 1)
         )  # decodes first
         return ScheduledBatch(order, [picked[s.request_id] for s in order], preempted)
+
+    def _room(self, picked: dict[str, int]) -> int:
+        return self.token_budget - sum(picked.values())
+
+    def _prefill_limit(self, decodes: int) -> int:
+        """Prefill tokens this step may carry: unbounded (the token budget decides) without a target
+        or without decodes (no stream waits on this step), else what fits the target's time."""
+        if self.target_step_s is None or decodes == 0:
+            return self.token_budget
+        return self.cost.prefill_tokens(self.target_step_s, decodes)
+
+    def _grow(self, seq: Sequence, n: int, picked: dict[str, int]) -> tuple[bool, int]:
+        """Give `seq` blocks for `n` more tokens, preempting the newest running sequences as needed;
+        (False, preempted) when `seq` itself had to go."""
+        preempted = 0
+        while not self.bm.can_grow(seq, seq.num_computed_tokens + n):
+            victim = self.running[-1]
+            self._preempt(victim)
+            picked.pop(victim.request_id, None)
+            preempted += 1
+            if victim is seq:
+                return False, preempted
+        self.bm.grow(seq, seq.num_computed_tokens + n)
+        picked[seq.request_id] = n
+        return True, preempted
 
     def _adapter_fits(self, seq: Sequence) -> bool:
         """FCFS: a sequence whose adapter would need one device slot more than there are waits."""

@@ -1,0 +1,199 @@
+"""Issue 38 item 1: a step's prefill is bounded by time (a target step time and a learned per-token
+cost), decodes first. The cost model and the scheduler are pure: driven here with made-up times."""
+
+from __future__ import annotations
+
+import pytest
+
+from modeldeploy.runtime import EngineConfig, SamplingParams
+from modeldeploy.runtime.engine.block_manager import BlockManager
+from modeldeploy.runtime.engine.scheduler import (
+    COLD_PREFILL_CHUNK,
+    MIN_PREFILL_CHUNK,
+    PrefillCost,
+    ScheduledBatch,
+    Scheduler,
+)
+from modeldeploy.runtime.engine.sequence import Sequence
+
+
+def seq(rid: str, n: int, start: int = 0) -> Sequence:
+    return Sequence(rid, list(range(start, start + n)), SamplingParams(max_tokens=64))
+
+
+def ran(batch: ScheduledBatch) -> None:
+    """What the engine does after a step: tokens computed, a token sampled where the prompt is done."""
+    for s, n in zip(batch.seqs, batch.num_tokens, strict=True):
+        s.num_computed_tokens += n
+        if s.num_uncomputed_tokens == 0:
+            s.token_ids.append(7)
+
+
+def rows(batch: ScheduledBatch) -> list[tuple[str, int]]:
+    return [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)]
+
+
+def test_cost_learns_decode_time_and_per_token_prefill_cost():
+    c = PrefillCost(alpha=0.5)
+    assert c.prefill_tokens(0.1, 4) == COLD_PREFILL_CHUNK  # nothing measured yet
+    c.observe(4, 0, 0.040)  # a decode-only step of 4 rows
+    assert c.decode_s(4) == pytest.approx(0.040)
+    assert c.decode_s(5) == pytest.approx(0.040)  # the nearest bucket stands in
+    c.observe(4, 200, 0.140)  # 200 prefill tokens cost 0.1 s over the decodes
+    assert c.per_token_s == pytest.approx(0.0005)
+    assert c.prefill_tokens(0.100, 4) == 120  # (0.100 - 0.040) / 0.0005
+    assert c.prefill_tokens(0.030, 4) == MIN_PREFILL_CHUNK  # decodes alone exceed it: still progress
+    c.observe(4, 8, 5.0)  # a chunk too small to measure per-token cost is ignored
+    assert c.per_token_s == pytest.approx(0.0005)
+    for _ in range(12):  # the machine got twice as slow: the estimate follows
+        c.observe(4, 200, 0.240)
+    assert c.per_token_s == pytest.approx(0.001, rel=0.01)
+    assert c.prefill_tokens(0.100, 4) == pytest.approx(60, abs=1)
+
+
+def decoding(sch: Scheduler, n: int) -> list[Sequence]:
+    """n short sequences admitted, prefilled and now decoding."""
+    seqs = [seq(f"d{i}", 8, 100 * i) for i in range(n)]
+    for s in seqs:
+        sch.add(s)
+    ran(sch.schedule())
+    assert all(s.num_uncomputed_tokens == 1 for s in seqs)
+    return seqs
+
+
+class FixedCost(PrefillCost):
+    """A cost model whose figures the test sets (and that records what the scheduler asked)."""
+
+    def __init__(self, decode_s: float, per_token_s: float):
+        super().__init__()
+        self.fixed_decode_s, self.per_token_s = decode_s, per_token_s
+        self.asked: list[tuple[float, int]] = []
+
+    def decode_s(self, decodes: int) -> float:
+        return self.fixed_decode_s
+
+    def prefill_tokens(self, target_s: float, decodes: int) -> int:
+        self.asked.append((target_s, decodes))
+        return super().prefill_tokens(target_s, decodes)
+
+
+def test_a_long_prompt_is_chunked_to_the_time_target_while_others_decode():
+    cost = FixedCost(decode_s=0.050, per_token_s=0.0005)
+    sch = Scheduler(BlockManager(256, 16), 8, 2048, target_step_s=0.100, cost=cost)
+    decoding(sch, 4)
+    long = seq("long", 1000, 5000)
+    sch.add(long)
+    chunks = []
+    for _ in range(20):
+        batch = sch.schedule()
+        assert rows(batch)[:4] == [(f"d{i}", 1) for i in range(4)]  # decodes first, every step
+        chunks.append(dict(rows(batch)).get("long", 0))
+        ran(batch)
+        if long.num_uncomputed_tokens <= 1:
+            break
+    assert chunks == [100] * 10  # (0.100 - 0.050) / 0.0005 per step, never the 2048-token budget
+    assert cost.asked[0] == (0.100, 4)
+
+
+def test_slower_steps_shrink_the_chunk_online():
+    cost = PrefillCost(alpha=1.0)  # follow the last sample at once, to keep the arithmetic visible
+    sch = Scheduler(BlockManager(256, 16), 8, 2048, target_step_s=0.100, cost=cost)
+    decoding(sch, 2)
+    sch.add(seq("long", 1500, 5000))
+    cost.observe(2, 0, 0.020)
+    batch = sch.schedule()
+    assert dict(rows(batch))["long"] == COLD_PREFILL_CHUNK
+    ran(batch)
+    sch.observe(batch, 0.020 + COLD_PREFILL_CHUNK * 0.001)  # 1 ms per prefill token measured
+    batch = sch.schedule()
+    assert dict(rows(batch))["long"] == 80  # (0.100 - 0.020) / 0.001
+    ran(batch)
+    sch.observe(batch, 0.020 + 80 * 0.002)  # the machine got busy: 2 ms per token
+    assert dict(rows(sch.schedule()))["long"] == 40
+
+
+def test_without_decodes_or_without_target_the_token_budget_decides():
+    cost = FixedCost(decode_s=0.050, per_token_s=0.0005)
+    sch = Scheduler(BlockManager(256, 16), 8, 512, target_step_s=0.100, cost=cost)
+    sch.add(seq("long", 1000))
+    assert rows(sch.schedule()) == [("long", 512)]  # nobody is decoding: no stream waits on this step
+    off = Scheduler(BlockManager(256, 16), 8, 512, cost=cost)
+    decoding(off, 2)
+    off.add(seq("long", 1000, 5000))
+    assert rows(off.schedule()) == [("d0", 1), ("d1", 1), ("long", 510)]
+    assert not cost.asked  # never consulted without a target
+
+
+def test_decodes_go_before_an_earlier_running_prefill_when_the_budget_is_tight():
+    sch = Scheduler(BlockManager(256, 4), 8, 10)
+    p = seq("p", 50)
+    sch.add(p)
+    ran(sch.schedule())  # p took 10 tokens and is still prefilling
+    d1, d2 = seq("d1", 3, 100), seq("d2", 3, 200)
+    for s in (d1, d2):
+        s.num_computed_tokens = 0
+    sch.add(d1)
+    sch.add(d2)
+    for s in (d1, d2):  # admit and prefill d1/d2 by hand: running after p, decoding
+        sch.waiting.remove(s)
+        sch.bm.admit(s, [])
+        sch.bm.grow(s, 3)
+        s.num_computed_tokens = 3
+        s.token_ids.append(7)
+        s.status = p.status
+        sch.running.append(s)
+    assert rows(sch.schedule()) == [("d1", 1), ("d2", 1), ("p", 8)]
+
+
+def test_target_needs_chunked_prefill_and_is_a_serve_flag():
+    with pytest.raises(ValueError, match="target_itl_ms: must be > 0 and needs chunked prefill"):
+        EngineConfig(model="/m", target_itl_ms=100, enable_chunked_prefill=False).validate()
+    with pytest.raises(ValueError, match="target_itl_ms"):
+        EngineConfig(model="/m", target_itl_ms=0).validate()
+    import argparse
+
+    from modeldeploy.runtime.server.cli import configure
+
+    p = argparse.ArgumentParser()
+    configure(p)
+    assert p.parse_args(["--model", "/m", "--target-itl-ms", "150"]).target_itl_ms == 150.0
+
+
+def test_greedy_outputs_are_unchanged_with_the_time_bound(llama_dir):
+    """Small chunks (a fixed cost model makes them 40 tokens) while others decode: the same tokens."""
+    from modeldeploy.runtime.engine.llm_engine import LLMEngine
+
+    prompts = [[3 + (i * 37 + j * 11) % 500 for j in range(n)] for i, n in enumerate([12, 300, 9, 180, 25])]
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def run(target_itl_ms: float | None) -> tuple[dict[str, list[int]], dict[str, int]]:
+        eng = LLMEngine(
+            EngineConfig(
+                model=str(llama_dir),
+                dtype="float32",
+                max_model_len=512,
+                num_kv_blocks=200,
+                target_itl_ms=target_itl_ms,
+                enable_prefix_caching=False,
+            )
+        )
+        if target_itl_ms is not None:
+            eng.scheduler.cost = FixedCost(decode_s=0.010, per_token_s=0.001)  # 40 tokens per step
+        out: dict[str, list[int]] = {}
+        chunks: dict[str, int] = {}
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{i}", p, greedy)
+            eng.step()  # staggered arrivals: later prompts prefill while earlier ones decode
+        for _ in range(500):
+            for o in eng.step():
+                if o.finished:
+                    out[o.request_id] = o.token_ids
+                    chunks[o.request_id] = o.metrics.prefill_chunks
+            if not eng.has_work():
+                break
+        return out, chunks
+
+    base, base_chunks = run(None)
+    bounded, chunks = run(50.0)
+    assert len(base) == len(prompts) and bounded == base
+    assert chunks.get("r1", 0) >= 300 // 40 and base_chunks.get("r1", 0) == 1, (chunks, base_chunks)
