@@ -119,6 +119,7 @@ def _restricted_violations(pod: dict) -> list[str]:
         "persistentVolumeClaim",
         "projected",
         "secret",
+        "image",  # allowed by `restricted` since v1.33 (kubernetes/kubernetes#130394)
     }
     for v in pod.get("volumes", []):
         if not (set(v) - {"name"}) <= allowed_vols:
@@ -146,12 +147,107 @@ def _restricted_violations(pod: dict) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("uri", ["pvc://models/tiny", "https://models.internal/tiny"])
-def test_pods_pass_pod_security_restricted(uri: str) -> None:
+OCI = "oci://registry.local:5000/models/tiny@sha256:" + "c" * 64
+
+
+@pytest.mark.parametrize(
+    ("uri", "pull"),
+    [("pvc://models/tiny", None), ("https://models.internal/tiny", None), (OCI, None),
+     (OCI, "ImageVolume"), (OCI, "InitContainer")],
+)  # fmt: skip
+def test_pods_pass_pod_security_restricted(uri: str, pull: str | None) -> None:
     bundle = md()["spec"]["bundle"]
     bundle["model"]["uri"] = uri
+    if pull:
+        bundle["model"]["pullMethod"] = pull
+    bundle["adapters"] = [{"name": "sql", "uri": OCI, "revision": "a1", "digest": DIGEST}]
+    _, dep = build(bundle=bundle, imagePullSecrets=[{"name": "regcred"}])
+    pod = dep["spec"]["template"]["spec"]
+    assert _restricted_violations(pod) == []
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_restricted_checker_refuses_what_the_admission_plugin_refuses() -> None:
+    """The checker can fail: a hostPath or gitRepo volume, a root user, an added capability."""
+    _, dep = build()
+    pod = dep["spec"]["template"]["spec"]
+    pod["volumes"].append({"name": "repo", "gitRepo": {"repository": "x"}})
+    pod["containers"][0]["securityContext"]["runAsUser"] = 0
+    pod["containers"][0]["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
+    assert _restricted_violations(pod) == ["volume repo", "capabilities", "runAsUser"]
+
+
+def test_oci_model_is_a_read_only_image_volume_pinned_by_digest() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["model"]["uri"] = OCI
     _, dep = build(bundle=bundle)
-    assert _restricted_violations(dep["spec"]["template"]["spec"]) == []
+    pod = dep["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert vol == {
+        "name": "model",
+        "image": {
+            "reference": "registry.local:5000/models/tiny@sha256:" + "c" * 64,
+            "pullPolicy": "IfNotPresent",
+        },
+    }
+    assert pod["containers"][0]["volumeMounts"][0] == {
+        "name": "model",
+        "mountPath": children.MODEL_DIR,
+        "readOnly": True,
+    }
+    assert "initContainers" not in pod and "imagePullSecrets" not in pod
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--model-digest") + 1] == DIGEST  # the runtime still checks the files
+
+
+def test_oci_init_container_fallback_fetches_with_the_pull_secret_as_docker_config() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["model"] |= {"uri": OCI, "pullMethod": "InitContainer", "insecure": True}
+    _, dep = build(bundle=bundle, imagePullSecrets=[{"name": "regcred"}, {"name": "other"}])
+    pod = dep["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "model") == {"name": "model", "emptyDir": {}}
+    [ic] = pod["initContainers"]
+    assert ic["command"] == ["modeldeploy", "fetch"]
+    assert ic["args"] == [OCI, children.MODEL_DIR, "--digest", DIGEST, "--insecure"]
+    env = {e["name"]: e["value"] for e in ic["env"]}
+    assert env["DOCKER_CONFIG"] == children.REGISTRY_CONFIG_DIR
+    assert {"name": "registry-config", "mountPath": children.REGISTRY_CONFIG_DIR, "readOnly": True} in ic[
+        "volumeMounts"
+    ]
+    secret = next(v for v in pod["volumes"] if v["name"] == "registry-config")["secret"]
+    assert secret == {"secretName": "regcred", "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}
+    serve = pod["containers"][0]
+    assert all(m["name"] != "registry-config" for m in serve["volumeMounts"])  # credentials: init only
+
+
+def test_oci_init_container_without_pull_secrets_mounts_no_credentials() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["model"] |= {"uri": OCI, "pullMethod": "InitContainer"}
+    _, dep = build(bundle=bundle)
+    pod = dep["spec"]["template"]["spec"]
+    [ic] = pod["initContainers"]
+    assert ic["args"] == [OCI, children.MODEL_DIR, "--digest", DIGEST]
+    assert "DOCKER_CONFIG" not in {e["name"] for e in ic["env"]}
+    assert all(v["name"] != "registry-config" for v in pod["volumes"])
+
+
+def test_oci_adapter_is_an_image_volume_at_its_adapter_path() -> None:
+    bundle = md()["spec"]["bundle"]
+    bundle["adapters"] = [{"name": "sql", "uri": OCI, "revision": "a1", "digest": DIGEST}]
+    _, dep = build(bundle=bundle)
+    pod = dep["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "adapter-0")
+    assert vol["image"]["reference"].endswith("@sha256:" + "c" * 64)
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "adapter-0")
+    assert mount == {"name": "adapter-0", "mountPath": f"{children.ADAPTERS_DIR}/sql", "readOnly": True}
+
+
+def test_objects_without_oci_keep_their_bundle_id_and_pod_template() -> None:
+    """The new optional fields default to unset: an existing object is not rolled by an operator upgrade."""
+    obj = md()
+    s = ModelDeploymentSpec.model_validate(obj["spec"])
+    assert "pullMethod" not in canonical_json(s.bundle) and "insecure" not in canonical_json(s.bundle)
+    assert "imagePullSecrets" not in children.pod_spec(s, bundle_id(s.bundle))
 
 
 def test_file_uri_uses_hostpath_which_restricted_rejects() -> None:

@@ -4,7 +4,10 @@ One Deployment per live bundle runs `modeldeploy serve`; Services `<name>` (all 
 pods), `<name>-stable` and `<name>-canary` (one cohort each, from the first canary on;
 plan_services says why) select by labels.
 Pods pass Pod Security `restricted` except for file:// models, which need a hostPath
-volume and are therefore for development clusters only (documented on the field).
+volume and are therefore for development clusters only (documented on the field). An oci://
+model is an image volume (`volumes[].image`), which `restricted` allows since Kubernetes v1.33
+(kubernetes/kubernetes#130394), or, with pullMethod InitContainer, an emptyDir that
+`modeldeploy fetch oci://...` fills.
 Every pod mounts a memory-backed emptyDir at /dev/shm (allowed under `restricted`; the root
 filesystem stays read-only): sizeLimit topology.shmSize, else 1Gi per tensor-parallel rank.
 """
@@ -16,6 +19,7 @@ import math
 from typing import Any
 from urllib.parse import urlparse
 
+from modeldeploy.oci import parse_oci_uri
 from modeldeploy.operator.api.v1alpha1.bundle import AdapterRef, Artifact
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.rollout.bundle import (
@@ -33,6 +37,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
 RUN_AS = 65532
+REGISTRY_CONFIG_DIR = "/var/run/modeldeploy/registry"  # DOCKER_CONFIG of the oci:// fetch init container
+REGISTRY_CONFIG_VOLUME = "registry-config"
 
 
 def owner_reference(md: dict[str, Any]) -> dict[str, Any]:
@@ -109,19 +115,42 @@ def container_security() -> dict[str, Any]:
     }
 
 
-def model_source(model: Artifact, image: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def model_source(
+    model: Artifact, image: str, pull_secret: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(volume, init container or None) that put the model files at MODEL_DIR."""
-    return artifact_source(model, image, "model", MODEL_DIR)
+    return artifact_source(model, image, "model", MODEL_DIR, pull_secret)
 
 
 def adapter_source(
-    index: int, adapter: AdapterRef, image: str
+    index: int, adapter: AdapterRef, image: str, pull_secret: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
     """(volume, init container or None, serve container mount) for one LoRA adapter: staged
-    exactly like the model (fetched and digest-verified, or a read-only claim/host path)."""
+    exactly like the model (fetched and digest-verified, an image volume, or a read-only claim/host path)."""
     name, path = f"adapter-{index}", f"{ADAPTERS_DIR}/{adapter.name}"
-    volume, init = artifact_source(adapter, image, name, path)
+    volume, init = artifact_source(adapter, image, name, path, pull_secret)
     return volume, init, _mount(volume, adapter.uri, path)
+
+
+def image_volume(artifact: Artifact | AdapterRef) -> bool:
+    """Whether the artifact is mounted as an image volume: oci:// unless pullMethod InitContainer."""
+    return artifact.uri.startswith("oci://") and artifact.pull_method != "InitContainer"
+
+
+def image_volumes(spec: ModelDeploymentSpec) -> list[tuple[str, str]]:
+    """(volume name, image reference) of every image volume a serving pod mounts: what a pre-pull pulls."""
+    named = [
+        ("model", spec.bundle.model),
+        *((f"adapter-{i}", a) for i, a in enumerate(spec.bundle.adapters or [])),
+    ]
+    return [(n, parse_oci_uri(a.uri).reference) for n, a in named if image_volume(a)]
+
+
+def registry_config_volume(secret: str) -> dict[str, Any]:
+    """The first imagePullSecret's .dockerconfigjson as config.json: the registry credentials of
+    `modeldeploy fetch oci://` (DOCKER_CONFIG). Kubelet mounts it; the operator never reads it."""
+    items = [{"key": ".dockerconfigjson", "path": "config.json"}]
+    return {"name": REGISTRY_CONFIG_VOLUME, "secret": {"secretName": secret, "items": items}}
 
 
 def _mount(volume: dict[str, Any], uri: str, path: str) -> dict[str, Any]:
@@ -133,22 +162,44 @@ def _mount(volume: dict[str, Any], uri: str, path: str) -> dict[str, Any]:
 
 
 def artifact_source(
-    artifact: Artifact | AdapterRef, image: str, volume_name: str, path: str
+    artifact: Artifact | AdapterRef,
+    image: str,
+    volume_name: str,
+    path: str,
+    pull_secret: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(volume, init container or None) that put an artifact's files at `path`."""
+    """(volume, init container or None) that put an artifact's files at `path`.
+
+    oci:// is an image volume by default: the kubelet pulls it by digest with the pod's imagePullSecrets
+    and keeps it in the node's image store (what pre-pull warms); the runtime still checks the files
+    against the model digest. pullMethod InitContainer fetches it like http(s):// (every blob and the
+    model digest verified), with `pull_secret` (the first imagePullSecret) as its registry credentials."""
     u = urlparse(artifact.uri)
     if u.scheme == "pvc":
         return {"name": volume_name, "persistentVolumeClaim": {"claimName": u.netloc, "readOnly": True}}, None
     if u.scheme == "file":
         return {"name": volume_name, "hostPath": {"path": u.path, "type": "Directory"}}, None
+    if image_volume(artifact):
+        ref = parse_oci_uri(artifact.uri).reference
+        return {"name": volume_name, "image": {"reference": ref, "pullPolicy": "IfNotPresent"}}, None
+    args = [artifact.uri, path, "--digest", artifact.digest]
+    mounts = [{"name": volume_name, "mountPath": path}]
+    env = [{"name": "HOME", "value": "/tmp"}]
+    if u.scheme == "oci":
+        args += ["--insecure"] if artifact.insecure else []
+        if pull_secret is not None:
+            mounts.append(
+                {"name": REGISTRY_CONFIG_VOLUME, "mountPath": REGISTRY_CONFIG_DIR, "readOnly": True}
+            )
+            env.append({"name": "DOCKER_CONFIG", "value": REGISTRY_CONFIG_DIR})
     init = {
         "name": f"fetch-{volume_name}",
         "image": image,
         "command": ["modeldeploy", "fetch"],
-        "args": [artifact.uri, path, "--digest", artifact.digest],
-        "volumeMounts": [{"name": volume_name, "mountPath": path}],
+        "args": args,
+        "volumeMounts": mounts,
         "securityContext": container_security(),
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": env,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
     }
     return {"name": volume_name, "emptyDir": {}}, init
@@ -161,9 +212,10 @@ def _quantities(d: dict[str, int | str]) -> dict[str, str]:
 def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     topo, c = spec.topology, spec.bundle.config
     image = spec.bundle.engine.image
-    volume, init = model_source(spec.bundle.model, image)
+    secret = spec.image_pull_secrets[0].name if spec.image_pull_secrets else None
+    volume, init = model_source(spec.bundle.model, image, secret)
     mount = _mount(volume, spec.bundle.model.uri, MODEL_DIR)
-    adapters = [adapter_source(i, a, image) for i, a in enumerate(spec.bundle.adapters or [])]
+    adapters = [adapter_source(i, a, image, secret) for i, a in enumerate(spec.bundle.adapters or [])]
     requests = _quantities(spec.resources.requests)
     limits = _quantities(spec.resources.limits)
     if topo.gpus_per_replica:
@@ -234,6 +286,11 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     inits = [c for c in (init, *(i for _, i, _ in adapters)) if c is not None]
     if inits:
         pod["initContainers"] = inits
+    if any(m["name"] == REGISTRY_CONFIG_VOLUME for c in inits for m in c["volumeMounts"]):
+        assert secret is not None
+        pod["volumes"].append(registry_config_volume(secret))
+    if spec.image_pull_secrets:  # only then: pods of objects without them keep the template they had
+        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
     return pod
 
 

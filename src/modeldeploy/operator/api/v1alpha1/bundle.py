@@ -10,17 +10,26 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
+from modeldeploy.oci import URI_PATTERN as OCI_URI_RE
+from modeldeploy.oci import OciRefError, parse_oci_uri
 from modeldeploy.operator.api.v1alpha1._model import _Model
 from modeldeploy.operator.api.v1alpha1.common import _cel, _matches
 
 PINNED_IMAGE_RE = r"^[^@ ]+@sha256:[0-9a-f]{64}$"
 DIGEST_RE = r"^sha256:[0-9a-f]{64}$"
-URI_RE = r"^(pvc|file|https?)://.+$"
+URI_RE = r"^(pvc|file|https?|oci)://.+$"
 MSG_IMAGE = "engine.image must be pinned by digest: <repo>@sha256:<64 hex>, tags alone are not accepted"
 MSG_DIGEST = "digest must be 'sha256:' followed by 64 lowercase hex characters"
-MSG_URI = "uri must start with pvc://, file://, http:// or https://"
+MSG_URI = "uri must start with pvc://, file://, http://, https:// or oci://"
+MSG_OCI = (
+    "an oci:// uri must be pinned by digest: oci://REGISTRY/REPO@sha256:<64 hex> "
+    "(REGISTRY a host with a dot or a port, or localhost; REPO lowercase), tags alone are not accepted"
+)
+MSG_PULL = "pullMethod and insecure apply only to oci:// uris"
+# CEL string literals take no regex escapes such as \. : each backslash of the RE2 pattern is doubled
+_OCI_CEL = OCI_URI_RE.replace("\\", "\\\\")
 MSG_TOKENIZER = (
     "tokenizer.uri must be omitted or equal model.uri: "
     "the runtime loads the tokenizer from the model directory"
@@ -48,21 +57,80 @@ Digest = Annotated[
     _matches(DIGEST_RE, MSG_DIGEST),
     Field(max_length=71, json_schema_extra=_cel(f"self.matches('{DIGEST_RE}')", MSG_DIGEST)),
 ]
+
+
+def _oci_pinned(v: str) -> str:
+    """The same acceptance as the CEL rule below: `parse_oci_uri`, the parser `modeldeploy fetch` uses."""
+    if v.startswith("oci://"):
+        try:
+            parse_oci_uri(v)
+        except OciRefError as e:
+            raise ValueError(f"{MSG_OCI} (got {v!r}: {e})") from None
+    return v
+
+
 Uri = Annotated[
     str,
     _matches(URI_RE, MSG_URI),
-    Field(max_length=2048, json_schema_extra=_cel(f"self.matches('{URI_RE}')", MSG_URI)),
+    AfterValidator(_oci_pinned),
+    Field(
+        max_length=2048,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": f"self.matches('{URI_RE}')", "message": MSG_URI},
+                {"rule": f"!self.startsWith('oci://') || self.matches('{_OCI_CEL}')", "message": MSG_OCI},
+            ]
+        },
+    ),
 ]
+PullMethod = Literal["ImageVolume", "InitContainer"]
+_PULL_RULES = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "(!has(self.pullMethod) && !has(self.insecure)) || self.uri.startsWith('oci://')",
+            "message": MSG_PULL,
+        }
+    ]
+}
+
+
+class _Pulled(_Model):
+    """How an oci:// artifact reaches the pod; unset fields leave the bundle id of other schemes as it was."""
+
+    pull_method: PullMethod | None = Field(
+        default=None,
+        description="oci:// only. ImageVolume (default): an image volume (`volumes[].image`, beta and on by "
+        "default since Kubernetes v1.35) mounted read-only; the kubelet pulls and caches the artifact like "
+        "an image, with the pod's imagePullSecrets. InitContainer: for clusters without image volumes, an "
+        "init container runs `modeldeploy fetch oci://...` into an emptyDir, verifying every blob and the "
+        "model digest (credentials: the first of spec.imagePullSecrets, mounted as DOCKER_CONFIG).",
+    )
+    insecure: bool | None = Field(
+        default=None,
+        description="oci:// with pullMethod InitContainer: plain HTTP to a registry that is not on loopback "
+        "(`modeldeploy fetch --insecure`, e.g. an in-cluster registry). Image volumes follow the node's "
+        "container runtime registry configuration instead.",
+    )
+
+    @model_validator(mode="after")
+    def _oci_only(self) -> _Pulled:
+        uri = getattr(self, "uri", None) or ""
+        if (self.pull_method is not None or self.insecure is not None) and not uri.startswith("oci://"):
+            raise ValueError(MSG_PULL)
+        return self
 
 
 class EngineRef(_Model):
     image: PinnedImage = Field(description="Runtime image, pinned by digest (repo@sha256:...).")
 
 
-class Artifact(_Model):
+class Artifact(_Pulled):
+    model_config = ConfigDict(json_schema_extra=_PULL_RULES)
     uri: Uri = Field(
         description="Where the files are: pvc://CLAIM[/SUBPATH], file:///HOST/PATH (hostPath, dev clusters), "
-        "or http(s)://URL (fetched by an init container that verifies the digest)."
+        "http(s)://URL (fetched by an init container that verifies the digest), or "
+        "oci://REGISTRY/REPO@sha256:<64 hex> (an OCI artifact from `modeldeploy model push`, pinned by its "
+        "manifest digest; mounted as an image volume, see pullMethod)."
     )
     revision: str = Field(
         max_length=256, description="Human revision (git sha, tag) recorded in status and metrics."
@@ -80,8 +148,10 @@ class TokenizerRef(_Model):
     digest: Digest = Field(description="sha256 manifest digest of the tokenizer files.")
 
 
-class AdapterRef(_Model):
+class AdapterRef(_Pulled):
     """A LoRA adapter (PEFT directory), pinned like the model; clients select it with `model: <name>`."""
+
+    model_config = ConfigDict(json_schema_extra=_PULL_RULES)
 
     name: Annotated[
         str,

@@ -69,6 +69,16 @@ class Observability(_Model):
     )
 
 
+class LocalObjectReference(_Model):
+    """A Secret named by the pod (imagePullSecrets), which the kubelet reads; the operator does not."""
+
+    name: str = Field(
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of a Secret in the same namespace.",
+    )
+
+
 class ModelDeploymentSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
@@ -116,6 +126,15 @@ class ModelDeploymentSpec(_Model):
     network: Network = Field(
         default_factory=Network,
         description="Who may reach the serving pods: the NetworkPolicy the operator writes (ingress only).",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=8,
+        description="kubernetes.io/dockerconfigjson Secrets for private registries, given to every serving "
+        "and pre-pull pod as imagePullSecrets: the kubelet uses them for the engine image and for oci:// "
+        "image volumes. The InitContainer pull method mounts the first one's .dockerconfigjson as "
+        "DOCKER_CONFIG/config.json. The operator only names them, it never reads Secrets. Not part of the "
+        "bundle: changing them restarts the pods without a canary.",
     )
 
     @model_validator(mode="after")

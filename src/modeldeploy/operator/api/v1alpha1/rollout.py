@@ -83,6 +83,28 @@ class KeepPrior(_Model):
     seconds: int = Field(default=3600, ge=0, description="How long the prior bundle stays warm.")
 
 
+class Prefetch(_Model):
+    """Pre-pull a new bundle's images onto the nodes before its canary is created."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Pull the new bundle's engine image and image volumes onto every node the canary may "
+        "run on (the nodes matching its nodeSelector, GPU type and tolerations; spec.replicas nodes when "
+        "the operator cannot list nodes) with short-lived pre-pull pods, then create the canary: its "
+        "loadTimeoutSeconds measures loading, not downloading. Unset: on when the model or an adapter is "
+        "an oci:// image volume (the node's image store keeps what the pre-pull pod pulled); other "
+        "schemes stage files inside each pod (pvc://, an init container's emptyDir), so there it would "
+        "only warm the engine image.",
+    )
+    timeout_seconds: int = Field(
+        default=900,
+        ge=10,
+        le=86400,
+        description="Every pre-pull pod Ready within this, else the rollout rolls back (PrefetchTimeout); a "
+        "pull that keeps failing (ImagePullBackOff) rolls back at once (PrefetchFailed).",
+    )
+
+
 def _default_steps() -> list[RolloutStep]:
     return [RolloutStep(weight=10), RolloutStep(weight=50)]
 
@@ -113,6 +135,9 @@ class Rollout(_Model):
         description="Warm prior bundle for fast rollback, within a GPU budget: kept warm only within "
         "maxGPUs and only when the GPUs are spare (Replace on a full cluster: scaled to zero, a cold "
         "rollback target); status.rollout.prior says Warm or Cold and why.",
+    )
+    prefetch: Prefetch = Field(
+        default_factory=Prefetch, description="Pre-pull of a new bundle's images before its canary starts."
     )
     progress_deadline_seconds: int = Field(
         default=1800, ge=30, description="A rollout not done by then rolls back."
