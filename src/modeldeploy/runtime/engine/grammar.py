@@ -12,7 +12,9 @@ one matcher, one mask). A feature that would not be enforced is refused by `chec
 name and path, so a constrained request is never silently unconstrained; an unknown `format` is an
 annotation (JSON Schema 2020-12's default, and what vLLM/xgrammar do) and is ignored.
 Compiles are cached by the sha256 of the canonical schema in a bounded LRU; `compile` is
-thread-safe and meant to run on a worker thread, off the step loop.
+thread-safe and meant to run on a worker thread, off the step loop. With `SchemaLimits` (the
+server's flags) a schema over a size, depth, enum or pattern-expansion bound is refused before any
+compile (GrammarLimitExceeded naming the bound): xgrammar cannot interrupt a compile once started.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import xgrammar as xgr
 
 from modeldeploy.runtime.engine import grammar_regex as rx
 from modeldeploy.runtime.engine.output import CompileResult
+from modeldeploy.runtime.engine.request_check import GrammarLimitExceeded, SchemaLimits
 from modeldeploy.runtime.engine.sampling_params import Structured
 from modeldeploy.runtime.engine.sequence import Sequence
 
@@ -65,31 +68,102 @@ class UnsupportedSchema(ValueError):
         self.feature, self.where = feature, where
 
 
-def check_schema(schema: Any, where: str = "") -> None:
-    """Raise UnsupportedSchema for the first keyword that would not be enforced."""
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise UnsupportedSchema(f"schema of type {type(schema).__name__}", where)
-    for key, value in schema.items():
-        if key in _ANNOTATIONS:
-            continue
-        if key not in _ENFORCED:
-            raise UnsupportedSchema(key, where)
-        at = f"{where}/{key}"
-        if key == "allOf" and len(value) != 1:
-            raise UnsupportedSchema("allOf with more than one subschema", at)
-        if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            raise UnsupportedSchema(f"$ref to {value!r} (only local '#/...' references)", at)
-        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-            for name, sub in value.items():
-                check_schema(sub, f"{at}/{name}")
-        elif key in _SUBSCHEMAS:
-            check_schema(value, at)
-        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                check_schema(sub, f"{at}/{i}")
-    _string_grammar(schema, where, "check")
+class PatternTooLarge(UnsupportedSchema):
+    """A pattern x length window too large to write as a grammar (a size bound, not a construct)."""
+
+
+def check_schema(schema: Any, where: str = "", limits: SchemaLimits | None = None) -> None:
+    """Raise UnsupportedSchema for the first keyword that would not be enforced, GrammarLimitExceeded
+    for the first of `limits` it exceeds (depth, enum values, pattern expansion, EBNF bytes). The walk
+    stops at the depth bound, so its work is linear in a schema that passes."""
+    _Walk(limits or _UNBOUNDED).check(schema, where, 0)
+
+
+_UNBOUNDED = SchemaLimits(None, None, None, None)
+
+
+class _Walk:
+    """One check_schema pass: the running totals that `limits` bound."""
+
+    def __init__(self, limits: SchemaLimits):
+        self.limits, self.enum, self.ebnf_bytes = limits, 0, 0
+
+    def check(self, schema: Any, where: str, depth: int) -> None:
+        if isinstance(schema, bool):
+            return
+        if not isinstance(schema, dict):
+            raise UnsupportedSchema(f"schema of type {type(schema).__name__}", where)
+        lim = self.limits
+        if lim.max_depth is not None and depth > lim.max_depth:
+            raise GrammarLimitExceeded(
+                f"schema nested deeper than {lim.max_depth} levels at {where}", "max_depth", where
+            )
+        for key, value in schema.items():
+            if key in _ANNOTATIONS:
+                continue
+            if key not in _ENFORCED:
+                raise UnsupportedSchema(key, where)
+            at = f"{where}/{key}"
+            self._count_values(key, value, at)
+            if key == "allOf" and len(value) != 1:
+                raise UnsupportedSchema("allOf with more than one subschema", at)
+            if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+                raise UnsupportedSchema(f"$ref to {value!r} (only local '#/...' references)", at)
+            if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                for name, sub in value.items():
+                    self.check(sub, f"{at}/{name}", depth + 1)
+            elif key in _SUBSCHEMAS:
+                self.check(value, at, depth + 1)
+            elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+                for i, sub in enumerate(value):
+                    self.check(sub, f"{at}/{i}", depth + 1)
+        self._strings(schema, where)
+
+    def _strings(self, schema: dict[str, Any], where: str) -> None:
+        """This schema's own string limits, written (and so bounded) as the compile will write them."""
+        lim = self.limits
+        try:
+            built = _string_grammar(schema, where, "check")
+        except PatternTooLarge as e:
+            if lim.max_pattern_rules is None:
+                raise
+            raise GrammarLimitExceeded(
+                f"a string pattern/format with its length window expands into more than "
+                f"{lim.max_pattern_rules} grammar rules at {e.where} ({e.feature})",
+                "max_pattern_rules",
+                e.where,
+            ) from None
+        if built is not None:
+            self._count_rules(built, where)
+
+    def _count_values(self, key: str, value: Any, at: str) -> None:
+        if key not in ("enum", "const") or self.limits.max_enum is None:
+            return
+        self.enum += len(value) if key == "enum" and isinstance(value, list) else 1
+        if self.enum > self.limits.max_enum:
+            raise GrammarLimitExceeded(
+                f"more than {self.limits.max_enum} enum/const values in the schema (at {at})", "max_enum", at
+            )
+
+    def _count_rules(self, built: tuple[str, dict[str, str]], where: str) -> None:
+        expr, rules = built
+        lim = self.limits
+        if lim.max_pattern_rules is not None and len(rules) > lim.max_pattern_rules:
+            raise GrammarLimitExceeded(
+                f"a string pattern/format with its length window expands into {len(rules)} grammar "
+                f"rules at {where or '/'}, over {lim.max_pattern_rules} (bound the lengths inside the "
+                "pattern, or drop minLength/maxLength)",
+                "max_pattern_rules",
+                where,
+            )
+        self.ebnf_bytes += len(expr) + sum(len(k) + len(v) + 5 for k, v in rules.items())
+        if lim.max_bytes is not None and self.ebnf_bytes > lim.max_bytes:
+            raise GrammarLimitExceeded(
+                f"the grammar written for the schema's string patterns exceeds {lim.max_bytes} bytes "
+                f"(at {where or '/'})",
+                "max_bytes",
+                where,
+            )
 
 
 def _count(schema: dict[str, Any], key: str, where: str) -> int | None:
@@ -133,6 +207,9 @@ def _string_grammar(schema: dict[str, Any], where: str, prefix: str) -> tuple[st
     try:
         node = rx.parse_pattern(source) if source is not None else rx.ANY_STRING
         return rx.string_ebnf(node, lo, hi, prefix)
+    except rx.RegexTooLarge as e:
+        at = f"{where}/{key if source is not None else 'maxLength'}"
+        raise PatternTooLarge(f"{key}: {e}", at) from None
     except rx.RegexUnsupported as e:
         raise UnsupportedSchema(
             f"{key}: {e}", f"{where}/{key if source is not None else 'maxLength'}"
@@ -197,10 +274,17 @@ def schema_ebnf(schema_json: str, strict: bool = True) -> str | None:
     return f"{text}\n{rules}\n"
 
 
-def tool_tag_spec(call_schema: dict[str, Any], begin: str, end: str, stop_after_first: bool) -> Structured:
+def tool_tag_spec(
+    call_schema: dict[str, Any],
+    begin: str,
+    end: str,
+    stop_after_first: bool,
+    limits: SchemaLimits | None = None,
+) -> Structured:
     """Free text until `begin` appears; then a JSON call matching call_schema, closed by `end`
     (xgrammar's triggered structural tag). The call schema must have passed check_schema."""
-    check_schema(call_schema)
+    check_schema(call_schema, "", limits)
+    _check_bytes(json.dumps(call_schema, separators=(",", ":")), limits)
     tag = {
         "type": "structural_tag",
         "format": {
@@ -221,13 +305,24 @@ def tool_tag_spec(call_schema: dict[str, Any], begin: str, end: str, stop_after_
     return Structured("structural_tag", json.dumps(tag, separators=(",", ":")))
 
 
-def schema_spec(kind: str, schema: Any = None) -> Structured:
-    """A Structured constraint with the schema checked and in canonical JSON (the cache key)."""
+def schema_spec(kind: str, schema: Any = None, limits: SchemaLimits | None = None) -> Structured:
+    """A Structured constraint with the schema checked and in canonical JSON (the cache key); with
+    `limits`, GrammarLimitExceeded for a schema over them (its canonical JSON counts to max_bytes)."""
     if kind == "json_object":
         return Structured("json_object")
-    check_schema(schema)
+    check_schema(schema, "", limits)
     # key order is kept: it is the order the properties are generated in
-    return Structured("json_schema", json.dumps(schema, separators=(",", ":")))
+    text = json.dumps(schema, separators=(",", ":"))
+    _check_bytes(text, limits)
+    return Structured("json_schema", text)
+
+
+def _check_bytes(text: str, limits: SchemaLimits | None) -> None:
+    size = len(text.encode())
+    if limits is not None and limits.max_bytes is not None and size > limits.max_bytes:
+        raise GrammarLimitExceeded(
+            f"the schema is {size} bytes as compact JSON, over {limits.max_bytes}", "max_bytes"
+        )
 
 
 def _tag_with_ebnf(tag_json: str) -> str:

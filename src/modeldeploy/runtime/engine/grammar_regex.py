@@ -28,7 +28,7 @@ MAX_CODEPOINT = 0x10FFFF
 MAX_ALTERNATIVES = 1024  # pieces one pattern x length window may split into (see `_Writer.ranged`)
 MAX_DEPTH = 120  # nested splits (each a few Python frames: stays far under the recursion limit)
 MAX_NFA_STATES = 4000  # the automaton fallback's expanded pattern (bounded repetitions unrolled)
-MAX_PRODUCT_RULES = 20_000  # the automaton fallback's reachable (state set, length) pairs
+MAX_PRODUCT_RULES = 512  # the automaton fallback's reachable (state set, length) pairs: ~0.5 ms of work each
 MAX_PATTERN_CHARS = 10_000
 MAX_REPEAT = 10**9  # a bound above this is not a number anyone means
 
@@ -562,6 +562,10 @@ class _TooLarge(RegexUnsupported):
     pass
 
 
+class RegexTooLarge(RegexUnsupported):
+    """The pattern x length window is beyond both writers' bounds (a size, not a construct)."""
+
+
 class _NFA:
     """Thompson automaton of a tree: epsilon moves and character-set edges."""
 
@@ -711,7 +715,7 @@ def _string_ebnf(node: Node, min_length: int, max_length: int | None) -> tuple[s
         try:
             expr = _product(w, node, min_length, max_length)
         except _TooLarge as e:
-            raise RegexUnsupported(f"{split_error}; as an automaton: {e}") from None
+            raise RegexTooLarge(f"{split_error}; as an automaton: {e}") from None
     if expr is None:
         raise RegexUnsupported("no string satisfies the pattern, format and length limits together")
     return expr, w.rules

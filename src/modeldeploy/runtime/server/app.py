@@ -36,6 +36,7 @@ def create_app(cfg: ServerConfig, engine: EngineClient | None = None) -> FastAPI
     """Build the app; the engine client (default: `make_client(cfg.engine, cfg.engine_core)`) is built
     and loaded in the background once the app starts, so health endpoints answer while it loads."""
     cfg.validate()
+    cfg.limits.validate()
     ctx = ServerContext(cfg, None)
     tracing = Tracing.from_env(ctx.metrics.labels)  # None unless OTEL_EXPORTER_OTLP_ENDPOINT is set
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.client import Layout
+from modeldeploy.runtime.server.limits import Limits
 
 
 @dataclass
@@ -28,6 +29,7 @@ class ServerConfig:
     # "process": the step loop in an engine core process of its own (runtime/engine/engine_core.py);
     # "thread": on a thread of this process (one GIL with the HTTP work; tests that look inside it)
     engine_core: Layout = "process"
+    limits: Limits = field(default_factory=Limits)  # request bounds (limits.py): hostile input gets a 4xx
 
     def validate(self) -> None:
         if self.max_queue < 0:

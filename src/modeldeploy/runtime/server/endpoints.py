@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -32,8 +33,13 @@ _PREFIX = {"completion": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 
 
 def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S.ToolPlan]:
+    """Tokens, sampling parameters and tool plan of a parsed request; every bound of `ctx.cfg.limits`
+    that can be checked before tokenizing is checked first (a refusal costs no template render)."""
     plan = S.ToolPlan("none")
+    limits = ctx.cfg.limits
+    schema_limits = limits.schema()
     prompt_logprobs = getattr(req, "prompt_logprobs", None)
+    _check_logprob_entries(kind, req, limits.max_logprob_entries)
     if kind == "completion":
         req.check_n()
         if isinstance(req.prompt, str):
@@ -43,27 +49,30 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
             ctx.check_ids(ids, "prompt")
         # max_tokens 0 (echo only): the engine samples the one token the prefill gives anyway; it is dropped
         max_tokens = ctx.limit_tokens(len(ids), req.max_tokens or 1, "max_tokens", "prompt")
-        structured, logprobs = S.from_response_format(_response_format(ctx, req)), req.logprobs
+        structured = S.from_response_format(_response_format(ctx, req), schema_limits)
+        logprobs = req.logprobs
         if req.echo and logprobs is not None:  # the echoed prompt tokens carry their logprobs too
             prompt_logprobs = max(prompt_logprobs or 0, logprobs)
     elif kind == "chat":
         req.check_n()
         req.check_prompt_options()
         limit = req.token_limit()
-        plan = S.tool_plan(req, ctx.chat_template)
+        S.check_tool_count(len(req.tools or []), limits.max_tools)
+        plan = S.tool_plan(req, ctx.chat_template, limits=schema_limits)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         msgs = [m.render() for m in req.messages]
         ids = ctx.encode_chat(msgs, tools, req.add_generation_prompt, req.continue_final_message)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = ctx.limit_tokens(len(ids), limit, param, "messages")
-        structured = plan.structured or S.from_response_format(_response_format(ctx, req))
+        structured = plan.structured or S.from_response_format(_response_format(ctx, req), schema_limits)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
+        S.check_tool_count(len(req.tools or []), limits.max_tools)
         chat = req.as_chat()
-        plan = S.tool_plan(chat, ctx.chat_template, "tools.{i}.parameters")
-        structured, logprobs = S.from_text_format(req.text), req.logprobs
+        plan = S.tool_plan(chat, ctx.chat_template, "tools.{i}.parameters", schema_limits)
+        structured, logprobs = S.from_text_format(req.text, schema_limits), req.logprobs
         if plan.mode != "none" and structured is not None:
             raise APIError(400, "text.format: cannot be combined with tools", param="text.format")
         tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
@@ -71,6 +80,80 @@ def _prepare(ctx: ServerContext, kind: str, req: Any) -> tuple[list[int], Any, S
         max_tokens = ctx.limit_tokens(len(ids), req.max_output_tokens, "max_output_tokens", "input")
         structured = plan.structured or structured
     return ids, ctx.sampling(req, max_tokens, structured, logprobs, prompt_logprobs), plan
+
+
+def _check_logprob_entries(kind: str, req: Any, bound: int) -> None:
+    """n x top_logprobs: the entries the server formats for each generated position of the request."""
+    if kind == "completion":
+        top, param = req.logprobs, "logprobs"
+    elif kind == "chat":
+        top, param = (req.top_logprobs if req.logprobs else None), "top_logprobs"
+    else:
+        top, param = req.top_logprobs, "top_logprobs"
+    n = getattr(req, "n", 1)
+    if top is not None and n * top > bound:
+        raise APIError(
+            400,
+            f"{param}: n ({n}) x {param} ({top}) = {n * top} logprob entries per token, over {bound} "
+            "(limit: --max-logprob-entries)",
+            param=param,
+            code="too_many_logprobs",
+        )
+
+
+def _needs_grammar(kind: str, req: Any) -> bool:
+    """Whether preparing the request checks a JSON Schema (tools, response_format, text.format)."""
+    if getattr(req, "tools", None):
+        return True
+    fmt = getattr(req, "response_format", None)
+    if kind == "responses":
+        fmt = req.text.format if req.text is not None else None
+    return fmt is not None and fmt.type == "json_schema"
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, read only up to `max_bytes`: a declared or streamed body beyond it is a 413 at once,
+    before any of it is parsed (a client that sends 10 MB learns the bound, the server holds none of it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(int(declared), max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(size, max_bytes, at_least=True)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, bound: int, at_least: bool = False) -> APIError:
+    return APIError(
+        413,
+        f"request body: {'over ' if at_least else ''}{size} bytes, over the {bound}-byte limit "
+        "(limit: --max-body-bytes)",
+        code="request_too_large",
+    )
+
+
+_PATH_CHARS = ("/", "\\", "..", "\x00")
+
+
+def check_model_name(ctx: ServerContext, name: str) -> None:
+    """A `model` that is no served name and carries path or control characters is a 400 saying so
+    (adapter names are plain names: DNS labels in a ModelDeployment), never a lookup or a path."""
+    if name in ctx.served_models:
+        return
+    bad = next((c for c in _PATH_CHARS if c in name), None) or next(
+        (c for c in name if not c.isprintable()), None
+    )
+    if bad is not None:
+        raise APIError(
+            400,
+            f"model: {name[:64]!r} contains {bad!r}; model and adapter names never contain path "
+            "separators, '..' or control characters",
+            param="model",
+            code="invalid_value",
+        )
 
 
 DEADLINE = "x-request-deadline-ms"
@@ -109,9 +192,13 @@ async def generate(ctx: ServerContext, request: Request, kind: str) -> Response:
     adapter = None
     try:
         budget = _deadline(request)
-        req = parse_body(await request.body(), KINDS[kind])
+        req = parse_body(await read_body(request, ctx.cfg.limits.max_body_bytes), KINDS[kind])
+        check_model_name(ctx, req.model)
         adapter = ctx.check_model(req.model)
-        ids, params, plan = _prepare(ctx, kind, req)
+        if _needs_grammar(kind, req):  # schema checks are Python work: off the loop other streams use
+            ids, params, plan = await asyncio.to_thread(_prepare, ctx, kind, req)
+        else:
+            ids, params, plan = _prepare(ctx, kind, req)
     except APIError as e:
         ctx.metrics.outcome(refusal_outcome(e.status), adapter or "")
         raise

@@ -12,6 +12,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    413: "invalid_request_error",  # a body over --max-body-bytes (OpenAI's type for oversized input)
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",

@@ -51,11 +51,21 @@ class Job:
         return its first output."""
         spec = getattr(self.params, "structured", None)
         if spec is not None and spec.compiled is None:
+            timeout = self.ctx.cfg.limits.grammar_compile_timeout_s
             try:
-                result = await self.ctx.engine.compile(self.params)
+                result = await asyncio.wait_for(self.ctx.engine.compile(self.params), timeout)
             except ValueError as e:
                 self.refused = "invalid"
                 raise APIError(400, str(e), param="response_format") from None
+            except TimeoutError:  # xgrammar cannot stop it: it finishes on the engine's compile thread
+                self.refused = "invalid"
+                raise APIError(
+                    400,
+                    f"response_format: the grammar did not compile within {timeout:g}s "
+                    "(limit: --grammar-compile-timeout)",
+                    param="response_format",
+                    code="grammar_too_large",
+                ) from None
             self.ctx.metrics.grammar_compile(result.seconds, result.cached)
         try:
             self.ticket = self.ctx.admission.enter(len(self.prompt), self.budget_s)

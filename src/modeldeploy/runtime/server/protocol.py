@@ -9,6 +9,7 @@ format and never FastAPI's default 422.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -71,7 +72,7 @@ class _Common(BaseModel):
     """Fields shared by the three generation endpoints."""
 
     model_config = _STRICT
-    model: StrictStr
+    model: Annotated[StrictStr, Field(max_length=256)]
     temperature: Annotated[Number, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[Number, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[StrictInt, Field(ge=-1)] = -1
@@ -385,17 +386,60 @@ class ResponsesRequest(_Common):
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """Decode and validate a JSON body, raising a 400 APIError that names the field."""
+    """Decode and validate a JSON body, raising a 400 APIError that names the field. JSON bodies are
+    UTF-8 (RFC 8259): invalid UTF-8, or a lone surrogate escape (\\ud800: no UTF-8 spelling, the
+    tokenizer could not take it), is a 400 naming the byte or field, never a 500 further in."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(
+            400,
+            f"request body: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}: {e.reason}); "
+            "JSON bodies must be UTF-8",
+            code="invalid_encoding",
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise APIError(400, f"invalid JSON body: {e}") from None
+    except RecursionError:
+        raise APIError(400, "invalid JSON body: nested too deeply", code="invalid_value") from None
     if not isinstance(data, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}")
+    if _SURROGATE_ESCAPE.search(text):
+        _check_surrogates(data, "")
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise _to_api_error(e) from None
+    except RecursionError:
+        raise APIError(400, "invalid JSON body: nested too deeply", code="invalid_value") from None
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_surrogates(value: Any, where: str) -> None:
+    """A 400 naming the first string holding an unpaired surrogate (json.loads pairs the valid ones)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            param = where or None
+            raise APIError(
+                400,
+                f"{where or 'request body'}: unpaired surrogate \\u{ord(value[e.start]):04x} "
+                f"at character {e.start}; text must be valid Unicode",
+                param=param,
+                code="invalid_encoding",
+            ) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_surrogates(k, where)
+            _check_surrogates(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_surrogates(v, f"{where}.{i}")
 
 
 def _to_api_error(e: ValidationError) -> APIError:

@@ -11,22 +11,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from modeldeploy.runtime.engine.request_check import GrammarLimitExceeded, SchemaLimits
 from modeldeploy.runtime.server.errors import APIError
+from modeldeploy.runtime.server.limits import SCHEMA_FLAG
 from modeldeploy.runtime.server.toolcalls import CALL_BEGIN, CALL_END
 
 
-def _spec(kind: str, schema: Any, param: str) -> Any:
+def _spec(kind: str, schema: Any, param: str, limits: SchemaLimits | None = None) -> Any:
     from modeldeploy.runtime.engine.grammar import UnsupportedSchema, schema_spec
 
     if kind == "json_schema" and not isinstance(schema, dict | bool):
         raise APIError(400, f"{param}: a JSON Schema object is required", param=param)
     try:
-        return schema_spec(kind, schema)
+        return schema_spec(kind, schema, limits)
     except UnsupportedSchema as e:
         raise APIError(400, f"{param}: {e}", param=param, code="unsupported_schema_feature") from None
+    except GrammarLimitExceeded as e:
+        raise limit_error(param, e) from None
+    except RecursionError:  # a value nested deeper than the interpreter's stack (an enum or const)
+        raise APIError(400, f"{param}: nested too deeply", param=param, code="grammar_too_large") from None
 
 
-def from_response_format(rf: Any) -> Any:
+def limit_error(param: str, e: GrammarLimitExceeded) -> APIError:
+    """A 400 naming the field, the bound and the `serve` flag that sets it."""
+    flag = SCHEMA_FLAG.get(e.limit, e.limit)
+    return APIError(400, f"{param}: {e} (limit: {flag})", param=param, code="grammar_too_large")
+
+
+def from_response_format(rf: Any, limits: SchemaLimits | None = None) -> Any:
     """response_format -> Structured (None for type text)."""
     if rf is None or rf.type == "text":
         return None
@@ -38,10 +50,10 @@ def from_response_format(rf: Any) -> Any:
             "response_format.json_schema: required when type is json_schema",
             param="response_format.json_schema",
         )
-    return _spec("json_schema", rf.json_schema.schema_, "response_format.json_schema.schema")
+    return _spec("json_schema", rf.json_schema.schema_, "response_format.json_schema.schema", limits)
 
 
-def from_text_format(text: Any) -> Any:
+def from_text_format(text: Any, limits: SchemaLimits | None = None) -> Any:
     """/v1/responses text.format -> Structured (None for type text)."""
     fmt = text.format if text is not None else None
     if fmt is None or fmt.type == "text":
@@ -50,7 +62,7 @@ def from_text_format(text: Any) -> Any:
         return _spec("json_object", None, "text.format")
     if fmt.schema_ is None or fmt.name is None:
         raise APIError(400, "text.format: name and schema are required for json_schema", param="text.format")
-    return _spec("json_schema", fmt.schema_, "text.format.schema")
+    return _spec("json_schema", fmt.schema_, "text.format.schema", limits)
 
 
 # The Hermes/Qwen tool-call format (toolcalls.py); `auto` is offered where the chat template uses it.
@@ -67,15 +79,34 @@ class ToolPlan:
     function: str | None = None  # the named function
 
 
-def _params_schema(tool: Any, i: int, where: str = "tools.{i}.function.parameters") -> Any:
+def _params_schema(
+    tool: Any, i: int, where: str = "tools.{i}.function.parameters", limits: SchemaLimits | None = None
+) -> Any:
     schema = tool.function.parameters if tool.function.parameters is not None else {"type": "object"}
     param = where.format(i=i)
-    _spec("json_schema", schema, param)  # checked here so the 400 names the tool
+    _spec("json_schema", schema, param, limits)  # checked here so the 400 names the tool
     return schema
 
 
-def tool_plan(req: Any, template: str | None, where: str = "tools.{i}.function.parameters") -> ToolPlan:
-    """`where` names a tool's parameters in 400s (/v1/responses: tools.{i}.parameters)."""
+def check_tool_count(n: int, max_tools: int, param: str = "tools") -> None:
+    """Before any tool is rendered into the prompt or checked: the count alone decides."""
+    if n > max_tools:
+        raise APIError(
+            400,
+            f"{param}: {n} tools given, at most {max_tools} are allowed (limit: --max-tools)",
+            param=param,
+            code="too_many_tools",
+        )
+
+
+def tool_plan(
+    req: Any,
+    template: str | None,
+    where: str = "tools.{i}.function.parameters",
+    limits: SchemaLimits | None = None,
+) -> ToolPlan:
+    """`where` names a tool's parameters in 400s (/v1/responses: tools.{i}.parameters); `limits`
+    bound each tool's schema and all of them together."""
     tools, choice = req.tools or [], req.tool_choice
     uses_tools = tools or any(m.role == "tool" or m.tool_calls for m in req.messages)
     if uses_tools and "tool" not in (template or ""):
@@ -106,10 +137,16 @@ def tool_plan(req: Any, template: str | None, where: str = "tools.{i}.function.p
 
         try:
             spec = tool_tag_spec(
-                _call_schema(tools, where), CALL_BEGIN, CALL_END, req.parallel_tool_calls is False
+                _call_schema(tools, where, limits),
+                CALL_BEGIN,
+                CALL_END,
+                req.parallel_tool_calls is False,
+                limits,
             )
         except UnsupportedSchema as e:
             raise APIError(400, f"tools: {e}", param="tools", code="unsupported_schema_feature") from None
+        except GrammarLimitExceeded as e:
+            raise limit_error("tools", e) from None
         return ToolPlan("auto", spec)
     by_name = {t.function.name: (i, t) for i, t in enumerate(tools)}
     if not isinstance(choice, str):
@@ -118,17 +155,20 @@ def tool_plan(req: Any, template: str | None, where: str = "tools.{i}.function.p
         i, tool = by_name[choice.function.name]
         return ToolPlan(
             "named",
-            _spec("json_schema", _params_schema(tool, i, where), where.format(i=i)),
+            _spec("json_schema", _params_schema(tool, i, where, limits), where.format(i=i), limits),
             tool.function.name,
         )
-    return ToolPlan("required", _spec("json_schema", _call_schema(tools, where), "tools"))
+    return ToolPlan("required", _spec("json_schema", _call_schema(tools, where, limits), "tools", limits))
 
 
-def _call_schema(tools: list[Any], where: str) -> dict[str, Any]:
+def _call_schema(tools: list[Any], where: str, limits: SchemaLimits | None = None) -> dict[str, Any]:
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.function.name}, "arguments": _params_schema(t, i, where)},
+            "properties": {
+                "name": {"const": t.function.name},
+                "arguments": _params_schema(t, i, where, limits),
+            },
             "required": ["name", "arguments"],
         }
         for i, t in enumerate(tools)
