@@ -42,7 +42,10 @@ def test_cost_learns_decode_time_and_per_token_prefill_cost():
     c.observe(4, 200, 0.140)  # 200 prefill tokens cost 0.1 s over the decodes
     assert c.per_token_s == pytest.approx(0.0005)
     assert c.prefill_tokens(0.100, 4) == 120  # (0.100 - 0.040) / 0.0005
-    assert c.prefill_tokens(0.030, 4) == MIN_PREFILL_CHUNK  # decodes alone exceed it: still progress
+    # decodes alone exceed the target: prefill still gets as much time as they take (step <= 2x decode)
+    assert c.prefill_tokens(0.030, 4) == 80  # 0.040 / 0.0005
+    c.observe(1, 0, 0.001)
+    assert c.prefill_tokens(0.0001, 1) == MIN_PREFILL_CHUNK  # and never less than this
     c.observe(4, 8, 5.0)  # a chunk too small to measure per-token cost is ignored
     assert c.per_token_s == pytest.approx(0.0005)
     for _ in range(12):  # the machine got twice as slow: the estimate follows

@@ -8,8 +8,8 @@ preempted: its blocks are released and it is recomputed later.
 With a target step time (EngineConfig.target_itl_ms) the prefill tokens of a step that also
 decodes are bounded by time as well as by the token budget: `PrefillCost` learns, from the steps
 the engine reports, a decode-only step's seconds and the seconds per prefill token, and the step
-gets the prefill tokens that fit in what the decodes leave of the target (at least
-MIN_PREFILL_CHUNK, so prompts still progress when decoding alone fills the target). Decoding
+gets the prefill tokens that fit in what the decodes leave of the target, and never less than the
+decodes' own time (nor MIN_PREFILL_CHUNK), so prompts still progress when decoding alone fills it. Decoding
 streams then see one step per token at about the target, instead of a step that carries a whole
 long prompt chunk (vLLM's chunked-prefill policy, with the chunk from measured cost, as in
 Sarathi-Serve's stall-free batching).
@@ -66,7 +66,12 @@ class PrefillCost:
         """Prefill tokens a step with `decodes` decode rows may carry to stay under `target_s`."""
         if self.per_token_s is None:
             return COLD_PREFILL_CHUNK
-        left = target_s - self.decode_s(decodes)
+        # Where the decodes alone take most of the target (a loaded machine, a big batch), prefill still
+        # gets as much time as they do: a step lasts at most max(target, 2 x decode-only), and prompts
+        # keep being served at half the machine instead of MIN_PREFILL_CHUNK a step (measured: with the
+        # floor at MIN_PREFILL_CHUNK alone, queued prompts piled up once decode steps passed the target).
+        decode = self.decode_s(decodes)
+        left = max(target_s - decode, decode)
         if self.per_token_s <= 0:
             return 1 << 30
         return max(MIN_PREFILL_CHUNK, int(left / self.per_token_s))
