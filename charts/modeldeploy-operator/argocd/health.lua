@@ -6,7 +6,7 @@
 --                Unschedulable); a failed rollout stays Degraded until spec.bundle changes
 --   Suspended    phase Canary and condition Progressing has reason Paused or
 --                AwaitingPromotion: a canary step held for a human (`modeldeploy rollout promote`)
---   Progressing  phase Deploying, Verifying, Canary, Promoting or RollingBack; a Replace rollout waiting
+--   Progressing  phase Prefetching, Deploying, Verifying, Canary, Promoting or RollingBack; a Replace rollout waiting
 --                for GPUs (Progressing reason InsufficientCapacity) says "Waiting for capacity" first
 --   Healthy      condition Ready=True
 --   Progressing  otherwise (Ready False/absent: replicas still loading weights)
@@ -82,7 +82,7 @@ if phase == "Canary" and progressing ~= nil and
   return hs
 end
 
-if phase == "Deploying" or phase == "Verifying" or phase == "Canary" or phase == "Promoting" or
+if phase == "Prefetching" or phase == "Deploying" or phase == "Verifying" or phase == "Canary" or phase == "Promoting" or
     phase == "RollingBack" then
   hs.status = "Progressing"
   hs.message = phase .. ":" .. canary .. "; stable " .. cohort(st.stable)

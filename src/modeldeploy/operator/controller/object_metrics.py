@@ -21,7 +21,7 @@ from modeldeploy.operator.api.v1alpha1.rollout import Rollout
 from modeldeploy.operator.rollout.machine import ACTIVE_PHASES, AWAITING
 
 KEY = ("namespace", "modeldeployment")
-PHASES = ("Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack", "Degraded")
+PHASES = ("Stable", "Prefetching", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack", "Degraded")
 DEFAULT_DEADLINE_S = Rollout.model_fields["progress_deadline_seconds"].default
 
 PHASE = Gauge(

@@ -50,6 +50,8 @@ from modeldeploy.operator.rollout.actions import Observed
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
 from modeldeploy.operator.rollout.machine import UNDER_TEST, quality_stage
 from modeldeploy.operator.rollout.network import KIND as POLICY_KIND
+from modeldeploy.operator.rollout.prefetch import PREFETCH_LABEL
+from modeldeploy.operator.rollout.prefetch import error_key as prefetch_error_key
 from modeldeploy.operator.rollout.progression import epoch, iso, policy
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
@@ -173,12 +175,13 @@ class LoadProbe:
             for p in pods:
                 st = p.get("status") or {}
                 if not pod_ready(p) and (pulled := pull_failure(p)) is not None:  # Pending: never loads
-                    errors.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), pulled)
+                    errors.setdefault(_error_key(p), pulled)
                     continue
                 if not pod_ready(p) and (crashed := crash_failure(p)) is not None:  # restarted after a crash
-                    crashes.setdefault(p["metadata"].get("labels", {}).get(BUNDLE_LABEL, ""), crashed)
+                    crashes.setdefault(_error_key(p), crashed)
                 if (
-                    pod_ready(p)
+                    PREFETCH_LABEL in (p["metadata"].get("labels") or {})  # pulls images, serves nothing
+                    or pod_ready(p)
                     or st.get("phase") != "Running"
                     or not st.get("podIP")
                     or probed >= MAX_PROBES
@@ -376,6 +379,14 @@ class Observer:
 
 def _never() -> QualityResult:
     raise AssertionError("a quality run exists for this key: ensure() does not start another")
+
+
+def _error_key(pod: dict[str, Any]) -> str:
+    """A serving pod's failure is its bundle's; a pre-pull pod's is filed apart (prefetch.error_key)."""
+    labels = pod["metadata"].get("labels") or {}
+    if PREFETCH_LABEL in labels:
+        return prefetch_error_key(labels[PREFETCH_LABEL])
+    return labels.get(BUNDLE_LABEL, "")
 
 
 def _owned(o: dict[str, Any], uid: str) -> bool:

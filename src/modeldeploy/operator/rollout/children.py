@@ -183,7 +183,7 @@ def artifact_source(
         ref = parse_oci_uri(artifact.uri).reference
         return {"name": volume_name, "image": {"reference": ref, "pullPolicy": "IfNotPresent"}}, None
     args = [artifact.uri, path, "--digest", artifact.digest]
-    mounts = [{"name": volume_name, "mountPath": path}]
+    mounts: list[dict[str, Any]] = [{"name": volume_name, "mountPath": path}]
     env = [{"name": "HOME", "value": "/tmp"}]
     if u.scheme == "oci":
         args += ["--insecure"] if artifact.insecure else []

@@ -1,6 +1,7 @@
 """The rollout state machine, pure: `advance(state, policy, signals, now) -> Transition`.
 
-    Stable --spec.bundle changes--> Deploying(canary) --canary Ready--> Verifying(conformance, then quality)
+    Stable --spec.bundle changes--> [Prefetching: images pulled onto the nodes] --> Deploying(canary)
+      --canary Ready--> Verifying(conformance, then quality)
       --pass--> Canary(step i: weight, pause, analysis) --all steps pass--> Promoting --> Stable
     any step --fail/timeout/crash/abort--> RollingBack --> Stable(prior) + Degraded reason
 
@@ -23,12 +24,19 @@ from modeldeploy.operator.api.v1alpha1.common import resolve_count
 from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, QualityResult
 from modeldeploy.operator.rollout.capacity import Have, replace_step
 
-Phase = Literal["Stable", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
-ACTIVE_PHASES: tuple[Phase, ...] = ("Deploying", "Verifying", "Canary", "Promoting")  # a canary is moving
+Phase = Literal["Stable", "Prefetching", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
+DEPLOYED: tuple[Phase, ...] = (
+    "Deploying",
+    "Verifying",
+    "Canary",
+    "Promoting",
+)  # the canary Deployment exists
+ACTIVE_PHASES: tuple[Phase, ...] = ("Prefetching", *DEPLOYED)  # a canary is moving
 IN_FLIGHT: tuple[Phase, ...] = (*ACTIVE_PHASES, "RollingBack")  # a canary exists: the reconcile keeps ticking
 TAKING_TRAFFIC: tuple[Phase, ...] = ("Canary", "Promoting")  # the canary is behind the main Service
 UNDER_TEST: tuple[Phase, ...] = ("Verifying", "Canary")  # gated or analysed: observe reads its pods
 PROMOTABLE: tuple[Phase, ...] = (
+    "Prefetching",
     "Deploying",
     "Verifying",
     "Canary",
@@ -37,6 +45,9 @@ AWAITING = "AwaitingPromotion"  # reason of a Canary step held for a manual prom
 INCONCLUSIVE = "AnalysisInconclusive"  # rollback reason under analysis.onInconclusive: Rollback
 CONFORMANCE_PASSED = "ConformancePassed"  # Verifying's reason while the quality gate runs after conformance
 QUALITY_TIMEOUT = "QualityTimeout"
+PREFETCHED = "Prefetched"  # Deploying's reason once the pre-pull finished
+PREFETCH_TIMEOUT = "PrefetchTimeout"
+PREFETCH_FAILED = "PrefetchFailed"
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,8 @@ class Policy:
     capacity: Literal["Surge", "Replace", "Auto"] = "Auto"  # where the canary's GPUs come from
     min_available: int = 0  # Ready replicas (stable + canary) Replace never goes below
     keep_gpus: int | None = None  # keepPrior.maxGPUs (None: no GPU budget), for the status message
+    prefetch: bool = False  # pre-pull a new bundle's images onto the nodes before its canary (Prefetching)
+    prefetch_timeout_seconds: int = 900
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class Signals:
     stable_ready: int = 0
     restore_fits: bool | None = None  # Replace: the stable's freed replicas fit on spare GPUs again
     prior_fits: tuple[bool, str] | None = None  # Replace: the warm prior's replicas fit on spare GPUs
+    prefetch: tuple[int, int] | None = None  # (pre-pull pods Ready, pre-pull pods wanted); None: none yet
 
 
 @dataclass(frozen=True)
@@ -168,7 +182,7 @@ def _advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition
         return _go(
             s,
             now,
-            "Deploying",
+            "Prefetching" if p.prefetch else "Deploying",
             "Superseded",
             f"spec changed to {sig.desired} during the rollout of {s.canary}",
             canary=sig.desired,
@@ -177,7 +191,8 @@ def _advance(s: RolloutState, p: Policy, sig: Signals, now: float) -> Transition
         )
     elapsed = 0.0 if s.phase_since is None else now - s.phase_since
     if s.phase in ACTIVE_PHASES and sig.canary_failure:
-        return _rollback(s, now, "CanaryFailed", sig.canary_failure)
+        reason = PREFETCH_FAILED if s.phase == "Prefetching" else "CanaryFailed"
+        return _rollback(s, now, reason, sig.canary_failure)
     waiting = s.reason == AWAITING  # a human's pace: no progress deadline
     if (
         s.phase in ACTIVE_PHASES
@@ -257,12 +272,13 @@ def _stable(s, p, sig, now, elapsed) -> Transition:
     retired = f"; prior bundle {s.previous} no longer kept warm" if s.previous else ""
     mode, why = capacity_mode(p, sig)
     how = "next to" if mode == "Surge" else "in place of replicas of"
+    first = "pre-pulling the images of" if p.prefetch else "deploying"
     return _go(
         s,
         now,
-        "Deploying",
+        "Prefetching" if p.prefetch else "Deploying",
         "NewBundle",
-        f"deploying canary {sig.desired} {how} stable {s.stable}{retired}; capacity {mode} ({why})",
+        f"{first} canary {sig.desired} {how} stable {s.stable}{retired}; capacity {mode} ({why})",
         canary=sig.desired,
         step=None,
         started_at=now,
@@ -287,6 +303,30 @@ def capacity_mode(p: Policy, sig: Signals) -> tuple[str, str]:
         return "Surge", "Auto: node GPUs not known yet"
     fits, figures = sig.surge_fits
     return ("Surge" if fits else "Replace"), f"Auto: {figures}"
+
+
+def _prefetching(s, p, sig, now, elapsed) -> Transition:
+    """Pre-pull pods on the canary's nodes: Deploying once all are Ready, whose clock (loadTimeoutSeconds)
+    then measures loading alone; not done within prefetch.timeoutSeconds: a rollback, like a load timeout."""
+    ready, total = sig.prefetch or (0, 0)
+    if total > 0 and ready >= total:
+        return _go(
+            s,
+            now,
+            "Deploying",
+            PREFETCHED,
+            f"images of {s.canary} pulled onto {total} node{'s' if total != 1 else ''} in {elapsed:.0f}s; "
+            "deploying the canary",
+        )
+    if elapsed > p.prefetch_timeout_seconds:
+        return _rollback(
+            s,
+            now,
+            PREFETCH_TIMEOUT,
+            f"images pulled on {ready}/{total} nodes within "
+            f"prefetch.timeoutSeconds={p.prefetch_timeout_seconds}",
+        )
+    return Transition(s)
 
 
 def _deploying(s, p, sig, now, elapsed) -> Transition:
@@ -476,6 +516,7 @@ def _rolling_back(s, p, sig, now, elapsed) -> Transition:
 _PHASES = MappingProxyType(
     {
         "Stable": _stable,
+        "Prefetching": _prefetching,
         "Deploying": _deploying,
         "Verifying": _verifying,
         "Canary": _canary,
@@ -503,7 +544,7 @@ def cohort_replicas(
     if s.previous and s.previous_until is not None and now < s.previous_until and p.keep_previous_replicas:
         out[s.previous] = p.keep_previous_replicas
     have = have or {}
-    if s.canary and s.phase in ACTIVE_PHASES:
+    if s.canary and s.phase in DEPLOYED:  # Prefetching: no canary Deployment yet
         target = (
             p.replicas
             if s.phase == "Promoting"
@@ -520,7 +561,7 @@ def cohort_replicas(
 
 def capacity_wait(s: RolloutState, p: Policy, have: Mapping[str, Have]) -> str | None:
     """The InsufficientCapacity message while a Replace rollout cannot move without crossing minAvailable."""
-    if not (s.canary and s.stable and s.capacity == "Replace" and s.phase in ACTIVE_PHASES):
+    if not (s.canary and s.stable and s.capacity == "Replace" and s.phase in DEPLOYED):
         return None
     target = (
         p.replicas

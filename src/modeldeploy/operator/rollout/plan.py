@@ -12,8 +12,9 @@ steps judged by canary analysis, then promotion with the prior bundle kept warm,
 rollback. The machine's state lives in status, so a restarted operator resumes it.
 
 `plan()` is a chain of named sub-planners, read top to bottom as Argo's `rolloutCanary()` is:
-rollout step, Deployments, Services, HTTPRoute, NetworkPolicy, cohort figures, Degraded, phase, conditions,
-status. Each one is pure and takes the `Inputs` every planner shares.
+rollout step, the pre-pull Deployment (phase Prefetching), Deployments, Services, HTTPRoute,
+NetworkPolicy, cohort figures, Degraded, phase, conditions, status.
+Each one is pure and takes the `Inputs` every planner shares.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 from modeldeploy.operator.analysis.verdicts import describe
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition, ModelDeploymentStatus
-from modeldeploy.operator.rollout import children, network, progression, routing
+from modeldeploy.operator.rollout import children, network, prefetch, progression, routing
 from modeldeploy.operator.rollout.actions import (  # noqa: F401  (re-exported: plan's vocabulary)
     Action,
     Annotate,
@@ -76,6 +77,7 @@ class Inputs:
     policy: Policy
     now_s: float
     have: dict[str, Have]  # observed size and Ready replicas per bundle (Replace capacity reads them)
+    prefetching: dict[str, dict[str, Any]]  # observed pre-pull Deployments by the bundle they pull
 
     @classmethod
     def of(
@@ -88,6 +90,7 @@ class Inputs:
     ) -> Inputs:
         labelled = ((d["metadata"].get("labels", {}).get(BUNDLE_LABEL), d) for d in obs.deployments)
         by_bundle = {b: d for b, d in labelled if b}
+        pulls = ((d["metadata"].get("labels", {}).get(prefetch.PREFETCH_LABEL), d) for d in obs.deployments)
         have = {
             b: Have(int((d.get("spec") or {}).get("replicas") or 0), _ready(d)) for b, d in by_bundle.items()
         }
@@ -102,6 +105,7 @@ class Inputs:
             progression.policy(spec),
             progression.epoch(now) or 0.0,
             have,
+            {b: d for b, d in pulls if b},
         )
 
     @property
@@ -138,7 +142,8 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     canary_id = state.canary if state.phase in IN_FLIGHT else None
     weight = canary_weight(state, x.policy)
     route_problem, routes = plan_routes(x, weight, canary_id is not None)
-    out += one_created(deployments + plan_services(x, state, live, canary_id) + routes + plan_network(x))
+    children_out = deployments + plan_prefetch(x, state) + plan_services(x, state, live, canary_id)
+    out += one_created(children_out + routes + plan_network(x))
     cohorts = plan_cohorts(x, state, sizes, canary_id, live)
     degraded = plan_degraded(x, state, unfit, route_problem)
     waiting = capacity_wait(state, x.policy, x.have)
@@ -168,10 +173,15 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
     state = progression.load_state(x.prior)
     if state.stable is not None and state.stable != x.bid and state.stable not in x.by_bundle:
         state = RolloutState(failed=state.failed)  # the stable Deployment is gone: start over from spec
+    pulling = state.phase == "Prefetching" and state.canary is not None
+    failure = obs.load_errors.get(state.canary) if state.canary else None
+    if pulling:  # a pre-pull pod whose image cannot be pulled: the canary's would not be either
+        failure = obs.load_errors.get(prefetch.error_key(state.canary or ""))
     sig = Signals(
         desired=x.bid,
         canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
-        canary_failure=obs.load_errors.get(state.canary) if state.canary else None,
+        canary_failure=failure,
+        prefetch=prefetch_progress(x, state),
         conformance=obs.conformance,
         quality=obs.quality,
         analysis=obs.analysis,
@@ -212,6 +222,33 @@ def capacity_signals(x: Inputs, state: RolloutState) -> dict[str, Any]:
             "prior_fits": spare_fit(topo, nodes, warm, device) if state.phase == "Promoting" else None,
         }
     return {}
+
+
+def prefetch_progress(x: Inputs, state: RolloutState) -> tuple[int, int] | None:
+    """(pre-pull pods Ready, wanted) of the canary being pre-pulled; None outside Prefetching."""
+    if state.phase != "Prefetching" or state.canary is None:
+        return None
+    pulled = prefetch.progress(x.prefetching.get(state.canary))
+    return pulled if pulled is not None else (0, prefetch.pods_wanted(x.spec, x.observed.nodes))
+
+
+def plan_prefetch(x: Inputs, state: RolloutState) -> list[Action]:
+    """The pre-pull Deployment while the spec's bundle is Prefetching (one pod per node its canary may
+    use); deleted as the phase ends, whichever way: its pods only pulled, the canary's keep the images."""
+    out: list[Action] = []
+    have = dict(x.prefetching)
+    if state.phase == "Prefetching" and state.canary == x.bid:
+        want = prefetch.deployment(x.md, x.spec, x.bid, prefetch.pods_wanted(x.spec, x.observed.nodes))
+        out += reconcile_child(want, have.pop(x.bid, None))
+    for bid, dep in have.items():
+        name = dep["metadata"]["name"]
+        out += [
+            Delete("Deployment", name),
+            Event(
+                "Normal", "Deleted", f"deleted Deployment {name} (pre-pull of {bid} done or no longer wanted)"
+            ),
+        ]
+    return out
 
 
 def plan_deployments(
@@ -367,8 +404,11 @@ def plan_conditions(
 ) -> list[Condition]:
     """Ready, Progressing and Degraded; lastTransitionTime kept while a condition's status holds."""
     ready_n, want = cohorts.stable.ready_replicas, x.spec.replicas
+    pulled = prefetch_progress(x, state)
     if waiting is not None:
         progressing = (INSUFFICIENT, waiting)
+    elif pulled is not None:
+        progressing = ("Prefetching", f"{state.message}; images pulled on {pulled[0]}/{pulled[1]} nodes")
     elif state.phase in IN_FLIGHT:
         progressing = (state.reason or state.phase, state.message)
     elif cohorts.all_ready:
@@ -436,7 +476,7 @@ def plan_status(
             "failed_bundles": list(state.failed),
             "last_analysis": x.observed.analysis if analysis_counts else x.prior.last_analysis,
             "last_quality": x.observed.quality or x.prior.last_quality,  # kept after the rollout ends
-            "rollout": progression.rollout_status(state),
+            "rollout": progression.rollout_status(state, prefetch_progress(x, state)),
         }
     )
 

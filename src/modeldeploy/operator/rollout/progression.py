@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from modeldeploy.operator.api.v1alpha1.common import resolve_count
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.status import HistoryEntry, ModelDeploymentStatus, RolloutStatus
+from modeldeploy.operator.rollout.children import image_volume
 from modeldeploy.operator.rollout.machine import IN_FLIGHT, Policy, RolloutState, Step
 
 # Reasons a rollout ends in, that leave the object Degraded while spec still asks for that bundle.
@@ -22,6 +23,8 @@ FAILURE_REASONS = (
     "EvalSetMismatch",
     "EvalSetInvalid",
     "CanaryFailed",
+    "PrefetchFailed",
+    "PrefetchTimeout",
     "ProgressDeadlineExceeded",
     "PromotionTimeout",
     "Aborted",
@@ -70,7 +73,18 @@ def policy(spec: ModelDeploymentSpec) -> Policy:
         on_inconclusive=r.analysis.on_inconclusive,
         capacity=r.capacity,
         min_available=min(spec.replicas, resolve_count(r.min_available, spec.replicas)),
+        prefetch=prefetch_enabled(spec),
+        prefetch_timeout_seconds=r.prefetch.timeout_seconds,
     )
+
+
+def prefetch_enabled(spec: ModelDeploymentSpec) -> bool:
+    """spec.rollout.prefetch.enabled, by default on exactly when an artifact is an image volume: the node's
+    image store keeps what a pre-pull pod pulled, where other schemes stage files inside each pod."""
+    if spec.rollout.prefetch.enabled is not None:
+        return spec.rollout.prefetch.enabled
+    artifacts = [spec.bundle.model, *(spec.bundle.adapters or [])]
+    return any(image_volume(a) for a in artifacts)
 
 
 def warm_budget(spec: ModelDeploymentSpec) -> int:
@@ -121,8 +135,11 @@ def history_entries(
     ][-50:]
 
 
-def rollout_status(state: RolloutState) -> RolloutStatus:
+def rollout_status(state: RolloutState, pulled: tuple[int, int] | None = None) -> RolloutStatus:
+    """status.rollout from the machine's state; `pulled`: Prefetching's (pods Ready, pods wanted)."""
     return RolloutStatus(
+        prefetched_nodes=pulled[0] if pulled else None,
+        prefetch_nodes=pulled[1] if pulled else None,
         started_at=iso(state.started_at),
         phase_since=iso(state.phase_since),
         reason=state.reason,

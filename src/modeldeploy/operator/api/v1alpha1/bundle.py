@@ -84,14 +84,12 @@ Uri = Annotated[
     ),
 ]
 PullMethod = Literal["ImageVolume", "InitContainer"]
-_PULL_RULES = {
-    "x-kubernetes-validations": [
-        {
-            "rule": "(!has(self.pullMethod) && !has(self.insecure)) || self.uri.startsWith('oci://')",
-            "message": MSG_PULL,
-        }
-    ]
-}
+
+
+def _pull_rules() -> dict[str, Any]:
+    """The CEL twin of _Pulled._oci_only, for each class that has a uri (a fresh dict per class)."""
+    rule = "(!has(self.pullMethod) && !has(self.insecure)) || self.uri.startsWith('oci://')"
+    return _cel(rule, MSG_PULL)
 
 
 class _Pulled(_Model):
@@ -125,7 +123,7 @@ class EngineRef(_Model):
 
 
 class Artifact(_Pulled):
-    model_config = ConfigDict(json_schema_extra=_PULL_RULES)
+    model_config = ConfigDict(json_schema_extra=_pull_rules())
     uri: Uri = Field(
         description="Where the files are: pvc://CLAIM[/SUBPATH], file:///HOST/PATH (hostPath, dev clusters), "
         "http(s)://URL (fetched by an init container that verifies the digest), or "
@@ -151,7 +149,7 @@ class TokenizerRef(_Model):
 class AdapterRef(_Pulled):
     """A LoRA adapter (PEFT directory), pinned like the model; clients select it with `model: <name>`."""
 
-    model_config = ConfigDict(json_schema_extra=_PULL_RULES)
+    model_config = ConfigDict(json_schema_extra=_pull_rules())
 
     name: Annotated[
         str,

@@ -130,6 +130,14 @@ class RolloutStatus(_Model):
         description="Replace rollback order: StableFirst (spare GPUs: stable back before the canary goes) "
         "or CanaryFirst (no spare GPUs: canary removed first, the capacity gap reported).",
     )
+    prefetch_nodes: int | None = Field(
+        default=None, ge=0, description="Phase Prefetching: nodes the new bundle's images are pulled onto."
+    )
+    prefetched_nodes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Phase Prefetching: nodes whose pre-pull pod is Ready (images pulled).",
+    )
 
 
 class ModelDeploymentStatus(_Model):
@@ -140,7 +148,7 @@ class ModelDeploymentStatus(_Model):
     phase: str | None = Field(
         default=None,
         max_length=64,
-        description="Stable, Deploying, Verifying, Canary, Promoting, RollingBack, Degraded.",
+        description="Stable, Prefetching, Deploying, Verifying, Canary, Promoting, RollingBack, Degraded.",
     )
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
     stable: CohortStatus | None = Field(default=None, description="The bundle serving production traffic.")

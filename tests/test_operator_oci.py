@@ -1,0 +1,346 @@
+"""oci:// models in the operator: the API's acceptance (pydantic and the CRD's CEL rule agree with
+`parse_oci_uri`), the pre-pull phase of the rollout machine (Prefetching), and plan()'s pre-pull
+Deployment, with no cluster."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+from operator_fixtures import DIGEST, gpu_nodes, md
+from pydantic import ValidationError
+from test_operator_children import _restricted_violations
+
+from modeldeploy.oci import OciRefError, parse_oci_uri
+from modeldeploy.operator.api import crd
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.controller.observe import LoadProbe
+from modeldeploy.operator.rollout import prefetch, progression
+from modeldeploy.operator.rollout.actions import Create, Delete, Event, Observed, Patch, PatchStatus
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL
+from modeldeploy.operator.rollout.machine import (
+    Policy,
+    RolloutState,
+    Signals,
+    Step,
+    advance,
+    capacity_wait,
+    cohort_replicas,
+)
+from modeldeploy.operator.rollout.plan import plan
+from modeldeploy.operator.rollout.progression import epoch
+
+OCI = "oci://registry.local:5000/models/smollm2@sha256:" + "c" * 64
+OCI2 = "oci://registry.local:5000/models/smollm2@sha256:" + "d" * 64
+
+
+def oci_md(**spec: Any) -> dict[str, Any]:
+    obj = md(**spec)
+    obj["spec"]["bundle"]["model"]["uri"] = OCI
+    return obj
+
+
+# --- the API ----------------------------------------------------------------------------------------
+
+URIS = [
+    (OCI, True),
+    ("oci://localhost/m@sha256:" + "0" * 64, True),
+    ("oci://127.0.0.1:5000/a/b/c@sha256:" + "0" * 64, True),
+    ("oci://registry.local:5000/models/smollm2:v1", False),  # a tag
+    ("oci://registry.local:5000/models/smollm2:v1@sha256:" + "0" * 64, False),  # tag and digest
+    ("oci://registry.local/Models/x@sha256:" + "0" * 64, False),  # upper-case repository
+    ("oci://models/x@sha256:" + "0" * 64, False),  # no registry host
+    ("oci://registry.local/x@sha256:" + "0" * 63, False),
+]
+
+
+def _cel_uri_rules() -> list[dict[str, str]]:
+    model = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for part in ("bundle", "model", "uri"):
+        model = model["properties"][part]
+    return model["x-kubernetes-validations"]
+
+
+@pytest.mark.parametrize(("uri", "ok"), URIS)
+def test_oci_uri_accepted_exactly_when_pinned_by_digest(uri: str, ok: bool) -> None:
+    obj = md()
+    obj["spec"]["bundle"]["model"]["uri"] = uri
+    if ok:
+        assert ModelDeploymentSpec.model_validate(obj["spec"]).bundle.model.uri == uri
+    else:
+        with pytest.raises(ValidationError, match="pinned by digest"):
+            ModelDeploymentSpec.model_validate(obj["spec"])
+    # the CRD's CEL rule: its regex, with CEL's string escapes undone, accepts what the parser accepts
+    [oci] = [r for r in _cel_uri_rules() if "oci://" in r["rule"] and "startsWith" in r["rule"]]
+    assert "pinned by digest" in oci["message"] and "tags" in oci["message"]
+    pattern = re.search(r"matches\('(.*)'\)", oci["rule"]).group(1).replace("\\\\", "\\")
+    assert bool(re.match(pattern, uri)) is ok
+    try:
+        parse_oci_uri(uri)
+        parsed = True
+    except OciRefError:
+        parsed = False
+    assert parsed is ok
+
+
+def test_oci_adapter_uri_refuses_a_tag() -> None:
+    obj = md()
+    obj["spec"]["bundle"]["adapters"] = [
+        {"name": "sql", "uri": "oci://registry.local/a/sql:latest", "revision": "a", "digest": DIGEST}
+    ]
+    with pytest.raises(ValidationError, match=r"adapters\.0\.uri[\s\S]*pinned by digest"):
+        ModelDeploymentSpec.model_validate(obj["spec"])
+
+
+def test_pull_method_only_with_oci_and_a_closed_set() -> None:
+    obj = md()
+    obj["spec"]["bundle"]["model"]["pullMethod"] = "InitContainer"  # the fixture's model is pvc://
+    with pytest.raises(ValidationError, match="only to oci://"):
+        ModelDeploymentSpec.model_validate(obj["spec"])
+    obj = oci_md()
+    obj["spec"]["bundle"]["model"]["pullMethod"] = "Sidecar"
+    with pytest.raises(ValidationError, match="pullMethod"):
+        ModelDeploymentSpec.model_validate(obj["spec"])
+    model = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    model = model["properties"]["bundle"]["properties"]["model"]
+    assert model["properties"]["pullMethod"]["enum"] == ["ImageVolume", "InitContainer"]
+    assert any("startsWith('oci://')" in r["rule"] for r in model["x-kubernetes-validations"])
+
+
+@pytest.mark.parametrize(
+    ("uri", "pull", "enabled", "on"),
+    [(OCI, None, None, True), (OCI, "ImageVolume", None, True), (OCI, "InitContainer", None, False),
+     ("pvc://models/tiny", None, None, False), ("pvc://models/tiny", None, True, True),
+     (OCI, None, False, False)],
+)  # fmt: skip
+def test_prefetch_is_on_by_default_only_for_image_volumes(
+    uri: str, pull: str | None, enabled: bool | None, on: bool
+) -> None:
+    obj = md()
+    obj["spec"]["bundle"]["model"]["uri"] = uri
+    if pull:
+        obj["spec"]["bundle"]["model"]["pullMethod"] = pull
+    if enabled is not None:
+        obj["spec"]["rollout"] = {"prefetch": {"enabled": enabled, "timeoutSeconds": 120}}
+    p = progression.policy(ModelDeploymentSpec.model_validate(obj["spec"]))
+    assert p.prefetch is on
+    assert p.prefetch_timeout_seconds == (120 if enabled is not None else 900)
+
+
+# --- the machine ------------------------------------------------------------------------------------
+
+P = Policy(
+    replicas=4, steps=(Step(25, 60),), load_timeout_seconds=300, prefetch=True, prefetch_timeout_seconds=600
+)
+STABLE = RolloutState(phase="Stable", stable="old", phase_since=0.0)
+
+
+def test_new_bundle_is_prefetched_before_its_canary_deployment_exists() -> None:
+    t = advance(STABLE, P, Signals(desired="new"), 100.0)
+    s = t.state
+    assert (s.phase, s.canary, s.reason) == ("Prefetching", "new", "NewBundle")
+    assert "pre-pulling the images of canary new" in s.message
+    assert cohort_replicas(s, P, 100.0) == {"old": 4}  # no canary pods wait on a download
+    assert capacity_wait(replace_capacity(s), P, {}) is None
+    held = advance(s, P, Signals(desired="new", prefetch=(1, 2)), 200.0)
+    assert held.event is None and held.state == s
+    done = advance(s, P, Signals(desired="new", prefetch=(2, 2)), 250.0)
+    assert (done.state.phase, done.state.reason, done.state.phase_since) == ("Deploying", "Prefetched", 250.0)
+    assert done.event is not None and "pulled onto 2 nodes in 150s" in done.event[2]
+    assert cohort_replicas(done.state, P, 250.0) == {"old": 4, "new": 2}
+    # loadTimeoutSeconds counts from the end of the pre-pull, not from NewBundle
+    assert advance(done.state, P, Signals(desired="new"), 250.0 + 299).state.phase == "Deploying"
+    late = advance(done.state, P, Signals(desired="new"), 250.0 + 301).state
+    assert (late.phase, late.reason) == ("RollingBack", "LoadTimeout")
+
+
+def replace_capacity(s: RolloutState) -> RolloutState:
+    return RolloutState(**{**s.__dict__, "capacity": "Replace"})
+
+
+def test_prefetch_timeout_rolls_back_naming_it_and_the_figures() -> None:
+    s = advance(STABLE, P, Signals(desired="new"), 0.0).state
+    assert advance(s, P, Signals(desired="new", prefetch=(1, 3)), 600.0).state.phase == "Prefetching"
+    t = advance(s, P, Signals(desired="new", prefetch=(1, 3)), 601.0)
+    assert (t.state.phase, t.state.reason) == ("RollingBack", "PrefetchTimeout")
+    assert t.event is not None and t.event[0] == "Warning"
+    assert "images pulled on 1/3 nodes within prefetch.timeoutSeconds=600" in t.event[2]
+    back = advance(t.state, P, Signals(desired="new"), 602.0).state
+    assert (back.phase, back.stable, back.failed) == ("Stable", "old", ("new",))
+    assert "PrefetchTimeout" in progression.FAILURE_REASONS
+
+
+def test_a_pull_that_keeps_failing_rolls_back_at_once() -> None:
+    s = advance(STABLE, P, Signals(desired="new"), 0.0).state
+    why = "image registry.local/x@sha256:... cannot be pulled (ImagePullBackOff): not found"
+    t = advance(s, P, Signals(desired="new", canary_failure=why, prefetch=(0, 2)), 5.0)
+    assert (t.state.phase, t.state.reason) == ("RollingBack", "PrefetchFailed")
+    assert why in t.state.message
+
+
+def test_no_prefetch_policy_deploys_at_once_and_a_superseding_bundle_is_prefetched_too() -> None:
+    plain = Policy(replicas=4, steps=(Step(25, 60),))
+    assert advance(STABLE, plain, Signals(desired="new"), 0.0).state.phase == "Deploying"
+    s = advance(STABLE, P, Signals(desired="new"), 0.0).state
+    t = advance(s, P, Signals(desired="newer"), 10.0)
+    assert (t.state.phase, t.state.canary, t.state.reason) == ("Prefetching", "newer", "Superseded")
+    aborted = advance(s, P, Signals(desired="new", command="abort"), 10.0).state
+    assert (aborted.phase, aborted.reason) == ("RollingBack", "Aborted")
+
+
+# --- plan(): the pre-pull Deployment ----------------------------------------------------------------
+
+
+def observed_of(obj: dict[str, Any], ready: int | None) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = "1"
+    if obj["kind"] == "Deployment":
+        n = obj["spec"]["replicas"]
+        out["status"] = {"replicas": n, "readyReplicas": n if ready is None else ready}
+    return out
+
+
+def reconcile(
+    obj: dict[str, Any], obs: Observed, now: str, ready: dict[str, int] | None = None
+) -> tuple[dict[str, Any], Observed, list]:
+    """One plan at `now`, applied; a Deployment reports `ready[name]` Ready pods (default: all)."""
+    for d in obs.deployments:
+        d["status"]["readyReplicas"] = (ready or {}).get(d["metadata"]["name"], d["spec"]["replicas"])
+    acts = plan(obj, obs, now)
+    deps = {d["metadata"]["name"]: d for d in obs.deployments}
+    svcs = {s["metadata"]["name"]: s for s in obs.services}
+    for a in acts:
+        if isinstance(a, Create):
+            kind = a.obj["kind"]
+            if kind in ("Deployment", "Service"):
+                (deps if kind == "Deployment" else svcs)[a.obj["metadata"]["name"]] = observed_of(a.obj, 0)
+        elif isinstance(a, Delete) and a.kind in ("Deployment", "Service"):
+            (deps if a.kind == "Deployment" else svcs).pop(a.name)
+        elif isinstance(a, Patch) and a.kind == "Deployment":
+            deps[a.name]["spec"].update(a.body["spec"])
+        elif isinstance(a, PatchStatus):
+            obj = {**obj, "status": a.status}
+    return obj, Observed(list(deps.values()), list(svcs.values()), obs.nodes), acts
+
+
+def at(minute: int, second: int = 0) -> str:
+    return f"2026-01-01T00:{minute:02d}:{second:02d}Z"
+
+
+def stable_oci() -> tuple[dict[str, Any], Observed]:
+    obj, obs, _ = reconcile(oci_md(), Observed(nodes=gpu_nodes(3)), at(0))
+    obj, obs, _ = reconcile(obj, obs, at(0, 10))
+    assert obj["status"]["phase"] == "Stable"
+    obj = copy.deepcopy(obj)
+    obj["spec"]["bundle"]["model"] |= {"uri": OCI2, "revision": "r2"}
+    obj["spec"]["rollout"] = {"prefetch": {"timeoutSeconds": 300}, "steps": [{"weight": 50}]}
+    obj["metadata"]["generation"] = 2
+    return obj, obs
+
+
+def test_new_oci_bundle_is_pulled_onto_every_node_the_canary_may_use_then_deployed() -> None:
+    obj, obs = stable_oci()
+    old = obj["status"]["stable"]["bundle"]
+    obj, obs, acts = reconcile(obj, obs, at(1))
+    st = obj["status"]
+    new = st["canary"]["bundle"]
+    assert st["phase"] == "Prefetching" and new != old
+    assert (st["rollout"]["prefetchNodes"], st["rollout"]["prefetchedNodes"]) == (3, 0)
+    progressing = next(c for c in st["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "Prefetching" and "pulled on 0/3 nodes" in progressing["message"]
+    serving = {d["metadata"]["labels"].get(BUNDLE_LABEL) for d in obs.deployments} - {None}
+    assert serving == {old}  # no canary Deployment yet
+    [pull] = [d for d in obs.deployments if prefetch.PREFETCH_LABEL in d["metadata"]["labels"]]
+    assert pull["metadata"]["name"] == prefetch.name_of("chat", new) and pull["spec"]["replicas"] == 3
+    pod = pull["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "model", "image": {"reference": OCI2.removeprefix("oci://"), "pullPolicy": "IfNotPresent"}}
+    ]
+    [c] = pod["containers"]
+    assert c["image"] == obj["spec"]["bundle"]["engine"]["image"] and "resources" in c
+    assert "nvidia.com/gpu" not in c["resources"]["requests"]  # a node with busy GPUs still pulls
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}  # where the canary may run
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["topologyKey"] == "kubernetes.io/hostname"  # one pod per node
+    assert _restricted_violations(pod) == []
+    labels = pull["spec"]["template"]["metadata"]["labels"]
+    assert BUNDLE_LABEL not in labels and labels["app.kubernetes.io/name"] != "modeldeploy-serve"
+    for svc in obs.services:  # no Service selects a pre-pull pod
+        assert not set(svc["spec"]["selector"].items()) <= set(labels.items())
+    assert any(isinstance(a, Event) and a.reason == "NewBundle" for a in acts)
+
+    # two of three nodes done: still Prefetching, status says so; an idempotent pass writes no object
+    obj, obs, acts = reconcile(obj, obs, at(1, 30), ready={pull["metadata"]["name"]: 2})
+    assert obj["status"]["phase"] == "Prefetching" and obj["status"]["rollout"]["prefetchedNodes"] == 2
+    assert not [a for a in acts if isinstance(a, Create | Patch | Delete)]
+
+    obj, obs, acts = reconcile(obj, obs, at(2))
+    st = obj["status"]
+    assert (st["phase"], st["rollout"]["reason"]) == ("Deploying", "Prefetched")
+    assert "prefetchNodes" not in st["rollout"]
+    assert st["rollout"]["phaseSince"] == at(2)  # loadTimeoutSeconds starts now
+    assert any(isinstance(a, Create) and a.obj["metadata"]["labels"].get(BUNDLE_LABEL) == new for a in acts)
+    assert any(isinstance(a, Delete) and a.name == pull["metadata"]["name"] for a in acts)
+    assert {d["metadata"]["labels"].get(BUNDLE_LABEL) for d in obs.deployments} == {old, new}
+
+
+def test_prefetch_timeout_through_plan_deletes_the_pull_and_leaves_the_object_degraded() -> None:
+    obj, obs = stable_oci()
+    obj, obs, _ = reconcile(obj, obs, at(1))
+    name = next(
+        d["metadata"]["name"] for d in obs.deployments if prefetch.PREFETCH_LABEL in d["metadata"]["labels"]
+    )
+    obj, obs, _ = reconcile(obj, obs, at(6), ready={name: 1})  # 300 s since 1:00: not over yet
+    assert obj["status"]["phase"] == "Prefetching"
+    obj, obs, acts = reconcile(obj, obs, at(6, 2), ready={name: 1})
+    assert obj["status"]["phase"] == "RollingBack" and obj["status"]["rollout"]["reason"] == "PrefetchTimeout"
+    assert any(isinstance(a, Delete) and a.name == name for a in acts)
+    obj, obs, _ = reconcile(obj, obs, at(6, 10))
+    st = obj["status"]
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (st["phase"], degraded["status"], degraded["reason"]) == ("Stable", "True", "PrefetchTimeout")
+    assert "1/3 nodes" in degraded["message"]
+    assert not [d for d in obs.deployments if prefetch.PREFETCH_LABEL in d["metadata"]["labels"]]
+
+
+def test_prefetch_pod_count_without_a_node_list_is_spec_replicas() -> None:
+    spec = ModelDeploymentSpec.model_validate(oci_md(replicas=3)["spec"])
+    assert prefetch.pods_wanted(spec, None) == 3
+    assert prefetch.pods_wanted(spec, gpu_nodes(5)) == 5
+    assert prefetch.pods_wanted(spec, gpu_nodes(2, product="NVIDIA-A100")) == 1  # none fit: Unschedulable
+
+
+def test_a_pre_pull_pod_that_cannot_pull_is_filed_apart_from_the_bundle() -> None:
+    pod = {
+        "metadata": {"uid": "u1", "labels": {prefetch.PREFETCH_LABEL: "abc"}},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "prefetch",
+                    "image": "registry.local/x",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}},
+                }
+            ],
+        },
+    }
+    _, errors = LoadProbe(8000).probe(("ns", "chat"), [pod])
+    assert errors == {
+        prefetch.error_key("abc"): "image registry.local/x cannot be pulled (ImagePullBackOff): not found"
+    }
+
+
+def test_prefetch_failure_through_plan_rolls_back_with_prefetch_failed() -> None:
+    obj, obs = stable_oci()
+    obj, obs, _ = reconcile(obj, obs, at(1))
+    new = obj["status"]["canary"]["bundle"]
+    view = Observed(
+        obs.deployments, obs.services, obs.nodes, load_errors={prefetch.error_key(new): "no such blob"}
+    )
+    acts = plan(obj, view, at(1, 20))
+    st = next(a.status for a in acts if isinstance(a, PatchStatus))
+    assert (st["phase"], st["rollout"]["reason"]) == ("RollingBack", "PrefetchFailed")
+    assert epoch(st["rollout"]["phaseSince"]) == epoch(at(1, 20))
