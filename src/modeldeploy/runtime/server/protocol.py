@@ -394,8 +394,8 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
     except UnicodeDecodeError as e:
         raise APIError(
             400,
-            f"request body: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}: {e.reason}); "
-            "JSON bodies must be UTF-8",
+            f"invalid JSON body: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}: {e.reason}) "
+            "- JSON bodies must be UTF-8",
             code="invalid_encoding",
         ) from None
     try:
