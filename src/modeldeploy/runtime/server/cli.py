@@ -30,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from modeldeploy.runtime.server.config import ServerConfig
+from modeldeploy.runtime.server.limits import add_limit_flags, limits_from_args
 
 log = logging.getLogger("modeldeploy.server")
 
@@ -112,6 +113,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_engine_flags(p)
+    add_limit_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument(
         "--port",
@@ -244,6 +246,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         engine_build=args.engine_build,
         model_revision=args.model_revision,
         engine_core=args.engine_core,
+        limits=limits_from_args(args),
     )
     cfg.validate()
     return cfg
