@@ -1,0 +1,142 @@
+"""oci:// models on the real node (issue 37): `modeldeploy model push` to the node's registry, an image
+volume in a restricted namespace, and a second bundle pre-pulled, canaried and promoted.
+
+The real node's kubelet is Kubernetes v1.36 (devtools/modeldeploy_dev/cluster/versions.env) with no
+feature-gate overrides in its KubeletConfiguration (realnode/config.py), so ImageVolume is on by
+default (beta, on by default since v1.35), and containerd v2.4 serves image volumes through the CRI.
+Pod Security `restricted` admits `volumes[].image` since v1.33. The registry is on loopback, so
+containerd pulls it over plain HTTP as it does the probe and runtime images.
+
+Uses test_real_node's fixtures (the cluster, a restricted namespace, the runtime image by digest, the
+helm-installed operator); with $KUBECONFIG naming a running `--real-node` cluster it reuses that one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from . import test_real_node as real
+from .test_real_node import md_ready, tiny_md
+
+# test_real_node's fixtures, used here as they are there (module scope: this module's own instances)
+rn, ns, images, operator_release = real.rn, real.ns, real.images, real.operator_release
+
+G, V, P = "serving.modeldeploy.dev", "v1alpha1", "modeldeployments"
+
+pytestmark = pytest.mark.e2e
+
+
+def push(model: Path, registry: str, repo: str) -> str:
+    """`modeldeploy model push -q`: the oci://...@sha256 URI it prints."""
+    out = subprocess.run(
+        [sys.executable, "-m", "modeldeploy", "model", "push", "-q", str(model), f"{registry}/{repo}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.strip()
+    assert out.startswith(f"oci://{registry}/{repo}@sha256:"), out
+    return out
+
+
+def oci_md(name: str, engine: str, uri: str, model_digest: str) -> dict:
+    doc = tiny_md(name, engine, model_digest)
+    b = doc["spec"]["bundle"]
+    b["model"] = {"uri": uri, "revision": uri[-12:], "digest": model_digest}
+    b["tokenizer"] = {"revision": uri[-12:], "digest": model_digest}
+    doc["spec"]["rollout"] = {
+        "steps": [{"weight": 50, "pauseSeconds": 0}],
+        "prefetch": {"timeoutSeconds": 300},
+    }
+    return doc
+
+
+def status(k, ns: str, name: str) -> dict:  # noqa: ANN001
+    return k.custom.get_namespaced_custom_object(G, V, ns, P, name).get("status") or {}
+
+
+def chat(base: str) -> httpx.Response:
+    model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+
+
+def test_oci_model_serves_from_an_image_volume_and_a_second_push_is_prefetched_canaried_promoted(
+    rn, ns, images, operator_release, tmp_path
+) -> None:
+    from modeldeploy.digest import dir_digest
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    c, k, _ = rn
+    registry = c.registry().host
+    first, second = make_tiny_model(tmp_path / "a", seed=0), make_tiny_model(tmp_path / "b", seed=1)
+    uri1, uri2 = push(first, registry, "models/tiny"), push(second, registry, "models/tiny")
+    assert uri1 != uri2
+    assert push(first, registry, "models/tiny") == uri1  # reproducible: the same directory, the same digest
+    runtime = images("runtime")
+
+    t0 = time.monotonic()
+    doc = oci_md("ocitiny", runtime, uri1, dir_digest(first))
+    k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+    k.wait(lambda: md_ready(k, ns, "ocitiny"), 600, "ModelDeployment ocitiny Ready")
+    print(f"[timing] apply (oci://, cold) -> Ready {time.monotonic() - t0:.1f}s")
+    pod = next(p for p in k.core.list_namespaced_pod(ns).items if p.metadata.name.startswith("ocitiny-"))
+    vol = next(v for v in pod.spec.volumes if v.name == "model")
+    assert vol.image.reference == uri1.removeprefix("oci://"), vol  # an image volume, in a restricted ns
+    svc = k.core.read_namespaced_service("ocitiny", ns)
+    base = f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
+    r = k.wait(lambda: _answer(base), 60, f"a chat completion through {base}")
+    assert r.json()["usage"]["completion_tokens"] > 0, r.text
+    stable = status(k, ns, "ocitiny")["stable"]["bundle"]
+
+    # a second push: Prefetching (one pre-pull pod on real-0), then the canary, the conformance gate
+    # (Verifying -> Canary), a manual promote, Stable on the new bundle
+    doc = oci_md("ocitiny", runtime, uri2, dir_digest(second))
+    t1 = time.monotonic()
+    k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+    seen: set[str] = set()
+
+    def in_canary() -> dict | None:
+        st = status(k, ns, "ocitiny")
+        seen.add(st.get("phase", ""))
+        if st.get("phase") == "Prefetching":
+            assert st["rollout"]["prefetchNodes"] == 1, st["rollout"]
+        assert st.get("phase") != "RollingBack" and st.get("rollout", {}).get("reason") not in (
+            "PrefetchTimeout",
+            "PrefetchFailed",
+            "ConformanceFailed",
+        ), st.get("rollout")
+        return st if st.get("phase") == "Canary" else None
+
+    k.wait(in_canary, 600, "the second bundle in its canary step", interval=0.2)
+    took = time.monotonic() - t1
+    print(f"[timing] apply (second push) -> canary step {took:.1f}s; phases seen {sorted(seen)}")
+    events = k.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout.split()
+    assert "Prefetched" in events and "NewBundle" in events, events
+    pulls = k.apps.list_namespaced_deployment(ns, label_selector="modeldeploy.dev/prefetch").items
+    assert not pulls, [d.metadata.name for d in pulls]  # the pre-pull Deployment goes once the canary is
+    k.kubectl("annotate", "-n", ns, "md", "ocitiny", "modeldeploy.dev/promote=true", "--overwrite")
+
+    def promoted() -> dict | None:
+        st = status(k, ns, "ocitiny")
+        return st if st.get("phase") == "Stable" and st["stable"]["bundle"] != stable else None
+
+    st = k.wait(promoted, 300, "the second bundle promoted")
+    assert not st.get("failedBundles"), st
+    r = k.wait(lambda: _answer(base), 60, "a chat completion from the promoted bundle")
+    assert r.status_code == 200, r.text
+
+
+def _answer(base: str) -> httpx.Response | None:
+    try:
+        r = chat(base)
+    except httpx.TransportError:
+        return None  # kube-proxy programs a new endpoint asynchronously
+    return r if r.status_code == 200 else None
