@@ -15,6 +15,7 @@ from modeldeploy.operator.api.v1alpha1.analysis import Analysis
 from modeldeploy.operator.api.v1alpha1.common import CountOrPercent, _cel
 
 MSG_STEPS = "rollout.steps weights must be strictly increasing"
+DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class RolloutStep(_Model):
@@ -40,7 +41,11 @@ class GatewayParentRef(_Model):
     """A Gateway (and listener) the HTTPRoute attaches to."""
 
     name: str = Field(max_length=253, description="Gateway name.")
-    namespace: str | None = Field(default=None, max_length=63, description="Gateway namespace.")
+    # a DNS label, as Gateway API's Namespace type says: the NetworkPolicy's namespace selector is built from
+    # it, and a value that is no label value failed every reconcile (bench/crd_fuzz.py found it)
+    namespace: str | None = Field(
+        default=None, max_length=63, pattern=DNS_LABEL_RE, description="Gateway namespace (a DNS label)."
+    )
     section_name: str | None = Field(default=None, max_length=253, description="Listener name.")
 
 

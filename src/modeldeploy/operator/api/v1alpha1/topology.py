@@ -5,12 +5,13 @@ Also the sizes the capacity fit check reads (weightsMemory, kvCachePerGpu) and /
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from modeldeploy.operator.api.v1alpha1._model import _Model
 from modeldeploy.operator.api.v1alpha1.common import ByteQuantity, Quantity, _cel, quantity_bytes
+from modeldeploy.operator.api.v1alpha1.network import LABEL_KEY_RE, LABEL_VALUE_RE, _check_key
 
 MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica"
 # Default /dev/shm per tensor-parallel rank: 1Gi at TP=1 (the value before TP, so those pods keep
@@ -19,16 +20,52 @@ MSG_TP = "topology.tensorParallel must divide topology.gpusPerReplica"
 SHM_PER_RANK_GI = 1
 
 
-class Toleration(_Model):
-    """A pod toleration (core/v1 Toleration subset)."""
+# core/v1 ValidateTolerations, which the API server applies to the Deployment the operator writes: a spec
+# that broke one of them was accepted here and then failed every reconcile (bench/crd_fuzz.py found it)
+MSG_TOLERATION_KEY = "tolerations: an empty key matches every taint and needs operator Exists"
+MSG_TOLERATION_VALUE = "tolerations: operator Exists takes no value"
+MSG_TOLERATION_SECONDS = "tolerations: tolerationSeconds applies only to effect NoExecute"
+_TOLERATION_RULES: list[Any] = [
+    {"rule": "self.operator == 'Exists' || (has(self.key) && self.key != '')", "message": MSG_TOLERATION_KEY},
+    {
+        "rule": "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        "message": MSG_TOLERATION_VALUE,
+    },
+    {
+        "rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        "message": MSG_TOLERATION_SECONDS,
+    },
+]
 
-    key: str | None = Field(default=None, max_length=317, description="Taint key.")
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration subset), held to the rules the API server checks on pods."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _TOLERATION_RULES})
+    key: str | None = Field(
+        default=None, max_length=317, pattern=f"^$|{LABEL_KEY_RE}", description="Taint key (a label key)."
+    )
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
-    value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
+    value: str | None = Field(
+        default=None, max_length=63, pattern=LABEL_VALUE_RE, description="Taint value (Equal; a label value)."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Effect."
     )
     toleration_seconds: int | None = Field(default=None, description="NoExecute grace.")
+
+    @model_validator(mode="after")
+    def _pod_rules(self) -> Toleration:
+        """The pydantic twin of _TOLERATION_RULES, and the prefix/name lengths of a non-empty key."""
+        if self.key:
+            _check_key(self.key)
+        if self.operator != "Exists" and not self.key:
+            raise ValueError(MSG_TOLERATION_KEY)
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"{MSG_TOLERATION_VALUE} (got {self.value!r})")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(f"{MSG_TOLERATION_SECONDS} (got effect {self.effect})")
+        return self
 
 
 def _gpu_toleration() -> list[Toleration]:
