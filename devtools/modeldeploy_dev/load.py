@@ -37,6 +37,7 @@ class Load:
         self.workers, self.max_requests, self.deadline = workers, max_requests, time.monotonic() + max_seconds
         self.results: list[tuple[float, str, int]] = []
         self.transport_errors: Counter[str] = Counter()  # exception class -> count (the 0s in results)
+        self.api_errors: Counter[str] = Counter()  # EndpointSlice reads that failed (API server down)
         self.endpoints: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -45,9 +46,14 @@ class Load:
     def _refresh(self) -> None:
         disc = client.DiscoveryV1Api(self.api)
         while not self._stop.is_set() and time.monotonic() < self.deadline:
-            slices = disc.list_namespaced_endpoint_slice(
-                self.ns, label_selector=f"kubernetes.io/service-name={self.service}"
-            )
+            try:
+                slices = disc.list_namespaced_endpoint_slice(
+                    self.ns, label_selector=f"kubernetes.io/service-name={self.service}", _request_timeout=5
+                )
+            except Exception as e:  # noqa: BLE001 - the API server down (a chaos run): keep the last list,
+                self.api_errors[type(e).__name__] += 1  # as kube-proxy keeps its rules
+                self._stop.wait(0.5)
+                continue
             self.endpoints = sorted(
                 a
                 for s in slices.items

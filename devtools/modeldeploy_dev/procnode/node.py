@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from modeldeploy.operator.rollout.progression import RFC3339
 from modeldeploy_dev.cluster.nodes import gpu_node
@@ -133,7 +134,7 @@ class ProcessNode:
                         self.name, {"status": {"conditions": self._conditions()}}, _content_type=SMP
                     )
                     last_status = time.monotonic()
-            except (ApiException, OSError) as e:
+            except (ApiException, TransportError, OSError) as e:  # API server down: a kubelet retries
                 log.warning("heartbeat failed: %s", e)
 
     # --- pods ------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class ProcessNode:
         while not self.shutdown.is_set():
             try:
                 self.sync()
-            except (ApiException, OSError) as e:
+            except (ApiException, TransportError, OSError) as e:  # API server down: keep the pods, retry
                 log.warning("sync failed: %s", e)
             self.shutdown.wait(0.5)
         self.stop()

@@ -21,6 +21,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from modeldeploy.operator.rollout.progression import RFC3339
 from modeldeploy_dev.procnode.net import Network
@@ -337,3 +338,5 @@ class PodWorker(threading.Thread):
         except ApiException as e:
             if e.status != 404:
                 log.warning("%s: status patch failed: %s", self.name, e.reason)
+        except (TransportError, OSError) as e:  # the API server down: the containers run on, retry later
+            log.warning("%s: status patch failed: %s", self.name, e)
