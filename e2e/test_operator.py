@@ -32,6 +32,7 @@ from modeldeploy_dev.rollout_scenario import (  # noqa: F401  (re-exported to th
     create,
     get_md,
     manifest,
+    tiny_model_pv,
 )
 
 from .conftest import E2ECluster
@@ -128,46 +129,12 @@ def test_api_server_applies_defaults_and_examples_validate(
     assert "pinned by digest" in explain
 
 
-def _pv_with_tiny_model(cluster: E2ECluster, ns: str, tmp: Path) -> str:
-    from modeldeploy.digest import dir_digest
-    from modeldeploy.runtime.tiny_model import make_tiny_model
-
-    model = make_tiny_model(tmp / "models" / "tiny-llama")
-    pv = f"{ns}-models"
-    cluster.core.create_persistent_volume(
-        {
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(tmp / "models"), "type": "Directory"},
-                "claimRef": {"namespace": ns, "name": "models"},
-            },
-        }
-    )
-    cluster.core.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": "models"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-    return dir_digest(model)
-
-
 def test_tiny_model_served_in_restricted_namespace(
     cluster: E2ECluster, namespace: str, operator: Operator, tmp_path: Path
 ) -> None:
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
-    digest = _pv_with_tiny_model(cluster, namespace, tmp_path)
+    digest = tiny_model_pv(cluster, namespace, tmp_path)
     try:
         spec = manifest("tiny")["spec"]
         spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest}
@@ -364,7 +331,7 @@ def test_wrong_model_digest_is_degraded_load_failed(
 ) -> None:
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
-    _pv_with_tiny_model(cluster, namespace, tmp_path)
+    tiny_model_pv(cluster, namespace, tmp_path)
     try:
         wrong = "sha256:" + "0" * 64
         spec = manifest("broken")["spec"]

@@ -9,7 +9,6 @@ and checks what the operator decided, with the figures it wrote to status and Ev
 
 from __future__ import annotations
 
-import copy
 import signal
 import time
 from collections import Counter
@@ -19,7 +18,15 @@ from typing import Any
 import pytest
 
 from modeldeploy_dev.load import Load
-from modeldeploy_dev.rollout_scenario import events, stable_and_ready, wait_md  # noqa: F401 (re-exported)
+from modeldeploy_dev.rollout_scenario import (  # noqa: F401 (re-exported)
+    ANALYSIS,
+    change_bundle,
+    events,
+    stable_and_ready,
+    tiny_model_pv,
+    tiny_spec,
+    wait_md,
+)
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)
@@ -27,7 +34,6 @@ from .test_operator import (  # noqa: F401  (fixtures)
     Operator,
     P,
     V,
-    _pv_with_tiny_model,
     condition,
     crd_installed,
     create,
@@ -36,16 +42,6 @@ from .test_operator import (  # noqa: F401  (fixtures)
     operator,
 )
 from .watch import Watch
-
-ANALYSIS = {
-    "intervalSeconds": 5,
-    "minSamples": 8,
-    "maxTtftP95Ratio": 3.0,
-    "maxInterTokenP95Ratio": 3.0,
-    "maxErrorRate": 0.05,
-    "minGoodputRatio": 0.5,
-    "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0},
-}
 
 
 def pod_ips(cluster: E2ECluster, ns: str, bundle: str) -> set[str]:
@@ -67,36 +63,12 @@ def serve_tiny(
     fields over the defaults), Ready and Stable; returns (object, stable bundle id)."""
     if cluster.process_node is None:
         pytest.skip("external $KUBECONFIG cluster: no process node")
-    digest = _pv_with_tiny_model(cluster, ns, tmp)
-    spec = manifest(name)["spec"]
-    spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest}
-    spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": digest}
-    spec["bundle"]["config"] = {
-        "maxNumSeqs": 8,
-        "maxQueue": 64,
-        "device": "cpu",
-        "servedModelName": "tiny-llama",
-    } | (config or {})
+    obj = tiny_spec(name, tiny_model_pv(cluster, ns, tmp), config, topology, **rollout)
     if adapters:
-        spec["bundle"]["adapters"] = adapters
-    spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
-    spec["topology"].update(topology or {})
-    spec["readiness"] = {"loadTimeoutSeconds": 180}
-    spec["rollout"] = {
-        "steps": [{"weight": 50, "pauseSeconds": 5}],
-        "analysis": ANALYSIS,
-        "progressDeadlineSeconds": 600,
-        "keepPrevious": {"replicas": 1, "seconds": 600},
-    } | rollout
-    create(cluster, ns, manifest(name, **spec))
+        obj["spec"]["bundle"]["adapters"] = adapters
+    create(cluster, ns, obj)
     md = wait_md(cluster, ns, name, stable_and_ready, 240, f"{name} Stable and Ready")
     return md, md["status"]["stable"]["bundle"]
-
-
-def change_bundle(cluster: E2ECluster, ns: str, name: str, edit) -> None:
-    spec = copy.deepcopy(get_md(cluster, ns, name)["spec"])
-    edit(spec["bundle"])
-    cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
 
 
 def wait_phase(

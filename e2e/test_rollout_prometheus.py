@@ -9,14 +9,12 @@ Prometheus, not the pods, and must still catch the slow canary and roll it back.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
-from modeldeploy.operator.rollout.children import PORT
 from modeldeploy_dev.load import Load
-from modeldeploy_dev.prometheus import PROMETHEUS, Prom, write_targets
+from modeldeploy_dev.prometheus import PROMETHEUS, PodTargets, Prom
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)
@@ -31,38 +29,6 @@ from .test_rollout import ANALYSIS, change_bundle, events, pod_ips, serve_tiny, 
 pytestmark = pytest.mark.skipif(
     not PROMETHEUS.exists(), reason=f"{PROMETHEUS} not built: run `make cluster-build`"
 )
-
-
-class PodTargets:
-    """Rewrites Prometheus' target file from the object's pods twice a second (bounded)."""
-
-    def __init__(self, cluster: E2ECluster, ns: str, name: str, path: Path) -> None:
-        self.cluster, self.ns, self.name, self.path = cluster, ns, name, path
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        write_targets(path, [], {"namespace": ns})
-
-    def _run(self) -> None:
-        for _ in range(2400):  # at most 20 minutes
-            if self._stop.is_set():
-                return
-            pods = self.cluster.core.list_namespaced_pod(
-                self.ns, label_selector=f"app.kubernetes.io/instance={self.name}"
-            )
-            write_targets(
-                self.path,
-                [f"{p.status.pod_ip}:{PORT}" for p in pods.items if p.status.pod_ip],
-                {"namespace": self.ns},
-            )
-            self._stop.wait(0.5)
-
-    def __enter__(self) -> PodTargets:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def test_slow_canary_caught_through_prometheus(

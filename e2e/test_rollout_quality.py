@@ -33,7 +33,7 @@ from modeldeploy_dev import model_variants
 from modeldeploy_dev.demo import EVAL_PICK
 from modeldeploy_dev.load import Load
 from modeldeploy_dev.real_model import MODEL_DIGEST, REVISION, cache_root, cached_real_model
-from modeldeploy_dev.rollout_scenario import stable_and_ready
+from modeldeploy_dev.rollout_scenario import models_pv, stable_and_ready
 
 from .conftest import E2ECluster
 from .test_operator import (  # noqa: F401  (fixtures)
@@ -74,32 +74,7 @@ def models_volume(cluster: E2ECluster, ns: str, tmp: Path) -> tuple[str, str, st
     vol.mkdir()
     for sub, target in (("real", real), ("rtn3", rtn3), ("nosys", nosys)):
         (vol / sub).symlink_to(target, target_is_directory=True)
-    pv = f"{ns}-models"
-    cluster.core.create_persistent_volume(
-        {
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "2Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(vol), "type": "Directory"},
-                "claimRef": {"namespace": ns, "name": "models"},
-            },
-        }
-    )
-    cluster.core.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": "models"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "2Gi"}},
-            },
-        },
-    )
+    models_pv(cluster, ns, vol, size="2Gi")
     return MODEL_DIGEST, dir_digest(rtn3), dir_digest(nosys)
 
 

@@ -11,12 +11,18 @@ import json
 import os
 import socket
 import subprocess
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
+from modeldeploy.operator.rollout.children import PORT
 from modeldeploy_dev.cluster.local import Binaries, cache_root, pinned_versions
 from modeldeploy_dev.wait import wait_until
+
+if TYPE_CHECKING:
+    from modeldeploy_dev.e2e_cluster import E2ECluster
 
 PROMETHEUS = Binaries(cache_root(), pinned_versions()).prometheus
 
@@ -107,3 +113,40 @@ class Prom:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+class PodTargets:
+    """Rewrites Prometheus' target file from the object's pods twice a second (bounded; what
+    kubernetes_sd would do, which this build lacks). API errors keep the last list."""
+
+    def __init__(self, cluster: E2ECluster, ns: str, name: str, path: Path) -> None:
+        self.cluster, self.ns, self.name, self.path = cluster, ns, name, path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        write_targets(path, [], {"namespace": ns})
+
+    def _run(self) -> None:
+        for _ in range(2400):  # at most 20 minutes
+            if self._stop.is_set():
+                return
+            try:
+                pods = self.cluster.core.list_namespaced_pod(
+                    self.ns, label_selector=f"app.kubernetes.io/instance={self.name}", _request_timeout=5
+                )
+            except Exception:  # noqa: BLE001 - the API server down (a chaos run): keep the targets
+                self._stop.wait(0.5)
+                continue
+            write_targets(
+                self.path,
+                [f"{p.status.pod_ip}:{PORT}" for p in pods.items if p.status.pod_ip],
+                {"namespace": self.ns},
+            )
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> PodTargets:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -3,6 +3,8 @@ benches that drive the same scenarios (bench/rollout_capacity.py).
 
 - manifest / create / get_md / condition / events / wait_md: one ModelDeployment through the API
   server, with a timed-out wait saying what it saw last;
+- models_pv / tiny_spec / change_bundle: the tiny (or real) model on the process node through a
+  `models` PVC, the spec the rollout e2e and the chaos bench serve it with, and a bundle edit;
 - gpu_pool / pool_spec / serve / change / ready_by_bundle / ReadyWatch: node pools of kwok nodes
   with exactly 8 GPUs, labelled and tainted for one namespace alone, so the fit check and the
   scheduler see exactly those GPUs; a 16 x 1 GPU ModelDeployment on them whose canary analysis
@@ -16,6 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -104,6 +107,96 @@ def wait_md(
         return cluster.wait(pred, timeout, what)
     except TimeoutError as e:
         raise TimeoutError(f"{e}; last seen: {brief(cluster, ns, last[0] if last else None)}") from e
+
+
+ANALYSIS: dict[str, Any] = {
+    "intervalSeconds": 5,
+    "minSamples": 8,
+    "maxTtftP95Ratio": 3.0,
+    "maxInterTokenP95Ratio": 3.0,
+    "maxErrorRate": 0.05,
+    "minGoodputRatio": 0.5,
+    "slo": {"ttftSeconds": 5.0, "interTokenSeconds": 1.0},
+}
+
+
+def models_pv(cluster: E2ECluster, ns: str, host_dir: Path, size: str = "1Gi") -> None:
+    """PV + PVC `models` in `ns`: `host_dir` (model directories, or symlinks to them) read-only, so
+    a bundle names a model as `pvc://models/<dir>`."""
+    pv = f"{ns}-models"
+    cluster.core.create_persistent_volume(
+        {
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": "models"},
+            },
+        }
+    )
+    cluster.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "models"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": size}},
+            },
+        },
+    )
+
+
+def tiny_model_pv(cluster: E2ECluster, ns: str, tmp: Path) -> str:
+    """The tiny random model written under tmp/models/tiny-llama behind the `models` PVC; returns
+    its digest."""
+    from modeldeploy.digest import dir_digest
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp / "models" / "tiny-llama")
+    models_pv(cluster, ns, tmp / "models")
+    return dir_digest(model)
+
+
+def tiny_spec(
+    name: str,
+    digest: str,
+    config: dict[str, Any] | None = None,
+    topology: dict[str, Any] | None = None,
+    **rollout: Any,
+) -> dict[str, Any]:
+    """A ModelDeployment serving the tiny model from the `models` PVC on the process node: one step
+    of 50 % with a 5 s pause, the analysis above; `config`, `topology` and `rollout` fields win."""
+    spec = manifest(name)["spec"]
+    spec["bundle"]["model"] = {"uri": "pvc://models/tiny-llama", "revision": "seed0", "digest": digest}
+    spec["bundle"]["tokenizer"] = {"revision": "seed0", "digest": digest}
+    spec["bundle"]["config"] = {
+        "maxNumSeqs": 8,
+        "maxQueue": 64,
+        "device": "cpu",
+        "servedModelName": "tiny-llama",
+    } | (config or {})
+    spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
+    spec["topology"].update(topology or {})
+    spec["readiness"] = {"loadTimeoutSeconds": 180}
+    spec["rollout"] = {
+        "steps": [{"weight": 50, "pauseSeconds": 5}],
+        "analysis": ANALYSIS,
+        "progressDeadlineSeconds": 600,
+        "keepPrevious": {"replicas": 1, "seconds": 600},
+    } | rollout
+    return manifest(name, **spec)
+
+
+def change_bundle(cluster: E2ECluster, ns: str, name: str, edit: Callable[[dict[str, Any]], Any]) -> None:
+    """Apply `edit` to a copy of spec.bundle and patch the object with it."""
+    spec = copy.deepcopy(get_md(cluster, ns, name)["spec"])
+    edit(spec["bundle"])
+    cluster.custom.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
 
 
 def stable_and_ready(m: dict[str, Any]) -> bool:
