@@ -92,6 +92,8 @@ FOUND = [
         "String should match pattern",
         "spec.topology.tolerations[0].key",
     ),
+    (("resources", "requests"), {"cpu": "abc"}, "non-negative Kubernetes", "spec.resources.requests"),
+    (("resources", "limits"), {"memory": "-1Gi"}, "non-negative Kubernetes", "spec.resources.limits"),
     (
         ("rollout", "trafficRouting"),
         {"gatewayAPI": {"parentRefs": [{"name": "gw", "namespace": "Not_A_Namespace"}]}},
@@ -105,6 +107,20 @@ FOUND = [
 def test_found_specs_refused_by_the_api_types(path: tuple, value: Any, needle: str, field: str) -> None:
     with pytest.raises(ValidationError) as e:
         ModelDeploymentSpec.model_validate(_with(path, value))
+    assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("resources", "needle"),
+    [
+        ({"requests": {"bad name": "1"}}, "resources: a name is"),
+        ({"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}}, "must not exceed limits.memory"),
+    ],
+)
+def test_resources_the_pod_would_refuse_are_invalid_specs(resources: dict, needle: str) -> None:
+    """Not in the CRD (names and requests <= limits are pydantic's): the operator reports InvalidSpec."""
+    with pytest.raises(ValidationError) as e:
+        ModelDeploymentSpec.model_validate(_with(("resources",), resources))
     assert needle in str(e.value)
 
 
@@ -166,12 +182,15 @@ def fuzzer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from modeldeploy_dev.control_plane import ControlPlane
 
     with ControlPlane() as cp:
+        procs = list(cp.procs.values())
         fz = fuzz.Fuzzer(str(cp.kubeconfig), tmp_path_factory.mktemp("op") / "operator.log", batch=50)
         fz.start()
         try:
             yield fz
         finally:
             fz.stop()
+    # no leftovers: etcd and the API server exited, their temp dir (data, certs, token) removed
+    assert all(p.poll() is not None for p in procs) and not cp.dir.exists()
 
 
 @NEEDS_BINS
