@@ -58,6 +58,7 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 FOUND = [
     (("bundle", "model", "uri"), "file://x", "file:// uri needs a path", "spec.bundle.model.uri"),
     (("bundle", "model", "uri"), "http://[", "http(s):// uri needs a host", "spec.bundle.model.uri"),
+    (("bundle", "model", "uri"), "file://x]/m", "file:// uri needs a path", "spec.bundle.model.uri"),
     (("bundle", "model", "uri"), "pvc://Bad_Claim/x", "pvc:// uri is", "spec.bundle.model.uri"),
     (("bundle", "model", "uri"), "pvc://claim/../etc", "'..' element", "spec.bundle.model.uri"),
     (("bundle", "model", "uri"), "file:///models/..", "'..' element", "spec.bundle.model.uri"),

@@ -75,11 +75,11 @@ def _oci_pinned(v: str) -> str:
 # accepted and then failing every reconcile): a PVC claim name that is a DNS subdomain, a file:// path (the
 # hostPath), no '..' element in a hostPath or PVC subPath, and an http(s) host that parses.
 PVC_URI_RE = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$"
-FILE_URI_RE = r"^file://[^/?#]*/"
+FILE_URI_RE = r"^file://[^/?#\[\]]*/"
 BACKSTEP_RE = r"^(pvc|file)://(.*/)?[.][.](/.*)?$"
 HTTP_URI_RE = r"^https?://([A-Za-z0-9.-]+|\[[0-9a-fA-F:.]+\])(:[0-9]{1,5})?([/?#].*)?$"
 MSG_PVC_URI = "a pvc:// uri is pvc://CLAIM[/SUBPATH], CLAIM a PersistentVolumeClaim name (a DNS subdomain)"
-MSG_FILE_URI = "a file:// uri needs a path: file:///HOST/PATH (the node directory mounted as a hostPath)"
+MSG_FILE_URI = "a file:// uri needs a path (and no brackets): file:///PATH, the node directory for a hostPath"
 MSG_BACKSTEP = "a pvc:// or file:// path must not contain a '..' element"
 MSG_HTTP_URI = "an http(s):// uri needs a host name or a bracketed IP address, then an optional port and path"
 _URI_RULES = (
@@ -100,7 +100,7 @@ def _uri_parts(v: str) -> str:
     try:
         urlparse(v)
     except ValueError as e:  # e.g. a bracketed host that is no IPv6 address
-        raise ValueError(f"{MSG_HTTP_URI} (got {v!r}: {e})") from None
+        raise ValueError(f"uri does not parse as a URL (got {v!r}: {e})") from None
     return v
 
 
