@@ -201,6 +201,7 @@ class FakeProm:
     def healthy(self, bundle: str, fast: int, slow: int, completed: int, error: int = 0) -> None:
         """One cohort's answers: `fast` observations under 0.1 s, `slow` up to 5 s (both histograms)."""
         n = fast + slow
+        self.fresh(bundle)
         self.vector(
             f'seconds_bucket{{bundle="{bundle}"',
             [({"le": "0.1"}, str(fast)), ({"le": "5.0"}, str(n)), ({"le": "+Inf"}, str(n))],
@@ -214,6 +215,10 @@ class FakeProm:
                 ({"outcome": "cancelled"}, "0"),
             ],
         )
+
+    def fresh(self, bundle: str, at: float = 1700000000.0) -> None:
+        """The cohort's newest sample is at `at` (the instant the source then evaluates at)."""
+        self.vector(f'timestamp(modeldeploy_requests_total{{bundle="{bundle}"', [({}, str(at))])
 
     @staticmethod
     def body(result: list[dict]) -> bytes:
@@ -246,8 +251,10 @@ def test_answers_become_cohort_samples_and_the_same_verdicts(prom: FakeProm) -> 
     assert result.verdict == "Fail" and result.step == 1 and by["ttft_p95_seconds"].verdict == "Fail"
     assert by["error_rate"].canary == pytest.approx(0.01) and by["error_rate"].samples == 100
     # the queries went out at one instant, with the window and a server-side timeout
-    assert {p["time"][0] for p in prom.seen} == {"1700000000.000"} and len(prom.seen) == 6
-    assert all(p["timeout"] == ["5s"] and "offset 30s" in p["query"][0] for p in prom.seen)
+    assert {p["time"][0] for p in prom.seen} == {"1700000000.000"} and len(prom.seen) == 8
+    fresh = [p for p in prom.seen if p["query"][0].startswith("max(timestamp(")]
+    assert len(fresh) == 2  # one freshness query per cohort, then six at the instant it gave
+    assert all(p["timeout"] == ["5s"] and "offset 30s" in p["query"][0] for p in prom.seen if p not in fresh)
 
     src = PrometheusSource(address=prom.address)
     (stable,) = promql.cohort_samples(src, "ns", ("stable",), "30s", 1700000000.0)
@@ -362,7 +369,7 @@ def test_canary_analysis_picks_the_source_from_spec(prom: FakeProm, caplog: pyte
         step=0,
         time="t",
     )
-    assert result.verdict == "Pass" and problem == "" and len(prom.seen) == 6
+    assert result.verdict == "Pass" and problem == "" and len(prom.seen) == 8  # 2 freshness + 6
     prom.vector('requests_total{bundle="canary"', [])
     result, problem = analyze_interval(
         source_for(cfg, Baselines()),
@@ -449,6 +456,9 @@ def _series() -> dict[str, list[tuple[dict[str, str], float]]]:
 def _evaluate(series: dict[str, list[tuple[dict[str, str], float]]], q: str) -> tuple[int, bytes]:
     """The default queries' shape, `sum by (G) (...)` over one selector used throughout: sum the
     series whose labels include every matcher, by G (the increases are given, so the window is too)."""
+    if q.startswith("max(timestamp("):  # the freshness query: every series was scraped just now
+        assert len(set(_selectors(q))) == 1, q
+        return 200, FakeProm.body([{"metric": {}, "value": [1700000000.0, "1700000000.0"]}])
     group = re.match(r"sum by \((\w+)\) ", q)
     selectors = set(_selectors(q))
     assert group and len(selectors) == 1, q  # one series set, as the unit test above shows
@@ -489,4 +499,27 @@ def test_with_the_adapter_selector_the_figures_are_that_adapters_alone(prom: Fak
     by = {m.metric: m for m in only_b.metrics}
     assert problem == "" and only_b.verdict == "Fail" and by["ttft_p95_seconds"].verdict == "Fail"
     assert by["ttft_p95_seconds"].samples == 20
-    assert all('adapter="tenant-b"' in p["query"][0] for p in prom.seen[-6:])
+    assert all('adapter="tenant-b"' in p["query"][0] for p in prom.seen[-8:])  # freshness queries too
+
+
+def test_queries_run_at_the_newest_scraped_instant_and_a_stale_prometheus_is_inconclusive(
+    prom: FakeProm,
+) -> None:
+    """After a Prometheus outage its newest samples are old: the queries must run at that instant (a
+    window Prometheus really holds), never at `now` through the lookback; a newest sample from before
+    the step began is Inconclusive at once (bench/chaos.py's metrics-hold case)."""
+    now = 1700000000.0
+    prom.healthy("stable", 20, 0, 20)
+    prom.healthy("canary", 20, 0, 20)
+    prom.fresh("canary", at=now - 40)  # the canary's newest sample is 40 s old
+    result, problem = prometheus_analysis(
+        _cfg(prom.address), "ns", "stable", "canary", since=now - 60, now=now
+    )
+    assert problem == "" and result.verdict == "Pass"
+    main = [p for p in prom.seen if not p["query"][0].startswith("max(timestamp(")]
+    assert {p["time"][0] for p in main} == {f"{now - 40:.3f}"}  # the older of the two newest samples
+    assert all("offset 20s" in p["query"][0] for p in main)  # the window ends there: 60 - 40 s
+    result, problem = prometheus_analysis(
+        _cfg(prom.address), "ns", "stable", "canary", since=now - 30, now=now
+    )
+    assert result.verdict == "Inconclusive" and "40s old, from before the step began" in problem

@@ -19,7 +19,16 @@ the window (new pod), or whose counter went down (restarted process), counts fro
 
 Window: `prometheus.window` when set, else the time since the current step began (status
 rollout.phaseSince), at least 1 s and at most MAX_WINDOW_S; the interval when that is unknown.
-Both cohorts are evaluated at one instant. Anything that keeps a figure from being read
+Both cohorts are evaluated at one instant: the newest one at which each cohort has a scraped
+sample (`max(timestamp(requests))` per cohort, the older of the two), never later than now. Right
+after a Prometheus outage (frozen, restarted, partitioned from the pods) its newest samples are
+from before it, and an instant query at `now` would read them through the 5-minute lookback while
+`offset {window}` lands on fresh ground: a window that is really seconds long, judged as if it held
+the whole step (bench/chaos.py caught a canary failed on the conformance gate's own 4xx that way).
+Evaluated at the sample's own time the window is what Prometheus really holds, so too few samples
+are Inconclusive and the step holds; a newest sample older than the step is Inconclusive at once.
+
+Anything that keeps a figure from being read
 (unreachable, HTTP error, `status: error`, a non-vector or empty result, a malformed series)
 makes the interval Inconclusive with a message naming the address and the query: the step
 holds, nothing raises into the reconcile and nothing passes silently.
@@ -58,6 +67,9 @@ def _since(series: str) -> str:
     return f"({s} - {s} offset {{window}}) >= 0 or {s}"
 
 
+# The newest scraped sample of one cohort (seconds since the epoch): the instant the queries use.
+FRESHNESS = "max(timestamp(" + REQUESTS + '{bundle="{bundle}",{selector}}))'
+
 DEFAULT_QUERIES: Mapping[str, str] = MappingProxyType(
     {
         "ttft_buckets": f"sum by (le) ({_since(TTFT + '_bucket')})",
@@ -85,11 +97,27 @@ def window(src: PrometheusSource, since: float | None, now: float, interval_s: i
     return f"{min(max(seconds, 1), MAX_WINDOW_S)}s"
 
 
-def queries(src: PrometheusSource, bundle: str, namespace: str, window_: str) -> dict[str, str]:
-    """The three rendered queries of one cohort: ttft_buckets, itl_buckets, outcomes."""
+def _values(src: PrometheusSource, bundle: str, namespace: str, window_: str) -> dict[str, str]:
     values = {"bundle": _quote(bundle), "namespace": _quote(namespace), "window": window_}
     values["selector"] = render(src.selector, **values)
+    return values
+
+
+def queries(src: PrometheusSource, bundle: str, namespace: str, window_: str) -> dict[str, str]:
+    """The three rendered queries of one cohort: ttft_buckets, itl_buckets, outcomes."""
+    values = _values(src, bundle, namespace, window_)
     return {k: render(getattr(src.queries, k) or default, **values) for k, default in DEFAULT_QUERIES.items()}
+
+
+def freshest(src: PrometheusSource, namespace: str, bundles: tuple[str, ...], now: float) -> float:
+    """The instant to evaluate at: the oldest of the cohorts' newest samples, at most `now` (see the
+    module docstring); QueryError when a cohort has none."""
+    newest = []
+    with httpx.Client(timeout=TIMEOUT_S) as http:
+        for b in bundles:
+            q = render(FRESHNESS, **_values(src, b, namespace, "1s"))
+            newest.append(max(v for _, v in query(http, src.address, q, now)))
+    return min(now, *newest)
 
 
 def _quote(v: str) -> str:
@@ -196,9 +224,16 @@ class Prometheus:
 
     def read(self, cohorts: AnalysisWindow) -> tuple[CohortSample, CohortSample, str]:
         now = self.clock()
-        span = window(self.src, cohorts.since, now, self.interval_s)
+        bundles = (cohorts.stable, cohorts.canary)
         try:
-            s, c = cohort_samples(self.src, cohorts.namespace, (cohorts.stable, cohorts.canary), span, now)
+            at = freshest(self.src, cohorts.namespace, bundles, now)
+            if cohorts.since is not None and at <= cohorts.since:
+                raise QueryError(
+                    f"Prometheus {self.src.address}: newest sample of a cohort is {now - at:.0f}s old, "
+                    "from before the step began (scrapes stopped?)"
+                )
+            span = window(self.src, cohorts.since, at, self.interval_s)
+            s, c = cohort_samples(self.src, cohorts.namespace, bundles, span, at)
         except QueryError as e:
             log.warning("canary analysis Inconclusive for %s/%s: %s", cohorts.namespace, cohorts.canary, e)
             return CohortSample(), CohortSample(), str(e)
