@@ -120,10 +120,10 @@ def test_default_queries_are_exact_window_differences() -> None:
     src = PrometheusSource(address="http://p:9090")
     q = promql.queries(src, "bundle-abc", "team-a", "42s")
     s = 'modeldeploy_time_to_first_token_seconds_bucket{bundle="bundle-abc",namespace="team-a"}'
-    assert q["ttft_buckets"] == f"sum by (le) (({s} - {s} offset 42s) >= 0 or {s})"
-    assert q["itl_buckets"].startswith("sum by (le) ((modeldeploy_inter_token_latency_seconds_bucket{")
+    assert q["ttft_buckets"] == f"sum by (le) ({s} - min_over_time({s}[42s]))"
+    assert q["itl_buckets"].startswith("sum by (le) (modeldeploy_inter_token_latency_seconds_bucket{")
     assert q["outcomes"].startswith(
-        'sum by (outcome) ((modeldeploy_requests_total{bundle="bundle-abc",namespace='
+        'sum by (outcome) (modeldeploy_requests_total{bundle="bundle-abc",namespace='
     )
     assert all(
         "{" + p + "}" not in v for v in q.values() for p in ("bundle", "namespace", "selector", "window")
@@ -147,7 +147,7 @@ def test_selector_and_overrides_are_rendered_per_cohort() -> None:
         promql.queries(PrometheusSource(address="http://p", selector=""), "b", "n", "1s")["outcomes"].count(
             'modeldeploy_requests_total{bundle="b",}'
         )
-        == 3
+        == 2
     )
 
 
@@ -254,7 +254,7 @@ def test_answers_become_cohort_samples_and_the_same_verdicts(prom: FakeProm) -> 
     assert {p["time"][0] for p in prom.seen} == {"1700000000.000"} and len(prom.seen) == 8
     fresh = [p for p in prom.seen if p["query"][0].startswith("max(timestamp(")]
     assert len(fresh) == 2  # one freshness query per cohort, then six at the instant it gave
-    assert all(p["timeout"] == ["5s"] and "offset 30s" in p["query"][0] for p in prom.seen if p not in fresh)
+    assert all(p["timeout"] == ["5s"] and "[30s]" in p["query"][0] for p in prom.seen if p not in fresh)
 
     src = PrometheusSource(address=prom.address)
     (stable,) = promql.cohort_samples(src, "ns", ("stable",), "30s", 1700000000.0)
@@ -410,7 +410,7 @@ def _selectors(promql_text: str) -> list[tuple[str, frozenset[tuple[str, str]]]]
 
 
 def test_adapter_selector_scopes_every_series_of_every_query() -> None:
-    """Each default query names its series three times ((S - S offset w) >= 0 or S): all three carry
+    """Each default query names its series twice (S - min_over_time(S[w])): both carry
     the adapter matcher, so no part of the figure can come from the base or another adapter."""
     src = PrometheusSource(address="http://p", selector=ADAPTER_SELECTOR)
     for bundle in ("bundle-stable", "bundle-canary"):
@@ -418,7 +418,7 @@ def test_adapter_selector_scopes_every_series_of_every_query() -> None:
         assert set(qs) == {"ttft_buckets", "itl_buckets", "outcomes"}
         for key, text in qs.items():
             found = _selectors(text)
-            assert len(found) == 3 == text.count("{"), (key, text)
+            assert len(found) == 2 == text.count("{"), (key, text)
             want = {("bundle", bundle), ("namespace", "team-a"), ("adapter", "tenant-b")}
             assert all(m == want for _, m in found), (key, text)
     unscoped = promql.queries(PrometheusSource(address="http://p"), "b", "team-a", "60s")
@@ -518,7 +518,7 @@ def test_queries_run_at_the_newest_scraped_instant_and_a_stale_prometheus_is_inc
     assert problem == "" and result.verdict == "Pass"
     main = [p for p in prom.seen if not p["query"][0].startswith("max(timestamp(")]
     assert {p["time"][0] for p in main} == {f"{now - 40:.3f}"}  # the older of the two newest samples
-    assert all("offset 20s" in p["query"][0] for p in main)  # the window ends there: 60 - 40 s
+    assert all("[20s]" in p["query"][0] for p in main)  # the window ends there: 60 - 40 s
     result, problem = prometheus_analysis(
         _cfg(prom.address), "ns", "stable", "canary", since=now - 30, now=now
     )

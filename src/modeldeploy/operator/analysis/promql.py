@@ -9,22 +9,25 @@ rendered selector) and `{window}` (a PromQL duration); PromQL's own braces are l
 defaults work on any Prometheus 2.x/3.x scraping the runtime pods (every series has `bundle`)
 and give exact integer increases, like the pod scrape:
 
-    sum by (le) ((S - S offset {window}) >= 0 or S)
+    sum by (le) (S - min_over_time(S[{window}]))
     S = modeldeploy_time_to_first_token_seconds_bucket{bundle="{bundle}",{selector}}
 
-is "now minus the last sample at the window start" per series; a series that started inside
-the window (new pod), or whose counter went down (restarted process), counts from zero.
-`increase()` would extrapolate to the range edges and give fractions. On Prometheus >= 3.7
-`increase(S[{window}] anchored)` is the built-in equivalent, usable as an override.
+is "now minus the first sample scraped inside the window" per series (a counter's minimum over
+the range is its first sample there). The baseline is a scrape taken after the step began, as the
+pod scrape's baseline is read when the step begins: `S offset {window}` would take the last scrape
+before it, up to one scrape interval early, and the conformance gate's deliberate 4xx answered in
+that gap would count against the canary (bench/chaos.py). A series that started inside the window
+counts from its first scrape; after a counter reset (a restarted process) only the increase since
+the reset counts: both undercount, never invent, requests. `increase()` would extrapolate to the
+range edges and give fractions.
 
 Window: `prometheus.window` when set, else the time since the current step began (status
 rollout.phaseSince), at least 1 s and at most MAX_WINDOW_S; the interval when that is unknown.
 Both cohorts are evaluated at one instant: the newest one at which each cohort has a scraped
 sample (`max(timestamp(requests))` per cohort, the older of the two), never later than now. Right
 after a Prometheus outage (frozen, restarted, partitioned from the pods) its newest samples are
-from before it, and an instant query at `now` would read them through the 5-minute lookback while
-`offset {window}` lands on fresh ground: a window that is really seconds long, judged as if it held
-the whole step (bench/chaos.py caught a canary failed on the conformance gate's own 4xx that way).
+from before it, and an instant query at `now` would read them through the 5-minute lookback: a
+window that is really seconds long, judged as if it held the whole step.
 Evaluated at the sample's own time the window is what Prometheus really holds, so too few samples
 are Inconclusive and the step holds; a newest sample older than the step is Inconclusive at once.
 
@@ -64,7 +67,7 @@ MAX_WINDOW_S = 3600  # the default window never reaches further back than this
 
 def _since(series: str) -> str:
     s = series + '{bundle="{bundle}",{selector}}'
-    return f"({s} - {s} offset {{window}}) >= 0 or {s}"
+    return f"{s} - min_over_time({s}[{{window}}])"
 
 
 # The newest scraped sample of one cohort (seconds since the epoch): the instant the queries use.
