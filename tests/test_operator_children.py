@@ -262,7 +262,7 @@ def test_file_uri_uses_hostpath_which_restricted_rejects() -> None:
 def test_api_key_comes_from_secret_env_not_args() -> None:
     bundle = md()["spec"]["bundle"]
     bundle["config"]["apiKeySecretRef"] = {"name": "chat-key", "key": "token"}
-    _, dep = build(bundle=bundle)
+    _, dep = build(bundle=bundle, rollout={"conformanceGate": False})
     c = dep["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in c["env"]}
     assert env["MODELDEPLOY_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "chat-key", "key": "token"}
@@ -473,3 +473,17 @@ def test_bad_hf_overrides_are_refused_naming_the_field(overrides: dict, message:
     with pytest.raises(ValidationError, match=message) as e:
         ModelDeploymentSpec.model_validate(obj["spec"])
     assert "hf_overrides" in str(e.value) or "hfOverrides" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "rollout", [{}, {"conformanceGate": True}, {"conformanceGate": False, "analysis": {"quality": {}}}]
+)
+def test_an_api_key_with_the_operators_gates_is_refused_naming_the_gap(rollout: dict) -> None:
+    """The gates call the canary's /v1 API and the operator never reads the key: until they have a
+    credential of their own, a keyed bundle with a gate would fail every rollout, so it is refused."""
+    from pydantic import ValidationError
+
+    obj = md(rollout=rollout)
+    obj["spec"]["bundle"]["config"]["apiKeySecretRef"] = {"name": "chat-key", "key": "token"}
+    with pytest.raises(ValidationError, match="apiKeySecretRef cannot be combined with the operator's gates"):
+        ModelDeploymentSpec.model_validate(obj["spec"])
