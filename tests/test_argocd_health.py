@@ -96,7 +96,9 @@ def test_stale_observed_generation_is_progressing_even_if_ready(observed) -> Non
     )
 
 
-@pytest.mark.parametrize("phase", ["Prefetching", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"])
+@pytest.mark.parametrize(
+    "phase", ["Prefetching", "Deploying", "Verifying", "Canary", "Promoting", "RollingBack"]
+)
 def test_rollout_phases_are_progressing(phase) -> None:
     status, msg = health(
         md(
