@@ -1,0 +1,405 @@
+"""Chaos during a canary (issue 39): the control plane, the metrics backend and a stable pod fail
+in the middle of a rollout's analysis, and the rollout must still end as its policy says.
+
+  .venv/bin/python bench/chaos.py [--cases apiserver,etcd,metrics-hold,metrics-rollback,stable-pod]
+      [--out bench/results/chaos.json]
+
+Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
+taken down again then). Each case, in a fresh Pod-Security-restricted namespace with its own
+`modeldeploy operator` process: the tiny model on the process node (2 stable replicas), a bounded
+closed-loop load on the Service's endpoints (modeldeploy_dev.load), a harmless bundle change
+(maxNumSeqs 8 -> 6) whose one step (50 %) pauses long enough for the fault to land while the
+canary is being analysed, then:
+
+- apiserver: kube-apiserver SIGKILLed, down 10 s, restarted (`kwokctl start cluster`): promoted.
+- etcd: etcd SIGKILLed, down 10 s, restarted: promoted.
+- metrics-hold: the analysis reads a real Prometheus, which is frozen (SIGSTOP: connections hang)
+  for 30 s; onInconclusive Hold: the step holds on Inconclusive, then the metrics come back and it
+  is promoted.
+- metrics-rollback: the same with Prometheus frozen until the decision; onInconclusive Rollback:
+  rolled back with reason AnalysisInconclusive.
+- stable-pod: one of the two stable pods' serving process SIGKILLed (an OOM kill); the node
+  restarts it; the canary must not be blamed: promoted.
+
+Each case passes when: the final phase and decision are the policy's; each decision Event is
+posted once; no stable request failed (stable-pod: none on the stable pod that was not killed; the
+killed pod's own in-flight and refused requests are counted apart). Prints a markdown timeline
+(seconds from the bundle change) and exits non-zero if a case failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from modeldeploy_dev import faults
+from modeldeploy_dev.cluster.local import LocalCluster
+from modeldeploy_dev.crd_install import apply_crd
+from modeldeploy_dev.e2e_cluster import E2ECluster
+from modeldeploy_dev.load import Load
+from modeldeploy_dev.operator_process import OperatorProcess
+from modeldeploy_dev.prometheus import PROMETHEUS, PodTargets, Prom
+from modeldeploy_dev.rollout_scenario import (
+    ANALYSIS,
+    change_bundle,
+    create,
+    events,
+    get_md,
+    stable_and_ready,
+    tiny_model_pv,
+    tiny_spec,
+    wait_md,
+)
+from modeldeploy_dev.wait import wait_until
+
+NAME = "chaos"
+CASES = ("apiserver", "etcd", "metrics-hold", "metrics-rollback", "stable-pod")
+# how a failed API call shows in the operator's log (urllib3 / kubernetes client / kopf wording)
+API_ERROR = re.compile(
+    r"Connection refused|NewConnectionError|MaxRetryError|Max retries|timed out|ReadTimeout|"
+    r"\((?:500|503|504)\)|ServiceUnavailable|etcdserver",
+)
+
+
+@dataclass
+class Outcome:
+    case: str
+    expected: str
+    timeline: dict[str, float] = field(default_factory=dict)  # seconds from the bundle change
+    phase: str = ""
+    decision: str = ""
+    reason: str = ""
+    decisions: dict[str, int] = field(default_factory=dict)
+    stable_failed: int = 0
+    killed_pod_failed: int = 0
+    requests: int = 0
+    notes: list[str] = field(default_factory=list)
+    passed: bool = False
+
+
+def namespace(cluster: E2ECluster, case: str) -> str:
+    """A restricted namespace, as the e2e tests use (modeldeploy.dev/e2e: swept by `cluster down`)."""
+    ns = f"chaos-{case}-{secrets.token_hex(3)}"
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+        "modeldeploy.dev/e2e": "true",
+    }
+    cluster.core.create_namespace({"metadata": {"name": ns, "labels": labels}})
+    wait_until(
+        lambda: (
+            cluster.core.list_namespaced_service_account(ns, field_selector="metadata.name=default").items
+        ),
+        60,
+        0.5,
+        f"default ServiceAccount in {ns}",
+    )
+    return ns
+
+
+class Clock:
+    """Seconds since the bundle change, recorded once per named moment."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, what: str, at: float | None = None) -> None:
+        self.marks.setdefault(what, round((at if at is not None else time.monotonic()) - self.t0, 1))
+
+
+def phase_is(*phases: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: m.get("status", {}).get("phase") in phases
+
+
+def log_lines(op: OperatorProcess) -> int:
+    return len(op.log.read_text(errors="replace").splitlines()) if op.log.exists() else 0
+
+
+def first_api_error(op: OperatorProcess, after_line: int) -> bool:
+    lines = op.log.read_text(errors="replace").splitlines()[after_line:] if op.log.exists() else []
+    return any(API_ERROR.search(line) for line in lines)
+
+
+def control_plane_fault(
+    cluster: E2ECluster, op: OperatorProcess, clock: Clock, sup: faults.Supervisor, component: str
+) -> None:
+    """SIGKILL `component`, keep it down 10 s (the operator's reconciles and the analysis fail
+    meanwhile), then let the supervisor start it again (and whatever exited meanwhile)."""
+    assert cluster.local is not None
+    before = log_lines(op)
+    sup.held.set()
+    clock.mark("fault", faults.kill_component(cluster.local, component))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if first_api_error(op, before):
+            clock.mark("detected")  # the operator logged a failed API call
+        time.sleep(0.2)
+    sup.held.clear()
+    wait_until(lambda: not faults.api_down(cluster), 180, 0.2, "the API server back")
+    clock.mark("recovered")
+    if first_api_error(op, before):
+        clock.mark("detected")
+
+
+def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor) -> Outcome:
+    metrics = case.startswith("metrics")
+    expected = "RolledBack" if case == "metrics-rollback" else "Promoted"
+    out = Outcome(case, expected)
+    ns = namespace(cluster, case)
+    op = OperatorProcess(cluster.kubeconfig, ns, work / f"operator-{case}.log")
+    op.start()
+    prom: Prom | None = None
+    targets: PodTargets | None = None
+    try:
+        analysis = dict(ANALYSIS)
+        if metrics:
+            targets = PodTargets(cluster, ns, NAME, work / f"targets-{case}.json").__enter__()
+            (work / case).mkdir(parents=True, exist_ok=True)
+            prom = Prom(work / case, {}, file_sd=targets.path)
+            prom.wait_ready()
+            analysis |= {
+                "prometheus": {"address": prom.url},
+                "onInconclusive": "Rollback" if case == "metrics-rollback" else "Hold",
+            }
+        obj = tiny_spec(
+            NAME,
+            tiny_model_pv(cluster, ns, work / case),
+            steps=[{"weight": 50, "pauseSeconds": 30}],
+            analysis=analysis,
+        )
+        obj["spec"]["replicas"] = 2
+        create(cluster, ns, obj)
+        md = wait_md(cluster, ns, NAME, stable_and_ready, 300, f"{NAME} Stable and Ready")
+        old = md["status"]["stable"]["bundle"]
+        stable_pods = pods_of(cluster, ns, old)
+        with Load(cluster.api, ns, NAME, workers=3, max_seconds=900) as load:
+            time.sleep(3)  # both cohorts' load established before the change
+            clock = Clock()
+            change_bundle(cluster, ns, NAME, lambda b: b["config"].update(maxNumSeqs=6))
+            wait_md(cluster, ns, NAME, phase_is("Canary"), 420, "the canary in its analysed step")
+            clock.mark("canary")
+            killed: str | None = None
+            if case in ("apiserver", "etcd"):
+                control_plane_fault(
+                    cluster, op, clock, sup, "kube-apiserver" if case == "apiserver" else "etcd"
+                )
+            elif metrics:
+                assert prom is not None
+                hold = 30.0 if case == "metrics-hold" else 400.0
+                with faults.Frozen(prom.proc.pid):
+                    clock.mark("fault")
+                    inconclusive_or_decided(cluster, ns, NAME, clock, hold)
+                clock.mark("recovered")
+            else:
+                now_stable = wait_until(  # the step scales stable down (Replace): wait until it has
+                    lambda: settled(cluster, ns, old), 120, 0.5, "the stable cohort at its step's size"
+                )
+                killed = sorted(now_stable)[0]
+                ip = now_stable[killed]
+                stable_pods |= now_stable
+                faults.kill_pod_process(cluster, ns, killed)
+                clock.mark("fault")
+                wait_until(lambda: restarted(cluster, ns, killed), 120, 0.2, f"{killed} restarted")
+                clock.mark("detected")  # the node saw the container die and restarted it
+                wait_until(lambda: ready(cluster, ns, killed), 180, 0.5, f"{killed} Ready again")
+                clock.mark("recovered")
+                gone = "" if _pod(cluster, ns, killed) else " (retired by the promotion before Ready again)"
+                out.notes.append(f"killed stable pod {killed} ({ip}){gone}")
+            done = wait_md(cluster, ns, NAME, phase_is("Stable"), 600, "the rollout decided")
+            clock.mark("decided")
+        out.notes.append(f"work dir (operator log, Prometheus data): {work}")
+        judge(out, cluster, ns, done, old, stable_pods, killed, load)
+        out.timeline = clock.marks
+        out.notes += [
+            f"supervisor restarted {', '.join(cs)} at {t - clock.t0:.1f} s"
+            for t, cs in sup.restarts
+            if t > clock.t0
+        ]
+        return out
+    finally:
+        op.stop()
+        if prom is not None:
+            prom.stop()
+        if targets is not None:
+            targets.__exit__()
+        cluster.kubectl("delete", "ns", ns, "--wait=false", check=False, timeout=60)
+        cluster.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False, timeout=60)
+
+
+def judge(
+    out: Outcome,
+    cluster: E2ECluster,
+    ns: str,
+    done: dict[str, Any],
+    old: str,
+    stable_pods: dict[str, str],
+    killed: str | None,
+    load: Load,
+) -> None:
+    """The case's verdict: the policy's decision, each decision posted once, no failed stable request
+    (the killed pod's own failures counted apart)."""
+    st = done["status"]
+    la = st.get("lastAnalysis") or {}
+    out.notes.append(
+        f"last analysis {la.get('verdict')}: "
+        + "; ".join(
+            f"{m.get('metric')} {m.get('verdict')} (canary {m.get('canary')}, stable {m.get('stable')}, "
+            f"samples {m.get('samples')})"
+            for m in la.get("metrics") or []
+        )
+    )
+    out.phase = st["phase"]
+    promoted = st["stable"]["bundle"] != old
+    out.decision = "Promoted" if promoted else ("RolledBack" if st.get("failedBundles") else "none")
+    out.reason = (st.get("rollout") or {}).get("reason", "")
+    reasons = Counter(r for r, _ in events(cluster, ns, NAME))
+    out.decisions = {r: reasons[r] for r in ("NewBundle", "CanaryReady", "ConformancePassed", out.decision)}
+    killed_ip = stable_pods.get(killed or "")
+    by_ip = load.by_ip()
+
+    def failed(ips: set[str]) -> int:
+        return sum(n for ip in ips for code, n in by_ip.get(ip, Counter()).items() if code != 200)
+
+    out.requests = sum(sum(c.values()) for c in by_ip.values())
+    out.stable_failed = failed(set(stable_pods.values()) - {killed_ip or ""})
+    out.killed_pod_failed = failed({killed_ip}) if killed_ip else 0
+    if load.api_errors:
+        out.notes.append(f"load's EndpointSlice reads failed {sum(load.api_errors.values())}x (API down)")
+    once = all(n == 1 for n in out.decisions.values())
+    out.passed = out.decision == out.expected and out.phase == "Stable" and once and out.stable_failed == 0
+    if out.case == "metrics-rollback":
+        out.passed = out.passed and out.reason == "AnalysisInconclusive"
+
+
+def inconclusive_or_decided(cluster: E2ECluster, ns: str, name: str, clock: Clock, hold: float) -> None:
+    """While the metrics are frozen: mark when the operator first says Inconclusive (an Analysis
+    Event, or the rollback naming it); return after `hold` seconds or once the rollout decided."""
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        st = get_md(cluster, ns, name).get("status", {})
+        msgs = [m for r, m in events(cluster, ns, name) if r in ("Analysis", "RolledBack")]
+        seen = (st.get("lastAnalysis") or {}).get("verdict") == "Inconclusive" or any(
+            "Inconclusive" in m for m in msgs
+        )
+        if seen:
+            clock.mark("detected")
+        if st.get("phase") == "Stable":
+            return
+        time.sleep(0.5)
+
+
+def pods_of(cluster: E2ECluster, ns: str, bundle: str) -> dict[str, str]:
+    """The bundle's running pods (not terminating: a step may be scaling stable down) by name -> IP."""
+    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"modeldeploy.dev/bundle={bundle}").items
+    return {
+        p.metadata.name: p.status.pod_ip
+        for p in pods
+        if p.status.pod_ip and p.metadata.deletion_timestamp is None and p.status.phase == "Running"
+    }
+
+
+def settled(cluster: E2ECluster, ns: str, bundle: str) -> dict[str, str] | None:
+    """The stable bundle's pods once their count is what status.stable.replicas asks."""
+    want = (get_md(cluster, ns, NAME).get("status", {}).get("stable") or {}).get("replicas")
+    pods = pods_of(cluster, ns, bundle)
+    return pods if want and len(pods) == want else None
+
+
+def _pod(cluster: E2ECluster, ns: str, pod: str) -> Any:
+    """The pod, or None once it is deleted (the rollout may promote and retire stable meanwhile)."""
+    try:
+        return cluster.core.read_namespaced_pod(pod, ns)
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def restarted(cluster: E2ECluster, ns: str, pod: str) -> bool:
+    p = _pod(cluster, ns, pod)
+    cs = (p.status.container_statuses or []) if p else []
+    return p is None or (bool(cs) and cs[0].restart_count > 0)
+
+
+def ready(cluster: E2ECluster, ns: str, pod: str) -> bool:
+    p = _pod(cluster, ns, pod)
+    return p is None or any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = [
+        "| case | fault | detected | recovered | decided | decision (reason) | decisions posted | "
+        "stable requests failed | final phase | pass |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        t = o.timeline
+        posted = ", ".join(f"{r} {n}" for r, n in o.decisions.items())
+        failed = f"{o.stable_failed} of {o.requests}"
+        if o.case == "stable-pod":
+            failed += f" (+{o.killed_pod_failed} on the killed pod)"
+        rows.append(
+            f"| {o.case} | {t.get('fault', '-')} | {t.get('detected', '-')} | {t.get('recovered', '-')} | "
+            f"{t.get('decided', '-')} | {o.decision} ({o.reason or '-'}) | {posted} | {failed} | {o.phase} | "
+            f"{'yes' if o.passed else 'NO'} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument("--out", type=Path, default=None, help="write every outcome as JSON here")
+    a = p.parse_args(argv)
+    cases = [c for c in a.cases.split(",") if c]
+    if bad := sorted(set(cases) - set(CASES)):
+        p.error(f"--cases: unknown {', '.join(bad)} (known: {', '.join(CASES)})")
+    if any(c.startswith("metrics") for c in cases) and not PROMETHEUS.exists():
+        p.error(f"--cases: the metrics cases need {PROMETHEUS} (make cluster-build)")
+    local = LocalCluster.existing()
+    was_running = local.cluster_running() and local.procnode_pid() is not None
+    local.up()
+    cluster = E2ECluster(str(local.kubeconfig), local)
+    apply_crd(client.ApiextensionsV1Api(cluster.api))
+    outcomes: list[Outcome] = []
+    try:
+        with faults.Supervisor(cluster) as sup:
+            for case in cases:
+                t = time.monotonic()
+                try:
+                    o = run_case(cluster, case, Path(tempfile.mkdtemp(prefix=f"chaos-{case}-")), sup)
+                except Exception as e:  # noqa: BLE001 - a case that errs is a failed case, the rest still run
+                    ours = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
+                    o = Outcome(case, "?", notes=[f"{type(e).__name__} at chaos.py:{ours[-1:]}: {e}"[:600]])
+                    sup.held.clear()  # a case that died mid-fault: the next one needs the control plane
+                o.notes.append(f"case wall time {time.monotonic() - t:.0f} s")
+                print(f"[chaos] {case}: {'pass' if o.passed else 'FAIL'} {asdict(o)}", flush=True)
+                outcomes.append(o)
+    finally:
+        if not was_running:
+            local.down()
+    print(table(outcomes))
+    for o in outcomes:
+        for n in o.notes:
+            print(f"- {o.case}: {n}")
+    if a.out:
+        a.out.write_text(json.dumps([asdict(o) for o in outcomes], indent=1) + "\n")
+    return 0 if outcomes and all(o.passed for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
