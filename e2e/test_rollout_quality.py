@@ -74,7 +74,7 @@ def models_volume(cluster: E2ECluster, ns: str, tmp: Path) -> tuple[str, str, st
     vol.mkdir()
     for sub, target in (("real", real), ("rtn3", rtn3), ("nosys", nosys)):
         (vol / sub).symlink_to(target, target_is_directory=True)
-    models_pv(cluster, ns, vol, size="2Gi")
+    models_pv(cluster.core, ns, vol, size="2Gi")
     return MODEL_DIGEST, dir_digest(rtn3), dir_digest(nosys)
 
 

@@ -342,38 +342,15 @@ def model_volume(api: Any, ns: str, models_dir: Path) -> tuple[str, str]:
 
     from modeldeploy.digest import dir_digest
     from modeldeploy_dev.real_model import MODEL_DIGEST, cached_real_model
+    from modeldeploy_dev.rollout_scenario import models_pv
 
     models_dir.mkdir(parents=True, exist_ok=True)
     _link(models_dir / MODEL_DIR, cached_real_model())
     bad = requantized_model()
     _link(models_dir / BAD_MODEL_DIR, bad)
-    core, pv = client.CoreV1Api(api), f"{ns}-models"
+    core = client.CoreV1Api(api)
     remove_volume(api, ns, wait=True)  # a PV kept from an earlier run is bound to a claim that is gone
-    core.create_persistent_volume(
-        {
-            "metadata": {"name": pv, "labels": {DEMO_LABEL: "true"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(models_dir.resolve()), "type": "Directory"},
-                "claimRef": {"namespace": ns, "name": "models"},
-            },
-        }
-    )
-    core.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": "models"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    models_pv(core, ns, models_dir.resolve(), labels={DEMO_LABEL: "true"})
     return MODEL_DIGEST, dir_digest(bad)
 
 

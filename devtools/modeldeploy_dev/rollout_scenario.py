@@ -120,13 +120,15 @@ ANALYSIS: dict[str, Any] = {
 }
 
 
-def models_pv(cluster: E2ECluster, ns: str, host_dir: Path, size: str = "1Gi") -> None:
-    """PV + PVC `models` in `ns`: `host_dir` (model directories, or symlinks to them) read-only, so
-    a bundle names a model as `pvc://models/<dir>`."""
+def models_pv(
+    core: Any, ns: str, host_dir: Path, size: str = "1Gi", labels: dict[str, str] | None = None
+) -> None:
+    """PV `<ns>-models` + PVC `models` in `ns` (`core`: a CoreV1Api): `host_dir` (model directories,
+    or symlinks to them) read-only, so a bundle names a model as `pvc://models/<dir>`."""
     pv = f"{ns}-models"
-    cluster.core.create_persistent_volume(
+    core.create_persistent_volume(
         {
-            "metadata": {"name": pv},
+            "metadata": {"name": pv, "labels": labels or {}},
             "spec": {
                 "capacity": {"storage": size},
                 "accessModes": ["ReadOnlyMany"],
@@ -137,7 +139,7 @@ def models_pv(cluster: E2ECluster, ns: str, host_dir: Path, size: str = "1Gi") -
             },
         }
     )
-    cluster.core.create_namespaced_persistent_volume_claim(
+    core.create_namespaced_persistent_volume_claim(
         ns,
         {
             "metadata": {"name": "models"},
@@ -158,7 +160,7 @@ def tiny_model_pv(cluster: E2ECluster, ns: str, tmp: Path) -> str:
     from modeldeploy.runtime.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp / "models" / "tiny-llama")
-    models_pv(cluster, ns, tmp / "models")
+    models_pv(cluster.core, ns, tmp / "models")
     return dir_digest(model)
 
 
