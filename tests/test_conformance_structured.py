@@ -46,7 +46,7 @@ def test_our_server_passes(server):
 
 
 def test_a_server_that_ignores_response_format_fails(server, monkeypatch):
-    monkeypatch.setattr(server_structured, "from_response_format", lambda rf: None)
+    monkeypatch.setattr(server_structured, "from_response_format", lambda rf, limits=None: None)
     report = _run(server.url)
     check = report.checks[0]
     assert not report.passed and check.verdict == "fail"
