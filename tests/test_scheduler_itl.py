@@ -75,6 +75,10 @@ class FixedCost(PrefillCost):
     def decode_s(self, decodes: int) -> float:
         return self.fixed_decode_s
 
+    def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
+        """Fixed: the engine's measured step times must not move the figures (the test would then
+        depend on the machine's speed and load)."""
+
     def prefill_tokens(self, target_s: float, decodes: int) -> int:
         self.asked.append((target_s, decodes))
         return super().prefill_tokens(target_s, decodes)
