@@ -70,9 +70,11 @@ class Window:
     def __init__(self, stable: Serve, canary: Serve, prom: Prom, cfg: Analysis) -> None:
         self.cohorts = ((stable.bundle, [stable.target]), (canary.bundle, [canary.target]))
         self.prom, self.cfg, self.base = prom, cfg, Baselines()
+        prom.scraped_after(time.time(), jobs=3)  # earlier traffic is in Prometheus...
+        time.sleep(1.5)  # ...before the window's range, which may reach up to 1 s before t0
         self.t0 = time.time()
         self.direct()  # opens the scrape windows: no traffic since
-        # the Prometheus window's baseline is the first scrape after t0: taken before any traffic
+        # and the range's first scrape after t0 is taken before any traffic of this window
         prom.scraped_after(self.t0, jobs=3)
 
     def direct(self) -> list[CohortSample]:
@@ -196,9 +198,11 @@ def test_adapter_selector_reads_only_that_adapters_series(lora_pod) -> None:
     Prometheus source to tenant-b's traffic: equal to tenant-b's own series read from the pod, while
     the default selector (and the pod scrape, which sums all adapters) counts every request."""
     pod, prom = lora_pod
+    prom.scraped_after(time.time(), jobs=1)
+    time.sleep(1.5)  # the window's range (up to 1 s before t0) sees no earlier traffic
     t0 = time.time()
     all0, b0 = _by_adapter(pod)
-    prom.scraped_after(t0, jobs=1)  # the window's baseline: the first scrape after t0, before any traffic
+    prom.scraped_after(t0, jobs=1)  # and a scrape after t0, before this window's traffic
     for model, n in (("tiny", 2), ("tenant-a", 3), ("tenant-b", 4)):
         for i in range(n):
             r = httpx.post(
