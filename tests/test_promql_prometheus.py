@@ -84,6 +84,9 @@ class Window:
         """(direct deltas, Prometheus samples, now) once Prometheus has scraped past the direct read."""
         direct, t = self.direct(), time.time()
         self.prom.scraped_after(t, jobs=3)
+        # a second round: the analysis evaluates at the oldest of the cohorts' newest samples, and each
+        # cohort's sample at that instant must be one taken after t
+        self.prom.scraped_after(time.time(), jobs=3)
         now = time.time()
         src = self.cfg.prometheus
         assert src is not None
