@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -52,6 +53,12 @@ class FakePrometheus:
         self.queries += 1
         m = _BUNDLE.search(query)
         bundle, n = (m.group(1) if m else ""), self.samples
+        if query.startswith("max(timestamp("):  # promql.FRESHNESS: every series was scraped just now
+            now = time.time()
+            return {
+                "status": "success",
+                "data": {"resultType": "vector", "result": [{"metric": {}, "value": [now, str(now)]}]},
+            }
         if TTFT in query or ITL in query:
             fast = 0 if (TTFT in query and bundle in self.slow) else n
             series = [({"le": "0.1"}, fast), ({"le": "5.0"}, n), ({"le": "+Inf"}, n)]
