@@ -33,6 +33,7 @@ from rich.text import Text
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
 from modeldeploy.operator.rollout_cli import VERDICT_STYLE, analysis_table, cohort_text
 from modeldeploy_dev.operator_process import OperatorProcess
+from modeldeploy_dev.rollout_scenario import ANALYSIS as E2E_ANALYSIS
 from modeldeploy_dev.wait import wait_until
 
 NAME = "chat"
@@ -55,15 +56,8 @@ EVAL_PICK = (
     "Note: the meeting room number is 417.",
 )
 IMAGE = "registry.local/modeldeploy-runtime@sha256:" + "5" * 64  # the process node runs `modeldeploy serve`
-ANALYSIS = {
-    "intervalSeconds": 5,
-    "minSamples": 8,
-    "maxTtftP95Ratio": 3.0,
-    "maxInterTokenP95Ratio": 3.0,
-    "maxErrorRate": 0.05,
-    "minGoodputRatio": 0.5,
-    "slo": {"ttftSeconds": 10.0, "interTokenSeconds": 2.0},  # 135M parameters on shared CPU cores
-}
+# the rollout e2e's analysis, with an SLO for 135M parameters on shared CPU cores
+ANALYSIS = E2E_ANALYSIS | {"slo": {"ttftSeconds": 10.0, "interTokenSeconds": 2.0}}
 SLOW_ANALYSIS = {"maxTtftP95Ratio": 1.5, "minSamples": 10}  # tighter, so one slot under 8-way load fails
 DEMO_LABEL = "modeldeploy.dev/demo"
 
