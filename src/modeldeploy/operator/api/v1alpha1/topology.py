@@ -6,7 +6,7 @@ Also the sizes the capacity fit check reads (weightsMemory, kvCachePerGpu) and /
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
@@ -32,7 +32,7 @@ SHM_PER_RANK_GI = 1
 MSG_TOLERATION_KEY = "tolerations: an empty key matches every taint and needs operator Exists"
 MSG_TOLERATION_VALUE = "tolerations: operator Exists takes no value"
 MSG_TOLERATION_SECONDS = "tolerations: tolerationSeconds applies only to effect NoExecute"
-_TOLERATION_RULES: tuple[dict[str, str], ...] = (
+_TOLERATION_RULES: tuple[dict[str, Any], ...] = (
     {"rule": "self.operator == 'Exists' || (has(self.key) && self.key != '')", "message": MSG_TOLERATION_KEY},
     {
         "rule": "self.operator != 'Exists' || !has(self.value) || self.value == ''",
@@ -48,7 +48,7 @@ _TOLERATION_RULES: tuple[dict[str, str], ...] = (
 class Toleration(_Model):
     """A pod toleration (core/v1 Toleration subset), held to the rules the API server checks on pods."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list(_TOLERATION_RULES)})
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [*_TOLERATION_RULES]})
     key: str | None = Field(
         default=None, max_length=317, pattern=f"^$|{LABEL_KEY_RE}", description="Taint key (a label key)."
     )
