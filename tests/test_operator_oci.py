@@ -17,7 +17,7 @@ from modeldeploy.oci import OciRefError, parse_oci_uri
 from modeldeploy.operator.api import crd
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.controller.observe import LoadProbe
-from modeldeploy.operator.rollout import prefetch, progression
+from modeldeploy.operator.rollout import children, prefetch, progression
 from modeldeploy.operator.rollout.actions import Create, Delete, Event, Observed, Patch, PatchStatus
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL
 from modeldeploy.operator.rollout.machine import (
@@ -311,6 +311,35 @@ def test_prefetch_pod_count_without_a_node_list_is_spec_replicas() -> None:
     assert prefetch.pods_wanted(spec, None) == 3
     assert prefetch.pods_wanted(spec, gpu_nodes(5)) == 5
     assert prefetch.pods_wanted(spec, gpu_nodes(2, product="NVIDIA-A100")) == 1  # none fit: Unschedulable
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        {"gpusPerReplica": 1, "gpuType": "NVIDIA-H200"},
+        {"gpusPerReplica": 0, "nodeSelector": {"pool": "cpu"}, "tolerations": []},
+        {
+            "gpusPerReplica": 2,
+            "tensorParallel": 2,
+            "nodeSelector": {"zone": "a"},
+            "tolerations": [{"key": "pool", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        },
+    ],
+)
+def test_pre_pull_pods_are_placed_and_pull_exactly_as_the_serving_pods(topology: dict[str, Any]) -> None:
+    """The pre-pull warms the canary's nodes only with the canary's nodeSelector and tolerations, and a
+    private registry only with its imagePullSecrets: both builders share placement.py."""
+    obj = oci_md(topology=topology, imagePullSecrets=[{"name": "registry"}])
+    if not topology["gpusPerReplica"]:
+        obj["spec"]["bundle"]["config"]["device"] = "cpu"
+    spec = ModelDeploymentSpec.model_validate(obj["spec"])
+    serve = children.deployment(obj, spec, "b" * 12, 2)["spec"]["template"]["spec"]
+    pull = prefetch.deployment(obj, spec, "b" * 12, 2)["spec"]["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "imagePullSecrets"):
+        assert pull.get(key) == serve.get(key), key
+    assert pull["imagePullSecrets"] == [{"name": "registry"}]
+    assert pull["containers"][0]["securityContext"] == serve["containers"][0]["securityContext"]
+    assert {k: v for k, v in serve["securityContext"].items() if k != "fsGroup"} == pull["securityContext"]
 
 
 def test_a_pre_pull_pod_that_cannot_pull_is_filed_apart_from_the_bundle() -> None:

@@ -29,14 +29,20 @@ from modeldeploy.operator.rollout.bundle import (
     instance_labels,
     selector_labels,
 )
+from modeldeploy.operator.rollout.placement import (  # noqa: F401  (GPU_PRODUCT_LABEL, RUN_AS re-exported)
+    GPU_PRODUCT_LABEL,
+    RUN_AS,
+    container_security,
+    pod_placement,
+    pod_security,
+    pull_secrets,
+)
 
 PORT = 8000
 MODEL_DIR = "/models/model"
 ADAPTERS_DIR = "/models/adapters"  # each adapter at ADAPTERS_DIR/<name>, staged like the model
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
-RUN_AS = 65532
 REGISTRY_CONFIG_DIR = "/var/run/modeldeploy/registry"  # DOCKER_CONFIG of the oci:// fetch init container
 REGISTRY_CONFIG_VOLUME = "registry-config"
 
@@ -101,18 +107,6 @@ def serve_args(spec: ModelDeploymentSpec, bid: str) -> list[str]:
     if spec.topology.tensor_parallel > 1:  # only then: a TP=1 pod keeps the args (and template) it had
         args += ["--tensor-parallel-size", str(spec.topology.tensor_parallel)]
     return args  # the API key arrives as env MODELDEPLOY_API_KEY, never on the command line
-
-
-def container_security() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
 
 
 def model_source(
@@ -258,20 +252,11 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
         "securityContext": container_security(),
     }
-    node_selector = dict(topo.node_selector)
-    if topo.gpu_type:
-        node_selector[GPU_PRODUCT_LABEL] = topo.gpu_type
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": c.drain_timeout_seconds + PRESTOP_SLEEP_S + 10,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(fs_group=True),
         "containers": [container],
         "volumes": [
             volume,
@@ -279,19 +264,15 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(topo.shm_size_limit())}},
             {"name": "tmp", "emptyDir": {}},
         ],
-        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in topo.tolerations],
+        **pod_placement(spec),
     }
-    if node_selector:
-        pod["nodeSelector"] = node_selector
     inits = [c for c in (init, *(i for _, i, _ in adapters)) if c is not None]
     if inits:
         pod["initContainers"] = inits
     if any(m["name"] == REGISTRY_CONFIG_VOLUME for c in inits for m in c["volumeMounts"]):
         assert secret is not None
         pod["volumes"].append(registry_config_volume(secret))
-    if spec.image_pull_secrets:  # only then: pods of objects without them keep the template they had
-        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
-    return pod
+    return pod | pull_secrets(spec)
 
 
 def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int) -> dict[str, Any]:

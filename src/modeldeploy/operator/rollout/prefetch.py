@@ -19,12 +19,12 @@ from typing import Any
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.rollout.bundle import INSTANCE_LABEL, instance_labels
-from modeldeploy.operator.rollout.children import (
-    GPU_PRODUCT_LABEL,
-    RUN_AS,
+from modeldeploy.operator.rollout.children import image_volumes, owner_reference
+from modeldeploy.operator.rollout.placement import (
     container_security,
-    image_volumes,
-    owner_reference,
+    pod_placement,
+    pod_security,
+    pull_secrets,
 )
 from modeldeploy.operator.rollout.topology import NodeInfo, accepted
 
@@ -85,7 +85,6 @@ def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas
 
 def pod_spec(spec: ModelDeploymentSpec, match: dict[str, str]) -> dict[str, Any]:
     """The engine image idling, with every image volume of the serving pod mounted read-only."""
-    topo = spec.topology
     volumes = [
         {"name": v, "image": {"reference": ref, "pullPolicy": "IfNotPresent"}}
         for v, ref in image_volumes(spec)
@@ -100,21 +99,14 @@ def pod_spec(spec: ModelDeploymentSpec, match: dict[str, str]) -> dict[str, Any]
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
         "securityContext": container_security(),
     }
-    node_selector = dict(topo.node_selector)
-    if topo.gpu_type:
-        node_selector[GPU_PRODUCT_LABEL] = topo.gpu_type
+    placed = pod_placement(spec)  # the canary's nodes: its nodeSelector, GPU type and tolerations
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 1,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(fs_group=False),  # writes nothing: no volume to own
         "containers": [container],
-        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in topo.tolerations],
+        "tolerations": placed.pop("tolerations"),  # (key order as before the shared helper)
         "affinity": {
             "podAntiAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -125,11 +117,7 @@ def pod_spec(spec: ModelDeploymentSpec, match: dict[str, str]) -> dict[str, Any]
     }
     if volumes:
         pod["volumes"] = volumes
-    if node_selector:
-        pod["nodeSelector"] = node_selector
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
-    return pod
+    return pod | placed | pull_secrets(spec)  # a private image or artifact pulls as the canary's would
 
 
 def progress(dep: dict[str, Any] | None) -> tuple[int, int] | None:
