@@ -373,3 +373,189 @@ def test_prefetch_failure_through_plan_rolls_back_with_prefetch_failed() -> None
     st = next(a.status for a in acts if isinstance(a, PatchStatus))
     assert (st["phase"], st["rollout"]["reason"]) == ("RollingBack", "PrefetchFailed")
     assert epoch(st["rollout"]["phaseSince"]) == epoch(at(1, 20))
+
+
+# --- what the pre-pull pods wait on; which pull failures end Prefetching at once ---------------------
+
+BLOB = "sha256:" + "e" * 64
+# containerd v2's words for a registry blob whose bytes were changed after push (same size, other hash),
+# as kubelet passes them on: first ErrImagePull, then ImagePullBackOff carrying the last pull's error
+DIGEST_MISMATCH = (
+    f'rpc error: code = FailedPrecondition desc = failed to pull and unpack image "{OCI2[6:]}": '
+    f'failed commit on ref "layer-{BLOB}": unexpected commit digest sha256:{"f" * 64}, expected {BLOB}: '
+    "failed precondition"
+)
+REFUSED = (
+    f'rpc error: code = Unavailable desc = failed to pull and unpack image "{OCI2[6:]}": failed to resolve '
+    'reference: failed to do request: Head "https://registry.local:5000/v2/models/smollm2/manifests/x": '
+    "dial tcp 10.0.0.9:5000: connect: connection refused"
+)
+
+
+def pull_pod(
+    bid: str, node: str, reason: str | None, message: str = "", ready: bool = False
+) -> dict[str, Any]:
+    """A pre-pull pod as the API server returns it: Ready, or its container waiting on `reason`."""
+    status: dict[str, Any] = {
+        "phase": "Running" if ready else "Pending",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    if reason == "Unschedulable":
+        status["conditions"].append(
+            {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        )
+    elif reason is not None:
+        waiting = {"reason": reason} | ({"message": message} if message else {})
+        status["containerStatuses"] = [{"name": "prefetch", "image": "engine", "state": {"waiting": waiting}}]
+    return {
+        "metadata": {
+            "name": f"pull-{node or 'x'}",
+            "uid": f"u-{node}",
+            "labels": {prefetch.PREFETCH_LABEL: bid},
+        },
+        "spec": {"nodeName": node} if node and reason != "Unschedulable" else {},
+        "status": status,
+    }
+
+
+def test_waiting_reads_each_unready_pre_pull_pod_pull_errors_first() -> None:
+    pods = [
+        pull_pod("b1", "gpu-0", None, ready=True),  # pulled: not listed
+        pull_pod("b1", "gpu-1", "ContainerCreating"),
+        pull_pod("b1", "", "Unschedulable", "0/3 nodes are available: 3 Insufficient memory."),
+        pull_pod("b1", "gpu-2", "ImagePullBackOff", f'Back-off pulling image "{OCI2[6:]}": ErrImagePull: x'),
+        pull_pod("b2", "gpu-0", "ErrImagePull", DIGEST_MISMATCH),
+        {"metadata": {"labels": {BUNDLE_LABEL: "b1"}}, "status": {}},  # a serving pod: not a pre-pull
+    ]
+    got = prefetch.waiting(pods)
+    assert got["b1"] == [
+        ("gpu-2", "ImagePullBackOff", f'Back-off pulling image "{OCI2[6:]}": ErrImagePull: x'),
+        ("gpu-1", "ContainerCreating", ""),
+        ("", "Unschedulable", "0/3 nodes are available: 3 Insufficient memory."),
+    ]
+    assert got["b2"] == [("gpu-0", "ErrImagePull", DIGEST_MISMATCH)]
+    assert prefetch.summary(got["b1"]).startswith("waiting on gpu-2: ImagePullBackOff (Back-off pulling")
+    assert "unscheduled: Unschedulable" in prefetch.summary(got["b1"])
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "ends"),
+    [
+        ("ErrImagePull", DIGEST_MISMATCH, True),  # a blob modified after push: never pulls
+        ("ImagePullBackOff", f'Back-off pulling image "x": ErrImagePull: {DIGEST_MISMATCH}', True),
+        ("ErrImagePull", "rpc error: code = NotFound desc = failed to resolve reference: not found", True),
+        ("ErrImagePull", "failed to resolve reference: pull access denied, 401 Unauthorized", True),
+        ("ImagePullBackOff", 'Back-off pulling image "x"', True),  # kubelet: the attempts keep failing
+        ("InvalidImageName", "couldn't parse image name", True),
+        ("ErrImagePull", REFUSED, False),  # the registry down for a while: a retry may pull
+        ("ImagePullBackOff", f'Back-off pulling image "x": ErrImagePull: {REFUSED}', False),
+        ("ErrImagePull", "unexpected status from HEAD request: 503 Service Unavailable", False),
+        ("ErrImagePull", "failed to copy: read tcp 10.0.0.2:443: i/o timeout", False),
+        ("ErrImagePull", "toomanyrequests: You have reached your pull rate limit", False),
+    ],
+)
+def test_which_pull_failures_end_prefetching_at_once(reason: str, message: str, ends: bool) -> None:
+    assert prefetch.terminal(reason, message) is ends
+    got = prefetch.failure([("gpu-1", "ContainerCreating", ""), ("gpu-0", reason, message)])
+    assert (got == f"node gpu-0: {reason}: {message}"[:1024]) if ends else got is None
+
+
+def prefetching_oci() -> tuple[dict[str, Any], Observed, str]:
+    obj, obs = stable_oci()
+    obj, obs, _ = reconcile(obj, obs, at(1))
+    assert obj["status"]["phase"] == "Prefetching"
+    return obj, obs, obj["status"]["canary"]["bundle"]
+
+
+def test_a_blob_modified_after_push_ends_prefetching_on_the_first_failed_pull_naming_node_and_cause() -> None:
+    obj, obs, new = prefetching_oci()
+    name = prefetch.name_of("chat", new)
+    waits = {new: [("gpu-1", "ErrImagePull", DIGEST_MISMATCH), ("gpu-0", "ContainerCreating", "")]}
+    view = Observed(obs.deployments, obs.services, obs.nodes, prefetch_waiting=waits)
+    for d in view.deployments:
+        d["status"]["readyReplicas"] = 1 if d["metadata"]["name"] == name else d["spec"]["replicas"]
+    acts = plan(obj, view, at(1, 15))  # 15 s in: long before prefetch.timeoutSeconds=300
+    st = next(a.status for a in acts if isinstance(a, PatchStatus))
+    assert (st["phase"], st["rollout"]["reason"]) == ("RollingBack", "PrefetchFailed")
+    assert f"rolling back {new}: node gpu-1: ErrImagePull: " in st["rollout"]["message"]
+    assert "unexpected commit digest" in st["rollout"]["message"]
+    assert any(isinstance(a, Event) and a.reason == "PrefetchFailed" and "gpu-1" in a.message for a in acts)
+    assert any(isinstance(a, Delete) and a.name == name for a in acts)  # the pre-pull goes
+    assert {d["metadata"]["labels"].get(BUNDLE_LABEL) for d in view.deployments} - {None} == {
+        obj["status"]["stable"]["bundle"]
+    }  # no canary Deployment was ever created: the stable cohort is untouched
+    assert not [a for a in acts if isinstance(a, Create | Patch) and "prefetch" not in str(a)]
+
+
+def test_a_pull_the_network_may_cure_is_shown_and_held_until_the_timeout_names_it() -> None:
+    obj, obs, new = prefetching_oci()
+    backoff = f'Back-off pulling image "{OCI2[6:]}": ErrImagePull: {REFUSED}'
+    waits = {new: [("gpu-2", "ImagePullBackOff", backoff), ("gpu-0", "ContainerCreating", "")]}
+    filed = {prefetch.error_key(new): f"image engine cannot be pulled (ImagePullBackOff): {backoff}"}
+    view = Observed(obs.deployments, obs.services, obs.nodes, load_errors=filed, prefetch_waiting=waits)
+    name = prefetch.name_of("chat", new)
+    obj, _, acts = reconcile(obj, view, at(2), ready={name: 1})
+    st = obj["status"]
+    assert st["phase"] == "Prefetching"  # not failed: a registry that refuses connections may come back
+    assert st["rollout"]["prefetchWaiting"] == [
+        {"node": "gpu-2", "reason": "ImagePullBackOff", "message": backoff},
+        {"node": "gpu-0", "reason": "ContainerCreating", "message": ""},
+    ]
+    progressing = next(c for c in st["conditions"] if c["type"] == "Progressing")
+    assert "pulled on 1/3 nodes; waiting on gpu-2: ImagePullBackOff" in progressing["message"]
+    assert "connection refused" in progressing["message"]
+    view = Observed(view.deployments, view.services, view.nodes, load_errors=filed, prefetch_waiting=waits)
+    obj, _, acts = reconcile(obj, view, at(6, 2), ready={name: 1})  # 302 s: past timeoutSeconds=300
+    st = obj["status"]
+    assert (st["phase"], st["rollout"]["reason"]) == ("RollingBack", "PrefetchTimeout")
+    assert (
+        "1/3 nodes within prefetch.timeoutSeconds=300; waiting on gpu-2: ImagePullBackOff"
+        in (st["rollout"]["message"])
+    )
+    assert "connection refused" in st["rollout"]["message"]
+    assert "prefetchWaiting" not in st["rollout"]  # only while Prefetching
+
+
+def test_prefetch_waiting_leaves_status_once_every_pod_pulled() -> None:
+    obj, obs, new = prefetching_oci()
+    view = Observed(
+        obs.deployments, obs.services, obs.nodes, prefetch_waiting={new: [("gpu-0", "ContainerCreating", "")]}
+    )
+    obj, obs, _ = reconcile(obj, view, at(1, 30), ready={prefetch.name_of("chat", new): 2})
+    assert obj["status"]["rollout"]["prefetchWaiting"] == [
+        {"node": "gpu-0", "reason": "ContainerCreating", "message": ""}
+    ]
+    obj, obs, _ = reconcile(obj, obs, at(2))
+    assert obj["status"]["phase"] == "Deploying" and "prefetchWaiting" not in obj["status"]["rollout"]
+
+
+def test_the_prefetch_timeout_event_names_what_the_pods_still_wait_on() -> None:
+    s = advance(STABLE, P, Signals(desired="new"), 0.0).state
+    note = "waiting on gpu-1: ErrImagePull (dial tcp: i/o timeout)"
+    t = advance(s, P, Signals(desired="new", prefetch=(2, 3), prefetch_waiting=note), 601.0)
+    assert t.event is not None and t.event[1] == "PrefetchTimeout"
+    assert t.event[2].endswith(f"prefetch.timeoutSeconds=600; {note}")
+
+
+def test_observe_reads_what_the_pre_pull_pods_wait_on() -> None:
+    """observe() lists the pods while a child is not Ready and files each pre-pull pod's waiting reason
+    under its bundle: the plan reads nothing else of them."""
+    from fake_kube import FakeKube
+
+    from modeldeploy.operator.analysis.gate import ConformanceRunner
+    from modeldeploy.operator.analysis.scrape import Baselines
+    from modeldeploy.operator.controller.observe import NodeCache, Observer
+
+    obj, _ = stable_oci()
+    obj["metadata"]["uid"] = "uid-1"
+    spec = ModelDeploymentSpec.model_validate(obj["spec"])
+    kube = FakeKube()
+    dep = prefetch.deployment(obj, spec, "b" * 12, 2) | {"status": {"replicas": 2, "readyReplicas": 1}}
+    kube.put(dep)
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    for node, reason in (("gpu-0", None), ("gpu-1", "ErrImagePull")):
+        pod = pull_pod("b" * 12, node, reason, DIGEST_MISMATCH if reason else "", ready=reason is None)
+        pod["metadata"] |= {"namespace": "ns", "labels": pod_labels}
+        kube.put(pod | {"kind": "Pod"})
+    observed = Observer(kube, NodeCache(kube), LoadProbe(8000), ConformanceRunner(), Baselines()).observe(obj)
+    assert observed.prefetch_waiting == {"b" * 12: [("gpu-1", "ErrImagePull", DIGEST_MISMATCH)]}

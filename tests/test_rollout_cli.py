@@ -14,6 +14,8 @@ from modeldeploy.operator.api.v1alpha1.status import (
     HistoryEntry,
     MetricVerdict,
     ModelDeploymentStatus,
+    PrefetchWait,
+    RolloutStatus,
 )
 from modeldeploy.operator.rollout.commands import ABORT, PROMOTE, ROLLBACK_TO, command_from_annotations
 from modeldeploy.operator.rollout.progression import now_iso
@@ -177,6 +179,54 @@ def test_render_inconclusive_analysis_says_what_could_not_be_read() -> None:
     )
     text = rc.render_text(md(st), width=200)
     assert "Inconclusive" in text and f"analysis could not read: {why}" in text
+
+
+def prefetching(**rollout) -> dict:
+    return status(
+        phase="Prefetching",
+        observed_generation=3,
+        stable=CohortStatus(bundle="bbbbbbbbbbbbbbbb", revision="r2", replicas=3, ready_replicas=3),
+        canary=CohortStatus(bundle="dddddddddddddddd", revision="r3"),
+        rollout=RolloutStatus(
+            reason="NewBundle",
+            phase_since="2026-01-03T10:00:00Z",
+            prefetch_nodes=3,
+            prefetched_nodes=1,
+            **rollout,
+        ),
+    )
+
+
+def test_render_prefetching_shows_nodes_pulled_time_spent_and_each_waiting_pod() -> None:
+    mismatch = (
+        'Back-off pulling image "registry.local:5000/models/m@sha256:dd": ErrImagePull: failed commit on ref '
+        '"layer-sha256:ee": unexpected commit digest sha256:ff, expected sha256:ee: failed precondition'
+    )
+    st = prefetching(
+        prefetch_waiting=[
+            PrefetchWait(node="gpu-2", reason="ImagePullBackOff", message=mismatch),
+            PrefetchWait(node="gpu-1", reason="ContainerCreating"),
+            PrefetchWait(reason="Unschedulable", message="0/3 nodes are available"),
+        ]
+    )
+    obj = md(st)
+    obj["spec"]["rollout"]["prefetch"] = {"timeoutSeconds": 300}
+    now = 1767434400.0 + 42  # 2026-01-03T10:00:42Z
+    text = rc.render_text(obj, width=400, now=now)
+    assert "images pulled on 1/3 nodes, 42s of prefetch.timeoutSeconds 300" in text
+    assert "pre-pull pods not Ready" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip().startswith(("gpu-", "(un"))}
+    assert "ImagePullBackOff" in rows["gpu-2"] and "unexpected commit digest sha256:ff" in rows["gpu-2"]
+    assert "ContainerCreating" in rows["gpu-1"] and rows["gpu-1"].split()[-1] == "-"
+    assert "Unschedulable" in rows["(unscheduled)"]
+
+
+def test_render_prefetching_defaults_the_timeout_and_hides_the_table_when_nothing_waits() -> None:
+    text = rc.render_text(md(prefetching()), width=200, now=1767434400.0 + 5)
+    assert "images pulled on 1/3 nodes, 5s of prefetch.timeoutSeconds 900" in text  # the API's default
+    assert "pre-pull pods" not in text
+    stable = rc.render_text(md(status(phase="Stable", observed_generation=3)), width=200)
+    assert "prefetch" not in stable
 
 
 def test_render_stale_generation_and_empty_status() -> None:

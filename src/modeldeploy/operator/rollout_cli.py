@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+import time
 from types import MappingProxyType
 from typing import Any
 
@@ -21,8 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
+from modeldeploy.operator.api.v1alpha1.rollout import Prefetch
 from modeldeploy.operator.rollout.commands import ABORT, ANNOTATIONS, PROMOTE, ROLLBACK_TO
-from modeldeploy.operator.rollout.progression import now_iso
+from modeldeploy.operator.rollout.prefetch import PULL_REASONS
+from modeldeploy.operator.rollout.progression import epoch, now_iso
 
 ACTIONS = ("status", "promote", "abort", "rollback")
 
@@ -127,9 +130,39 @@ def cohort_text(c: dict[str, Any] | None) -> str:
     return f"{c.get('bundle', '?')}{rev}  ready {c.get('readyReplicas', 0)}/{c.get('replicas', 0)}{load_s}"
 
 
-def render_status(md: dict[str, Any]) -> list[RenderableType]:
-    """Rich tables for one ModelDeployment: summary, conditions, last analysis, history, failed bundles."""
+def prefetch_text(spec: dict[str, Any], rollout: dict[str, Any], now: float) -> str | None:
+    """'images pulled on 1/3 nodes, 42s of prefetch.timeoutSeconds 900' while Prefetching, else None."""
+    if rollout.get("prefetchNodes") is None:
+        return None
+    timeout = ((spec.get("rollout") or {}).get("prefetch") or {}).get("timeoutSeconds")
+    timeout = timeout if timeout is not None else Prefetch.model_fields["timeout_seconds"].default
+    since = epoch(rollout.get("phaseSince"))
+    spent = f"{max(0.0, now - since):.0f}s" if since is not None else "?"
+    pulled = f"images pulled on {rollout.get('prefetchedNodes', 0)}/{rollout['prefetchNodes']} nodes"
+    return f"{pulled}, {spent} of prefetch.timeoutSeconds {timeout}"
+
+
+def prefetch_view(rollout: dict[str, Any]) -> list[RenderableType]:
+    """Each pre-pull pod not Ready yet: its node and what it waits on, a failed pull in red with the
+    kubelet's message (e.g. a blob whose bytes do not match its digest)."""
+    waits = rollout.get("prefetchWaiting") or []
+    if not waits:
+        return []
+    t = Table(title="pre-pull pods not Ready", box=box.SIMPLE, title_justify="left")
+    for col in ("node", "waiting on", "message"):
+        t.add_column(col)
+    for w in waits:
+        reason = w.get("reason", "?")
+        style = "red" if reason in PULL_REASONS else ""
+        t.add_row(w.get("node") or "(unscheduled)", Text(reason, style=style), w.get("message") or "-")
+    return [t]
+
+
+def render_status(md: dict[str, Any], now: float | None = None) -> list[RenderableType]:
+    """Rich tables for one ModelDeployment: summary, conditions, pre-pull progress, last analysis, history,
+    failed bundles. `now` (epoch seconds, default the clock) measures the time a pre-pull has taken."""
     meta, spec, st = md.get("metadata") or {}, md.get("spec") or {}, md.get("status") or {}
+    rollout = st.get("rollout") or {}
     steps = ((spec.get("rollout") or {}).get("steps")) or []
     out: list[RenderableType] = []
     summary = Table(
@@ -147,6 +180,9 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
     summary.add_row("stable", cohort_text(st.get("stable")))
     summary.add_row("canary", cohort_text(st.get("canary")))
     summary.add_row("canary weight", f"{st.get('canaryWeight', 0)}%")
+    pulling = prefetch_text(spec, rollout, time.time() if now is None else now)
+    if pulling is not None:
+        summary.add_row("prefetch", pulling)
     step = st.get("currentStep")
     if step is not None:
         total = len(steps) or "?"
@@ -172,6 +208,8 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
                 c.get("lastTransitionTime") or "-",
             )
         out.append(t)
+
+    out += prefetch_view(rollout)
 
     a = st.get("lastAnalysis")
     if a:
@@ -215,9 +253,10 @@ def render_status(md: dict[str, Any]) -> list[RenderableType]:
     return out
 
 
-def render_text(md: dict[str, Any], width: int = 120) -> str:
+def render_text(md: dict[str, Any], width: int = 120, now: float | None = None) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=width, color_system=None, force_terminal=False).print(Group(*render_status(md)))
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    console.print(Group(*render_status(md, now)))
     return buf.getvalue()
 
 

@@ -52,6 +52,7 @@ from modeldeploy.operator.rollout.machine import UNDER_TEST, quality_stage
 from modeldeploy.operator.rollout.network import KIND as POLICY_KIND
 from modeldeploy.operator.rollout.prefetch import PREFETCH_LABEL
 from modeldeploy.operator.rollout.prefetch import error_key as prefetch_error_key
+from modeldeploy.operator.rollout.prefetch import waiting as prefetch_waiting
 from modeldeploy.operator.rollout.progression import epoch, iso, policy
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
 
@@ -258,10 +259,12 @@ class Observer:
             )
             if self.store is not None:
                 self.store.replace(uid, ns, dict(zip(CHILD_KINDS, (deps, svcs, policies), strict=True)))
-        loading, errors = {}, {}
+        loading, errors, pulling = {}, {}, {}
         if any(_not_ready(d) for d in deps):
-            loading, errors = self.probe.probe((ns, name), self.kube.list("Pod", ns, sel))
-        obs = Observed(deps, svcs, self.nodes.get(), loading, errors)
+            pods = self.kube.list("Pod", ns, sel)
+            loading, errors = self.probe.probe((ns, name), pods)
+            pulling = prefetch_waiting(pods)  # what pre-pull pods wait on (status.rollout.prefetchWaiting)
+        obs = Observed(deps, svcs, self.nodes.get(), loading, errors, prefetch_waiting=pulling)
         obs.policies, obs.operator_namespace = policies, self.operator_namespace
         self._rollout(md, sel, obs)
         return obs

@@ -64,6 +64,8 @@ class Observed:
     loading: dict[str, list[float]] = field(default_factory=dict)
     # bundle id -> load error a pod of it reported (runtime /health/ready status "failed")
     load_errors: dict[str, str] = field(default_factory=dict)
+    # bundle id -> (node, waiting reason, message) of its pre-pull pods not Ready (prefetch.waiting)
+    prefetch_waiting: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
     # rollout inputs gathered by observe.py: gate result, latest analysis, manual command
     conformance: tuple[bool, str] | None = None
     quality: QualityResult | None = None  # the quality gate's verdict on this canary, once it ran

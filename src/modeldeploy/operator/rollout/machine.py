@@ -117,6 +117,7 @@ class Signals:
     restore_fits: bool | None = None  # Replace: the stable's freed replicas fit on spare GPUs again
     prior_fits: tuple[bool, str] | None = None  # Replace: the warm prior's replicas fit on spare GPUs
     prefetch: tuple[int, int] | None = None  # (pre-pull pods Ready, pre-pull pods wanted); None: none yet
+    prefetch_waiting: str | None = None  # what the pre-pull pods not Ready wait on (prefetch.summary)
 
 
 @dataclass(frozen=True)
@@ -319,12 +320,14 @@ def _prefetching(s, p, sig, now, elapsed) -> Transition:
             "deploying the canary",
         )
     if elapsed > p.prefetch_timeout_seconds:
+        # a pull that kept failing on an error that may pass (a registry or network error) ends here, named
+        waits = f"; {sig.prefetch_waiting}" if sig.prefetch_waiting else ""
         return _rollback(
             s,
             now,
             PREFETCH_TIMEOUT,
             f"images pulled on {ready}/{total} nodes within "
-            f"prefetch.timeoutSeconds={p.prefetch_timeout_seconds}",
+            f"prefetch.timeoutSeconds={p.prefetch_timeout_seconds}{waits}",
         )
     return Transition(s)
 

@@ -26,7 +26,12 @@ from pydantic import ValidationError
 
 from modeldeploy.operator.analysis.verdicts import describe
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
-from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition, ModelDeploymentStatus
+from modeldeploy.operator.api.v1alpha1.status import (
+    CohortStatus,
+    Condition,
+    ModelDeploymentStatus,
+    PrefetchWait,
+)
 from modeldeploy.operator.rollout import children, network, prefetch, progression, routing
 from modeldeploy.operator.rollout.actions import (  # noqa: F401  (re-exported: plan's vocabulary)
     Action,
@@ -173,15 +178,16 @@ def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
     state = progression.load_state(x.prior)
     if state.stable is not None and state.stable != x.bid and state.stable not in x.by_bundle:
         state = RolloutState(failed=state.failed)  # the stable Deployment is gone: start over from spec
-    pulling = state.phase == "Prefetching" and state.canary is not None
     failure = obs.load_errors.get(state.canary) if state.canary else None
-    if pulling:  # a pre-pull pod whose image cannot be pulled: the canary's would not be either
-        failure = obs.load_errors.get(prefetch.error_key(state.canary or ""))
+    waits = prefetch_waits(x, state)
+    if state.phase == "Prefetching":  # a pre-pull pod whose image cannot be pulled: the canary's neither
+        failure = prefetch_failure(x, state, waits)
     sig = Signals(
         desired=x.bid,
         canary_ready=_ready(x.by_bundle.get(state.canary) if state.canary else None),
         canary_failure=failure,
         prefetch=prefetch_progress(x, state),
+        prefetch_waiting=prefetch.summary(waits) or None,
         conformance=obs.conformance,
         quality=obs.quality,
         analysis=obs.analysis,
@@ -230,6 +236,25 @@ def prefetch_progress(x: Inputs, state: RolloutState) -> tuple[int, int] | None:
         return None
     pulled = prefetch.progress(x.prefetching.get(state.canary))
     return pulled if pulled is not None else (0, prefetch.pods_wanted(x.spec, x.observed.nodes))
+
+
+def prefetch_waits(x: Inputs, state: RolloutState) -> list[prefetch.Waiting]:
+    """What the canary's pre-pull pods that are not Ready wait on; [] outside Prefetching."""
+    if state.phase != "Prefetching" or state.canary is None:
+        return []
+    return x.observed.prefetch_waiting.get(state.canary, [])
+
+
+def prefetch_failure(x: Inputs, state: RolloutState, waits: list[prefetch.Waiting]) -> str | None:
+    """A pre-pull whose failure ends Prefetching now (PrefetchFailed): a pull error that names the artifact
+    (not found, a digest mismatch, refused credentials), read from the pods' waiting reasons or from the
+    pull failure observe filed; a registry or network error that may pass waits for prefetch.timeoutSeconds,
+    whose PrefetchTimeout message then names it (prefetch.terminal)."""
+    failed = prefetch.failure(waits)
+    filed = x.observed.load_errors.get(prefetch.error_key(state.canary or ""))
+    if failed is None and filed is not None and prefetch.terminal("ImagePullBackOff", filed):
+        failed = filed
+    return failed
 
 
 def plan_prefetch(x: Inputs, state: RolloutState) -> list[Action]:
@@ -408,7 +433,11 @@ def plan_conditions(
     if waiting is not None:
         progressing = (INSUFFICIENT, waiting)
     elif pulled is not None:
-        progressing = ("Prefetching", f"{state.message}; images pulled on {pulled[0]}/{pulled[1]} nodes")
+        waits = prefetch.summary(prefetch_waits(x, state))
+        message = f"{state.message}; images pulled on {pulled[0]}/{pulled[1]} nodes" + (
+            f"; {waits}" if waits else ""
+        )
+        progressing = ("Prefetching", message[:4096])
     elif state.phase in IN_FLIGHT:
         progressing = (state.reason or state.phase, state.message)
     elif cohorts.all_ready:
@@ -456,6 +485,7 @@ def plan_status(
 ) -> ModelDeploymentStatus:
     """The whole status: figures, the machine's state, history and the analysis that decided the step."""
     sel = ",".join(f"{k}={v}" for k, v in selector_labels(x.md["metadata"]["name"]).items())
+    waits = prefetch_waits(x, state)
     analysis_counts = state.phase in ACTIVE_PHASES or state.reason in (
         "AnalysisFailed",
         "AnalysisInconclusive",
@@ -476,7 +506,12 @@ def plan_status(
             "failed_bundles": list(state.failed),
             "last_analysis": x.observed.analysis if analysis_counts else x.prior.last_analysis,
             "last_quality": x.observed.quality or x.prior.last_quality,  # kept after the rollout ends
-            "rollout": progression.rollout_status(state, prefetch_progress(x, state)),
+            "rollout": progression.rollout_status(state, prefetch_progress(x, state)).model_copy(
+                update={
+                    "prefetch_waiting": [PrefetchWait(node=n, reason=r, message=m) for n, r, m in waits]
+                    or None
+                }
+            ),
         }
     )
 

@@ -129,3 +129,110 @@ def progress(dep: dict[str, Any] | None) -> tuple[int, int] | None:
     # pods of an older template (a node list that changed) do not count: observedGeneration says which
     current = st.get("observedGeneration", 0) >= (dep["metadata"].get("generation") or 0)
     return (int(st.get("readyReplicas") or 0) if current else 0), want
+
+
+# ---- what the pre-pull pods wait on, and which pull failures end the phase at once ----------------
+
+# kubelet's waiting reasons of a container whose image (or image volume) did not pull
+PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+NEVER_RETRIED = frozenset({"InvalidImageName", "ErrImageNeverPull"})  # kubelet itself never retries these
+# Words of a pull error that another attempt can cure: the registry or the path to it failing for a
+# while (a network error, a 5xx, rate limiting). Every other pull error names the artifact itself: a
+# manifest or blob the registry lacks ("not found", "manifest unknown"), one whose bytes do not hash to
+# their digest (containerd: "unexpected commit digest ..., expected ...", "failed size validation"),
+# credentials refused ("unauthorized", "denied"). Retrying those pulls the same answer again.
+TRANSIENT = (
+    "timeout",
+    "timed out",
+    "deadline exceeded",
+    "connection refused",
+    "connection reset",
+    "no route to host",
+    "network is unreachable",
+    "temporary failure",
+    "tls handshake",
+    "unexpected eof",
+    "broken pipe",
+    "too many requests",
+    "toomanyrequests",
+    "429 ",
+    "500 internal",
+    "502 bad gateway",
+    "503 service unavailable",
+    "504 gateway",
+    "service unavailable",
+    "dial tcp",
+)
+MAX_WAITING = 16  # status lists at most this many nodes (pull errors first)
+
+Waiting = tuple[str, str, str]  # (node, reason, message) of a pre-pull pod that is not Ready
+
+
+def waiting(pods: list[dict[str, Any]]) -> dict[str, list[Waiting]]:
+    """Per bundle being pre-pulled, what its pods that are not Ready wait on, read from the pod status
+    as the kubelet and scheduler write it: a container's waiting reason and message (ContainerCreating
+    while the pull runs, ErrImagePull / ImagePullBackOff with the registry's or containerd's error: an
+    image volume's failed pull is reported on the container that mounts it), or the scheduler's
+    (Unschedulable). Pull errors first, then by node; at most MAX_WAITING per bundle."""
+    out: dict[str, list[Waiting]] = {}
+    for p in pods:
+        meta = p.get("metadata") or {}
+        bid = (meta.get("labels") or {}).get(PREFETCH_LABEL)
+        if not bid or meta.get("deletionTimestamp") or _ready(p):
+            continue
+        node = (p.get("spec") or {}).get("nodeName") or ""
+        out.setdefault(bid, []).append((node, *_waiting_on(p)))
+    return {
+        b: sorted(w, key=lambda x: (x[1] not in PULL_REASONS, x[0] == "", x[0]))[:MAX_WAITING]
+        for b, w in out.items()
+    }
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _waiting_on(pod: dict[str, Any]) -> tuple[str, str]:
+    st = pod.get("status") or {}
+    for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        w = (cs.get("state") or {}).get("waiting")
+        if w and w.get("reason"):
+            return w["reason"], (w.get("message") or "")[:1024]
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return c.get("reason") or "Unschedulable", (c.get("message") or "")[:1024]
+    return st.get("phase") or "Pending", ""
+
+
+def terminal(reason: str, message: str) -> bool:
+    """Whether a pull failure ends the Prefetching phase at once (PrefetchFailed) rather than at
+    prefetch.timeoutSeconds: every failure but one whose message shows the registry or the network
+    failing for a while (TRANSIENT). A back-off with no cause in its message counts as terminal: it is
+    kubelet saying the attempts keep failing (ImagePullBackOff), and nothing suggests a retry helps."""
+    if reason in NEVER_RETRIED:
+        return True
+    low = message.lower()
+    return not any(t in low for t in TRANSIENT)
+
+
+def failure(waits: list[Waiting]) -> str | None:
+    """'node N: ImagePullBackOff: <the kubelet's message>' of the first pre-pull pod whose pull failed for
+    good (`terminal`), else None."""
+    for node, reason, message in waits:
+        if reason in PULL_REASONS and terminal(reason, message):
+            return f"node {node or '?'}: {reason}: {message}"[:1024]
+    return None
+
+
+def summary(waits: list[Waiting]) -> str:
+    """One line naming what the pre-pull pods wait on, pull errors first (for the PrefetchTimeout
+    message and the Progressing condition)."""
+    if not waits:
+        return ""
+    parts = [
+        f"{node or 'unscheduled'}: {reason}" + (f" ({message})" if message else "")
+        for node, reason, message in waits[:3]
+    ]
+    more = f"; {len(waits) - 3} more" if len(waits) > 3 else ""
+    return ("waiting on " + "; ".join(parts) + more)[:1024]

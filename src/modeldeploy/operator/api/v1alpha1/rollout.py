@@ -105,8 +105,10 @@ class Prefetch(_Model):
         default=900,
         ge=10,
         le=86400,
-        description="Every pre-pull pod Ready within this, else the rollout rolls back (PrefetchTimeout); a "
-        "pull that keeps failing (ImagePullBackOff) rolls back at once (PrefetchFailed).",
+        description="Every pre-pull pod Ready within this, else the rollout rolls back (PrefetchTimeout, "
+        "naming what the pods still wait on); a pull that fails on the artifact itself (not found, a blob "
+        "whose bytes do not match its digest, credentials refused) rolls back at once (PrefetchFailed), one "
+        "that fails on the registry or network (refused, timed out, 5xx, 429) is retried until then.",
     )
 
 

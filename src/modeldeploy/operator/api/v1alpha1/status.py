@@ -93,6 +93,25 @@ class QualityResult(_Model):
     message: str | None = Field(default=None, max_length=2048, description="The verdict in words.")
 
 
+class PrefetchWait(_Model):
+    """One pre-pull pod that is not Ready, as the kubelet (or the scheduler) reports it."""
+
+    node: str = Field(
+        default="", max_length=253, description="Node of the pre-pull pod; empty until scheduled."
+    )
+    reason: str = Field(
+        max_length=128,
+        description="The container's waiting reason (ContainerCreating, ErrImagePull, ImagePullBackOff, ...) "
+        "or the scheduler's (Unschedulable).",
+    )
+    message: str = Field(
+        default="",
+        max_length=1024,
+        description="Its message: for a failed pull the registry's or the container runtime's error, e.g. a "
+        "blob whose bytes do not match its digest.",
+    )
+
+
 class RolloutStatus(_Model):
     """What the rollout state machine needs beyond the fields above, so a restarted operator resumes."""
 
@@ -137,6 +156,13 @@ class RolloutStatus(_Model):
         default=None,
         ge=0,
         description="Phase Prefetching: nodes whose pre-pull pod is Ready (images pulled).",
+    )
+    prefetch_waiting: list[PrefetchWait] | None = Field(
+        default=None,
+        max_length=16,
+        description="Phase Prefetching: the pre-pull pods not Ready yet and what each waits on (pull "
+        "errors first, at most 16): ContainerCreating while the pull runs, ErrImagePull or ImagePullBackOff "
+        "with the kubelet's message when a pull fails.",
     )
 
 
