@@ -140,3 +140,107 @@ def _answer(base: str) -> httpx.Response | None:
     except httpx.TransportError:
         return None  # kube-proxy programs a new endpoint asynchronously
     return r if r.status_code == 200 else None
+
+
+def blob_path(storage: Path, digest: str) -> Path:
+    """Where distribution's filesystem driver keeps a blob's bytes (shared by every repository)."""
+    algo, hexd = digest.split(":", 1)
+    return storage / "docker" / "registry" / "v2" / "blobs" / algo / hexd[:2] / hexd / "data"
+
+
+def test_a_registry_blob_modified_after_push_is_refused_and_the_rollout_rolls_back_with_stable_serving(
+    rn, ns, images, operator_release, tmp_path
+) -> None:
+    """Issue 37 item 4, first case. The weights layer of a pushed artifact is overwritten in the
+    registry's storage with bytes of the same length (the registry serves them under the old digest);
+    containerd hashes what it fetches and refuses the blob, so the pre-pull pod never gets its image
+    volume. The operator must name that pull error as PrefetchFailed well before
+    prefetch.timeoutSeconds, roll back to the stable bundle (Degraded=True PrefetchFailed, the bundle in
+    failedBundles), never create the canary Deployment, and the stable cohort must answer every request
+    meanwhile. The blob is restored from the model directory at the end, whatever happens: the
+    registry's storage outlives the cluster.
+
+    Not verified by its author (no cluster or Docker in that session): the kubelet's exact wording for a
+    failed image-volume pull (asserted loosely: a digest named in the message)."""
+    from modeldeploy.digest import dir_digest
+    from modeldeploy.oci.artifact import pack
+    from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    c, k, _ = rn
+    reg = c.registry()
+    good = make_tiny_model(tmp_path / "good", seed=0)
+    # a seed of its own: its weights layer is a blob no other test's artifact shares
+    bad = make_tiny_model(tmp_path / "bad", seed=37)
+    uri_good, uri_bad = push(good, reg.host, "models/tiny"), push(bad, reg.host, "models/tiny-corrupt")
+    art = pack(bad)
+    weights = art.layers[-1]  # one layer per *.safetensors, after the small files' layer
+    path = blob_path(reg.storage, weights.digest)
+    assert path.is_file() and path.stat().st_size == weights.size, path
+    runtime, name = images("runtime"), "ocicorrupt"
+    k.kubectl("delete", "md", name, "-n", ns, "--ignore-not-found", "--wait=true")
+    try:
+        flipped = bytearray(path.read_bytes())
+        flipped[len(flipped) // 2] ^= 0xFF  # same length, another sha256: what a disk or an attacker does
+        path.write_bytes(bytes(flipped))
+
+        k.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(oci_md(name, runtime, uri_good, dir_digest(good))),
+        )
+        k.wait(lambda: md_ready(k, ns, name), 600, f"ModelDeployment {name} Ready")
+        stable = status(k, ns, name)["stable"]["bundle"]
+        svc = k.core.read_namespaced_service(name, ns)
+        base = f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
+        k.wait(lambda: _answer(base), 60, f"a chat completion through {base}")
+
+        t0 = time.monotonic()
+        k.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(oci_md(name, runtime, uri_bad, dir_digest(bad))),
+        )
+        served, failed, canaries, st = 0, [], set(), {}
+        selector = f"{INSTANCE_LABEL}={name}"
+        deadline = t0 + 240  # prefetch.timeoutSeconds is 300: a rollback before it is the named failure
+        while time.monotonic() < deadline:
+            try:
+                r = chat(base)
+            except httpx.HTTPError as e:
+                failed.append(repr(e))
+            else:
+                if r.status_code == 200:
+                    served += 1
+                else:
+                    failed.append(f"{r.status_code} {r.text[:200]}")
+            deps = k.apps.list_namespaced_deployment(ns, label_selector=selector).items
+            canaries |= {d.metadata.labels.get(BUNDLE_LABEL) for d in deps} - {stable, None}
+            st = status(k, ns, name)
+            if st.get("phase") == "Stable" and st.get("failedBundles"):
+                break
+            time.sleep(0.5)
+        took = time.monotonic() - t0
+        print(f"[timing] apply (modified blob) -> rolled back {took:.1f}s; {served} stable answers meanwhile")
+        rollout = st.get("rollout") or {}
+        degraded = next((c for c in st.get("conditions", []) if c["type"] == "Degraded"), {})
+        assert st.get("phase") == "Stable" and st["stable"]["bundle"] == stable, st
+        assert (degraded.get("status"), degraded.get("reason")) == ("True", "PrefetchFailed"), degraded
+        assert "digest" in degraded.get("message", "") and "node " in degraded.get("message", ""), degraded
+        assert rollout.get("reason") == "PrefetchFailed" and len(st["failedBundles"]) == 1, rollout
+        assert not canaries, canaries  # the canary Deployment never existed: nothing waited on the pull
+        assert not failed and served > 0, failed  # the stable cohort untouched: every request answered
+        events = k.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout.split()
+        assert "PrefetchFailed" in events, events
+        pulls = k.apps.list_namespaced_deployment(ns, label_selector="modeldeploy.dev/prefetch").items
+        assert not [d for d in pulls if d.metadata.labels.get(INSTANCE_LABEL) == name], pulls
+    finally:
+        # the layer as `model push` made it, so a later push (which skips a blob the registry has) is sound
+        path.write_bytes(b"".join(weights.chunks()))
+        k.kubectl("delete", "md", name, "-n", ns, "--ignore-not-found", "--wait=false")

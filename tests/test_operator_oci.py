@@ -485,6 +485,15 @@ def test_a_blob_modified_after_push_ends_prefetching_on_the_first_failed_pull_na
         obj["status"]["stable"]["bundle"]
     }  # no canary Deployment was ever created: the stable cohort is untouched
     assert not [a for a in acts if isinstance(a, Create | Patch) and "prefetch" not in str(a)]
+    obj = {**obj, "status": st}
+    view = Observed([d for d in view.deployments if d["metadata"]["name"] != name], view.services, view.nodes)
+    st = next(a.status for a in plan(obj, view, at(1, 20)) if isinstance(a, PatchStatus))
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (st["phase"], st["failedBundles"], degraded["reason"]) == ("Stable", [new], "PrefetchFailed")
+    assert (
+        "node gpu-1: ErrImagePull" in degraded["message"]
+        and "unexpected commit digest" in degraded["message"]
+    )
 
 
 def test_a_pull_the_network_may_cure_is_shown_and_held_until_the_timeout_names_it() -> None:
