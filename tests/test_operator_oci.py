@@ -19,7 +19,7 @@ from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpe
 from modeldeploy.operator.controller.observe import LoadProbe
 from modeldeploy.operator.rollout import children, prefetch, progression
 from modeldeploy.operator.rollout.actions import Create, Delete, Event, Observed, Patch, PatchStatus
-from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL
+from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, deployment_name
 from modeldeploy.operator.rollout.machine import (
     Policy,
     RolloutState,
@@ -566,5 +566,102 @@ def test_observe_reads_what_the_pre_pull_pods_wait_on() -> None:
         pod = pull_pod("b" * 12, node, reason, DIGEST_MISMATCH if reason else "", ready=reason is None)
         pod["metadata"] |= {"namespace": "ns", "labels": pod_labels}
         kube.put(pod | {"kind": "Pod"})
+    hold = prefetch.hold_deployment(obj, spec, "c" * 12, ("engine", [("model", "r/m@sha256:00")]), 1)
+    held = pull_pod("c" * 12, "gpu-0", None) | {"kind": "Pod"}  # Running, not Ready yet
+    held["metadata"] |= {"namespace": "ns", "labels": hold["spec"]["template"]["metadata"]["labels"]}
+    held["status"] |= {"phase": "Running", "podIP": "127.0.0.1"}
+    kube.put(held)
     observed = Observer(kube, NodeCache(kube), LoadProbe(8000), ConformanceRunner(), Baselines()).observe(obj)
     assert observed.prefetch_waiting == {"b" * 12: [("gpu-1", "ErrImagePull", DIGEST_MISMATCH)]}
+    assert observed.loading == {}  # a hold pod serves nothing: never asked for its load progress
+
+
+# --- keepRollbackTarget: the rollback target's images kept in use -----------------------------------
+
+
+def after_promotion(keep: bool | None, model: str = OCI) -> tuple[dict[str, Any], Observed, str, str]:
+    """Stable on OCI2's bundle with OCI's (or `model`'s) in status.history and its Deployment still
+    observed (a cold prior: this pass deletes it); keepRollbackTarget as given."""
+    from modeldeploy.operator.rollout.bundle import bundle_id
+
+    old = oci_md()
+    old["spec"]["bundle"]["model"]["uri"] = model
+    new = oci_md()
+    new["spec"]["bundle"]["model"] |= {"uri": OCI2, "revision": "r2"}
+    if keep is not None:
+        new["spec"]["rollout"] = {"prefetch": {"keepRollbackTarget": keep}}
+    old_spec, new_spec = (ModelDeploymentSpec.model_validate(o["spec"]) for o in (old, new))
+    old_bid, new_bid = bundle_id(old_spec.bundle), bundle_id(new_spec.bundle)
+    deps = [
+        observed_of(children.deployment(old, old_spec, old_bid, 1), None),
+        observed_of(children.deployment(new, new_spec, new_bid, 2), None),
+    ]
+    new["status"] = {
+        "phase": "Stable",
+        "observedGeneration": 1,
+        "stable": {"bundle": new_bid},
+        "history": [{"bundle": old_bid}],
+        "rollout": {"reason": "Promoted"},
+    }
+    return new, Observed(deps, [], gpu_nodes(3)), old_bid, new_bid
+
+
+def holds(obs: Observed) -> list[dict[str, Any]]:
+    return [d for d in obs.deployments if prefetch.HOLD_LABEL in d["metadata"]["labels"]]
+
+
+def test_the_rollback_targets_images_are_held_on_every_node_once_no_serving_pod_mounts_them() -> None:
+    obj, obs, old, new = after_promotion(keep=True)
+    obj, obs, acts = reconcile(obj, obs, at(5))
+    gone = deployment_name("chat", old)
+    assert any(isinstance(a, Delete) and a.name == gone for a in acts)  # the cold prior's Deployment goes
+    [hold] = holds(obs)
+    assert hold["metadata"]["name"] == prefetch.hold_name("chat", old) and hold["spec"]["replicas"] == 3
+    pod = hold["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "model", "image": {"reference": OCI.removeprefix("oci://"), "pullPolicy": "IfNotPresent"}}
+    ]  # the target's artifact, not the spec's
+    assert pod["containers"][0]["image"] == obj["spec"]["bundle"]["engine"]["image"]
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["requests"]
+    term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["topologyKey"] == "kubernetes.io/hostname" and _restricted_violations(pod) == []
+    labels = hold["spec"]["template"]["metadata"]["labels"]
+    assert BUNDLE_LABEL not in labels and prefetch.PREFETCH_LABEL not in labels  # no Service, no pre-pull
+    assert {d["metadata"]["labels"].get(BUNDLE_LABEL) for d in obs.deployments} - {None} == {new}
+    # its own template is the record now: an idempotent pass writes nothing, a node more resizes it
+    name = hold["metadata"]["name"]
+
+    def writes(acts: list) -> list:
+        mine = [a for a in acts if isinstance(a, Patch | Delete) and a.name == name]
+        return mine + [
+            a for a in acts if isinstance(a, Create) and prefetch.HOLD_LABEL in a.obj["metadata"]["labels"]
+        ]
+
+    obj, obs, acts = reconcile(obj, obs, at(6))
+    assert not writes(acts)
+    obj, obs, acts = reconcile(obj, Observed(obs.deployments, obs.services, gpu_nodes(5)), at(7))
+    [patch] = writes(acts)
+    assert isinstance(patch, Patch) and holds(obs)[0]["spec"]["replicas"] == 5
+    assert holds(obs)[0]["spec"]["template"] == hold["spec"]["template"]
+
+
+def test_a_new_target_or_turning_it_off_drops_the_hold() -> None:
+    obj, obs, old, new = after_promotion(keep=True)
+    obj, obs, _ = reconcile(obj, obs, at(5))
+    assert len(holds(obs)) == 1
+    moved = copy.deepcopy(obj)
+    moved["status"]["history"].append({"bundle": "f" * 16})  # a later promotion: another target
+    _, after, acts = reconcile(moved, obs, at(6))
+    assert not holds(after)  # nothing to build the new target's hold from (its Deployment is gone)
+    assert any(isinstance(a, Event) and "no longer the rollback target" in a.message for a in acts)
+    off = copy.deepcopy(obj)
+    off["spec"]["rollout"]["prefetch"]["keepRollbackTarget"] = False
+    _, after, _ = reconcile(off, obs, at(6))
+    assert not holds(after)
+
+
+@pytest.mark.parametrize(("keep", "model"), [(None, OCI), (True, "pvc://models/tiny-llama")])
+def test_no_hold_by_default_nor_for_files_outside_the_image_store(keep: bool | None, model: str) -> None:
+    obj, obs, _, _ = after_promotion(keep=keep, model=model)
+    obj, obs, _ = reconcile(obj, obs, at(5))
+    assert not holds(obs)

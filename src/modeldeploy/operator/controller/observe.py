@@ -50,7 +50,7 @@ from modeldeploy.operator.rollout.actions import Observed
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
 from modeldeploy.operator.rollout.machine import UNDER_TEST, quality_stage
 from modeldeploy.operator.rollout.network import KIND as POLICY_KIND
-from modeldeploy.operator.rollout.prefetch import PREFETCH_LABEL
+from modeldeploy.operator.rollout.prefetch import HOLD_LABEL, PREFETCH_LABEL
 from modeldeploy.operator.rollout.prefetch import error_key as prefetch_error_key
 from modeldeploy.operator.rollout.prefetch import waiting as prefetch_waiting
 from modeldeploy.operator.rollout.progression import epoch, iso, policy
@@ -180,8 +180,10 @@ class LoadProbe:
                     continue
                 if not pod_ready(p) and (crashed := crash_failure(p)) is not None:  # restarted after a crash
                     crashes.setdefault(_error_key(p), crashed)
+                labels = p["metadata"].get("labels") or {}
                 if (
-                    PREFETCH_LABEL in (p["metadata"].get("labels") or {})  # pulls images, serves nothing
+                    PREFETCH_LABEL in labels  # pulls images, serves nothing
+                    or HOLD_LABEL in labels  # keeps the rollback target's images in use, serves nothing
                     or pod_ready(p)
                     or st.get("phase") != "Running"
                     or not st.get("podIP")

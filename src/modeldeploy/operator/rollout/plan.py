@@ -83,6 +83,7 @@ class Inputs:
     now_s: float
     have: dict[str, Have]  # observed size and Ready replicas per bundle (Replace capacity reads them)
     prefetching: dict[str, dict[str, Any]]  # observed pre-pull Deployments by the bundle they pull
+    holding: dict[str, dict[str, Any]]  # observed hold Deployments by the bundle they keep warm
 
     @classmethod
     def of(
@@ -96,6 +97,7 @@ class Inputs:
         labelled = ((d["metadata"].get("labels", {}).get(BUNDLE_LABEL), d) for d in obs.deployments)
         by_bundle = {b: d for b, d in labelled if b}
         pulls = ((d["metadata"].get("labels", {}).get(prefetch.PREFETCH_LABEL), d) for d in obs.deployments)
+        holds = ((d["metadata"].get("labels", {}).get(prefetch.HOLD_LABEL), d) for d in obs.deployments)
         have = {
             b: Have(int((d.get("spec") or {}).get("replicas") or 0), _ready(d)) for b, d in by_bundle.items()
         }
@@ -111,6 +113,7 @@ class Inputs:
             progression.epoch(now) or 0.0,
             have,
             {b: d for b, d in pulls if b},
+            {b: d for b, d in holds if b},
         )
 
     @property
@@ -147,7 +150,8 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     canary_id = state.canary if state.phase in IN_FLIGHT else None
     weight = canary_weight(state, x.policy)
     route_problem, routes = plan_routes(x, weight, canary_id is not None)
-    children_out = deployments + plan_prefetch(x, state) + plan_services(x, state, live, canary_id)
+    children_out = deployments + plan_prefetch(x, state) + plan_hold(x, state)
+    children_out += plan_services(x, state, live, canary_id)
     out += one_created(children_out + routes + plan_network(x))
     cohorts = plan_cohorts(x, state, sizes, canary_id, live)
     degraded = plan_degraded(x, state, unfit, route_problem)
@@ -272,6 +276,33 @@ def plan_prefetch(x: Inputs, state: RolloutState) -> list[Action]:
             Event(
                 "Normal", "Deleted", f"deleted Deployment {name} (pre-pull of {bid} done or no longer wanted)"
             ),
+        ]
+    return out
+
+
+def plan_hold(x: Inputs, state: RolloutState) -> list[Action]:
+    """With spec.rollout.prefetch.keepRollbackTarget: a hold Deployment keeping the rollback target's
+    images (status.history's newest bundle) in use on every node the bundle may use, so image garbage
+    collection leaves them (prefetch.py says why). Built from the target's Deployment while it exists (the
+    warm or cold prior after a promotion); after that the hold's own template is the record and only its
+    size follows the nodes. Any other hold is deleted: a new promotion moves the target."""
+    have = dict(x.holding)
+    target = state.history[-1] if state.history else None
+    out: list[Action] = []
+    if x.spec.rollout.prefetch.keep_rollback_target and target not in (None, state.stable):
+        assert target is not None
+        source = x.by_bundle.get(target) or have.get(target)
+        held = prefetch.held_images(source) if source is not None else None
+        if held is not None:
+            n = prefetch.pods_wanted(x.spec, x.observed.nodes)
+            out += reconcile_child(
+                prefetch.hold_deployment(x.md, x.spec, target, held, n), have.pop(target, None)
+            )
+    for bid, dep in have.items():
+        name = dep["metadata"]["name"]
+        out += [
+            Delete("Deployment", name),
+            Event("Normal", "Deleted", f"deleted Deployment {name} ({bid} is no longer the rollback target)"),
         ]
     return out
 

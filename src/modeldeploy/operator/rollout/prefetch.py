@@ -61,15 +61,26 @@ def pods_wanted(spec: ModelDeploymentSpec, nodes: list[NodeInfo] | None) -> int:
 
 
 def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int) -> dict[str, Any]:
-    name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
-    own = labels(name, bid)
+    name = md["metadata"]["name"]
     match = {"app.kubernetes.io/name": APP_NAME, INSTANCE_LABEL: name, PREFETCH_LABEL: bid}
+    pod = pod_spec(spec, match)
+    return _idle_deployment(md, name_of(name, bid), labels(name, bid), match, replicas, pod)
+
+
+def _idle_deployment(
+    md: dict[str, Any],
+    name: str,
+    own: dict[str, str],
+    match: dict[str, str],
+    replicas: int,
+    pod: dict[str, Any],
+) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": name_of(name, bid),
-            "namespace": ns,
+            "name": name,
+            "namespace": md["metadata"]["namespace"],
             "labels": own,
             "ownerReferences": [owner_reference(md)],
         },
@@ -78,20 +89,25 @@ def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas
             "selector": {"matchLabels": match},
             # all pods at once: a rolling update would wait for Ready pods that each hold a node
             "strategy": {"type": "Recreate"},
-            "template": {"metadata": {"labels": own}, "spec": pod_spec(spec, match)},
+            "template": {"metadata": {"labels": own}, "spec": pod},
         },
     }
 
 
 def pod_spec(spec: ModelDeploymentSpec, match: dict[str, str]) -> dict[str, Any]:
     """The engine image idling, with every image volume of the serving pod mounted read-only."""
-    volumes = [
-        {"name": v, "image": {"reference": ref, "pullPolicy": "IfNotPresent"}}
-        for v, ref in image_volumes(spec)
-    ]
+    return idle_pod(spec, spec.bundle.engine.image, image_volumes(spec), match, "prefetch")
+
+
+def idle_pod(
+    spec: ModelDeploymentSpec, image: str, refs: list[tuple[str, str]], match: dict[str, str], role: str
+) -> dict[str, Any]:
+    """`image` idling with the image volumes `refs` ((volume name, reference)) mounted read-only, one pod
+    per node (`match`: its pods), placed and pulling as spec's serving pods do."""
+    volumes = [{"name": v, "image": {"reference": ref, "pullPolicy": "IfNotPresent"}} for v, ref in refs]
     container = {
-        "name": "prefetch",
-        "image": spec.bundle.engine.image,
+        "name": role,
+        "image": image,
         "command": ["python3", "-c", IDLE],
         "volumeMounts": [
             {"name": v["name"], "mountPath": f"/prefetch/{v['name']}", "readOnly": True} for v in volumes
@@ -118,6 +134,54 @@ def pod_spec(spec: ModelDeploymentSpec, match: dict[str, str]) -> dict[str, Any]
     if volumes:
         pod["volumes"] = volumes
     return pod | placed | pull_secrets(spec)  # a private image or artifact pulls as the canary's would
+
+
+# ---- the rollback target kept warm (spec.rollout.prefetch.keepRollbackTarget) ---------------------
+#
+# The kubelet's image garbage collection removes only images no container uses, least recently used
+# first, once the image filesystem passes imageGCHighThresholdPercent (or, with imageMaximumGCAge set,
+# any image unused that long); an image volume counts as used while a container mounts it (the runtime
+# reports the mount's image, KEP-4639). After a promotion the stable's pods keep the stable bundle's
+# artifact in use and the warm prior's pods the prior's, until keepPrior.seconds ends; from then on no
+# pod mounts the rollback target's artifact and the node may delete it. A hold Deployment mounts it on
+# every node the bundle may use, one idle pod each, so it stays.
+
+HOLD_LABEL = "modeldeploy.dev/hold"  # the bundle id whose images the pod keeps in use
+
+
+def hold_name(md_name: str, bid: str) -> str:
+    return f"{md_name}-hold-{bid[:10]}"
+
+
+def held_images(dep: dict[str, Any]) -> tuple[str, list[tuple[str, str]]] | None:
+    """(engine image, [(volume name, reference)]) of a Deployment's pod template (a serving bundle's, or a
+    hold's): what a hold keeps in use; None when the template mounts no image volume (its files live in a
+    claim or an emptyDir, which image garbage collection never touches)."""
+    pod = ((dep.get("spec") or {}).get("template") or {}).get("spec") or {}
+    refs = [(v["name"], v["image"]["reference"]) for v in pod.get("volumes") or [] if v.get("image")]
+    containers = pod.get("containers") or []
+    if not refs or not containers or not containers[0].get("image"):
+        return None
+    return containers[0]["image"], refs
+
+
+def hold_deployment(
+    md: dict[str, Any],
+    spec: ModelDeploymentSpec,
+    bid: str,
+    held: tuple[str, list[tuple[str, str]]],
+    replicas: int,
+) -> dict[str, Any]:
+    """The hold of bundle `bid`'s images: `held` (held_images of its Deployment) on `replicas` nodes."""
+    name = md["metadata"]["name"]
+    own = instance_labels(name) | {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/component": "hold",
+        HOLD_LABEL: bid,
+    }
+    match = {"app.kubernetes.io/name": APP_NAME, INSTANCE_LABEL: name, HOLD_LABEL: bid}
+    pod = idle_pod(spec, held[0], held[1], match, "hold")
+    return _idle_deployment(md, hold_name(name, bid), own, match, replicas, pod)
 
 
 def progress(dep: dict[str, Any] | None) -> tuple[int, int] | None:

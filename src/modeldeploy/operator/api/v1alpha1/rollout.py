@@ -110,6 +110,15 @@ class Prefetch(_Model):
         "whose bytes do not match its digest, credentials refused) rolls back at once (PrefetchFailed), one "
         "that fails on the registry or network (refused, timed out, 5xx, 429) is retried until then.",
     )
+    keep_rollback_target: bool = Field(
+        default=False,
+        description="Keep the rollback target's images (status.history's newest bundle: its engine image and "
+        "oci:// image volumes) in use on every node the bundle may run on, with one idle pod per node (10m "
+        "CPU, no GPU) mounting them, so the kubelet's image garbage collection, which removes only images no "
+        "container uses, leaves them: a rollback or a spec reverted to that bundle finds them pulled. Costs "
+        "the disk of one more bundle per node. Without it the target stays pulled while the warm prior "
+        "(keepPrior) runs, then until the node needs the disk.",
+    )
 
 
 def _default_steps() -> list[RolloutStep]:
