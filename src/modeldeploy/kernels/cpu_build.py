@@ -1,6 +1,7 @@
-"""Compiling the CPU kernel (cpu/paged_attention.cpp): here on first use, or ahead of time for an image.
+"""Compiling the CPU kernels (cpu/paged_attention.cpp, cpu/quant_gemm.cpp): here on first use, or ahead
+of time for an image.
 
-Two ways to get the shared object, tried in this order by `cpu_attention`:
+Two ways to get a shared object, tried in this order by `cpu_attention` and `cpu_quant`:
 
 1. **Prebuilt** (the runtime image): `python3 cpu_build.py --out DIR` compiles one object per
    x86-64 micro-architecture level (v4 = AVX-512, v3 = AVX2 + FMA, v2 = SSE4.2) in a builder
@@ -28,6 +29,8 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
+QUANT_SOURCE = Path(__file__).parent / "cpu" / "quant_gemm.cpp"  # weight-only int4/int8 GEMM (cpu_quant)
+SOURCES = (SOURCE, QUANT_SOURCE)  # what an image prebuilds
 FLAGS = ("-O3", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 ENV_PREBUILT = "MODELDEPLOY_CPU_KERNELS_PREBUILT"  # directory of prebuilt objects (the image sets it)
 # x86-64 psABI levels, highest first, with the /proc/cpuinfo flags each one needs (gcc >= 11).
@@ -64,7 +67,7 @@ def source_hash(source: Path = SOURCE) -> str:
 
 
 def prebuilt_name(level: str, source: Path = SOURCE) -> str:
-    return f"paged_attention_{source_hash(source)}_{level}.so"
+    return f"{source.stem}_{source_hash(source)}_{level}.so"
 
 
 def levels_of(flags: str) -> list[str]:
@@ -86,13 +89,15 @@ def find_prebuilt(
     return None
 
 
-def compile_to(cxx: str, out: Path, arch_flags: tuple[str, ...], extra: tuple[str, ...] = ()) -> None:
-    """Compile SOURCE into `out` atomically (concurrent builders, e.g. tensor-parallel ranks, agree)."""
+def compile_to(
+    cxx: str, out: Path, arch_flags: tuple[str, ...], extra: tuple[str, ...] = (), source: Path = SOURCE
+) -> None:
+    """Compile `source` into `out` atomically (concurrent builders, e.g. tensor-parallel ranks, agree)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     proc = subprocess.run(
-        [cxx, *FLAGS, *arch_flags, str(SOURCE), "-o", tmp, *extra],
+        [cxx, *FLAGS, *arch_flags, str(source), "-o", tmp, *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -104,23 +109,23 @@ def compile_to(cxx: str, out: Path, arch_flags: tuple[str, ...], extra: tuple[st
     os.replace(tmp, out)
 
 
-def build_here(cache_dirs: list[Path]) -> Path:
+def build_here(cache_dirs: list[Path], source: Path = SOURCE) -> Path:
     """The `-march=native` object for this CPU and compiler, built into the first writable cache dir."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler on PATH (g++, c++, clang++; or set CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode(), cpu_flags().encode()])
+        b"\0".join([source.read_bytes(), version.encode(), " ".join(FLAGS).encode(), cpu_flags().encode()])
     )
-    name = f"paged_attention_{key.hexdigest()[:16]}.so"
+    name = f"{source.stem}_{key.hexdigest()[:16]}.so"
     errors = []
     for d in cache_dirs:
         target = d / name
         if target.exists():
             return target
         try:
-            compile_to(cxx, target, ("-march=native",))
+            compile_to(cxx, target, ("-march=native",), source=source)
             return target
         except OSError as e:
             errors.append(f"{d}: {e}")
@@ -137,22 +142,23 @@ def _libgomp(cxx: str) -> Path:
     return path
 
 
-def build_prebuilt(out: Path, levels: list[str]) -> list[Path]:
-    """One object per level in `out`, plus libgomp.so.1 beside them (their rpath is $ORIGIN)."""
+def build_prebuilt(out: Path, levels: list[str], sources: tuple[Path, ...] = (SOURCE,)) -> list[Path]:
+    """One object per source and level in `out`, plus libgomp.so.1 beside them (their rpath is $ORIGIN)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler on PATH (g++, c++, clang++; or set CXX)")
     built = []
-    for level in levels:
-        target = out / prebuilt_name(level)
-        compile_to(cxx, target, (f"-march={level}", "-mtune=generic"), ("-Wl,-rpath,$ORIGIN",))
-        built.append(target)
+    for source in sources:
+        for level in levels:
+            target = out / prebuilt_name(level, source)
+            compile_to(cxx, target, (f"-march={level}", "-mtune=generic"), ("-Wl,-rpath,$ORIGIN",), source)
+            built.append(target)
     shutil.copy(_libgomp(cxx), out / "libgomp.so.1")
     return built
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="prebuild the CPU paged-attention kernel for a runtime image")
+    p = argparse.ArgumentParser(description="prebuild the CPU kernels (attention, quantized GEMM) for images")
     p.add_argument(
         "--out", required=True, help="directory for the objects (the image's $" + ENV_PREBUILT + ")"
     )
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not levels:
         p.error(f"--levels: unknown level(s) {unknown or levels}; choose from {', '.join(LEVELS)}")
     try:
-        for path in build_prebuilt(Path(a.out), levels):
+        for path in build_prebuilt(Path(a.out), levels, SOURCES):
             print(f"built {path}")
     except RuntimeError as e:
         print(f"cpu_build: {e}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """The one door the engine uses for hot ops: CUDA tensors go to the CuPy kernels,
 CPU paged attention to the in-place C++ kernel (`kernels.cpu_attention`, built on first use
 when a compiler is present), CPU float32 linear layers to oneDNN with packed weights
-(`kernels.cpu_gemm`), everything else to the torch reference twins
-(`modeldeploy.kernels.reference`).
+(`kernels.cpu_gemm`), quantized weights (`kernels.quant.QuantLinear`) on CPU float32 to the C++
+group-wise int4/int8 kernel (`kernels.cpu_quant`), everything else to the torch reference twins
+(`modeldeploy.kernels.reference`, `quant.linear`).
 
 The engine never imports a kernel module directly, so CPU-only installs never
 import cupy, and a GPU build swaps implementations without touching the engine.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from modeldeploy.kernels import cpu_gemm, reference
+from modeldeploy.kernels import cpu_gemm, cpu_quant, quant, reference
 
 # Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
 _CUDA: dict[str, object] = {}
@@ -56,7 +57,11 @@ def describe(device: str) -> dict[str, object]:
         return {"attention": "cuda" if device.startswith("cuda") else "reference"}
     from modeldeploy.kernels import cpu_attention
 
-    return {"attention": cpu_attention.build(), "linear": cpu_gemm.path_in_use()}
+    return {
+        "attention": cpu_attention.build(),
+        "linear": cpu_gemm.path_in_use(),
+        "quantized_linear": cpu_quant.path_in_use(),
+    }
 
 
 def _impl(name: str, t: torch.Tensor):
@@ -80,13 +85,28 @@ def _impl(name: str, t: torch.Tensor):
 
 def pack_linear(weight):
     """A [out, in] weight in the form `linear` runs fastest on its device: packed once for oneDNN
-    on CPU float32 (`kernels.cpu_gemm`), the tensor itself elsewhere. The model keeps only this."""
+    on CPU float32 (`kernels.cpu_gemm`), a QuantLinear as it is, the tensor itself elsewhere.
+    The model keeps only this."""
+    if isinstance(weight, quant.QuantLinear):
+        return weight
     return cpu_gemm.pack(weight)
 
 
 def linear(x, weight, bias=None):
     """x @ weight.T (+ bias) for a weight from `pack_linear` (or a plain tensor)."""
+    if isinstance(weight, quant.QuantLinear):
+        if cpu_quant.supports(x, weight):
+            return cpu_quant.linear(x, weight, bias)
+        return quant.linear(x, weight, bias)
     return cpu_gemm.linear(x, weight, bias)
+
+
+def embedding(ids, table, dtype=torch.float32):
+    """Rows `ids` of the embedding table: a plain tensor, or a QuantLinear (those rows de-quantized
+    to `dtype`, the model's)."""
+    if isinstance(table, quant.QuantLinear):
+        return table.rows(ids, dtype)
+    return torch.nn.functional.embedding(ids, table)
 
 
 def rms_norm(x, weight, eps, residual=None):

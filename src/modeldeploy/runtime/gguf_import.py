@@ -14,16 +14,31 @@ digest and so the bytes must be the same on every run and every machine:
 
 The runtime serves the directory like any other (safetensors, not GGUF), so engine equality is
 checked against transformers on exactly the weights it serves.
+
+The runtime also serves a directory holding the .gguf file itself (runtime/loader.py), with the
+weights kept quantized: `read_gguf_weights` below reads them for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from modeldeploy.kernels.quant import QuantLinear
+    from modeldeploy.runtime.models.llama import ModelArgs
+
+log = logging.getLogger("modeldeploy.runtime")
 
 GGUF_MAGIC = b"GGUF"
 # GGUF `general.architecture` -> the transformers class the runtime serves (models/llama.py SUPPORTED).
@@ -71,6 +86,162 @@ def read_architecture(path: Path) -> str:
     if not isinstance(arch, str):
         raise GGUFImportError(f"FILE: {path} has no general.architecture in its GGUF metadata")
     return arch
+
+
+# GGUF tensor names -> the transformers names the runtime reads ({i}: the layer).
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The transformers name of a GGUF tensor name (None for one the runtime does not read)."""
+    if gguf_name in _GGUF_NAMES:
+        return _GGUF_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+@dataclass
+class GGUFWeights:
+    """The weights of a GGUF file as the runtime holds them, and what happened to each type."""
+
+    weights: dict[str, torch.Tensor | QuantLinear]
+    file: str
+    file_type: str  # general.file_type as llama.cpp names it (e.g. MOSTLY_Q4_1), "" when absent
+    kept: Counter = field(default_factory=Counter)  # GGUF type -> tensors kept quantized
+    dequantized: Counter = field(default_factory=Counter)  # GGUF type -> tensors de-quantized
+    floats: Counter = field(default_factory=Counter)  # F32/F16/BF16 -> tensors (read as floats)
+
+    def summary(self) -> dict[str, Any]:
+        """For /v1/bundle (engine_info.quantization): what the served bytes are."""
+        from modeldeploy.kernels.quant import nbytes
+
+        return {
+            "format": "gguf",
+            "file": self.file,
+            "file_type": self.file_type,
+            "kept_quantized": dict(sorted(self.kept.items())),
+            "dequantized": dict(sorted(self.dequantized.items())),
+            "float": dict(sorted(self.floats.items())),
+            "weight_bytes": sum(nbytes(w) for w in self.weights.values()),
+        }
+
+
+def _reverse_permute(n: int, heads: int) -> np.ndarray:
+    """Row order undoing llama.cpp's q/k permutation (transformers' `_reverse_permute_weights`):
+    within each head, the interleaved (even, odd) rotary rows back to halves."""
+    import numpy as np
+
+    return np.arange(n).reshape(heads, n // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def _float_data(t: Any, kind: str, quants: Any) -> np.ndarray:
+    """A GGUF tensor that is not kept quantized, as a float32 array (de-quantized by gguf-py)."""
+    import numpy as np
+
+    from modeldeploy.kernels.quant import GGUF_TYPES
+
+    if kind in _FLOAT_TYPES:
+        return np.array(t.data, dtype=np.float32)
+    try:
+        return np.asarray(quants.dequantize(np.asarray(t.data), t.tensor_type), dtype=np.float32)
+    except NotImplementedError:
+        raise ValueError(
+            f"model: GGUF tensor {t.name} has type {kind}, which neither the runtime nor gguf-py "
+            f"reads; kept quantized: {', '.join(GGUF_TYPES)}"
+        ) from None
+
+
+def read_gguf_weights(path: Path, args: ModelArgs, dtype: torch.dtype, arch: str) -> GGUFWeights:
+    """Every tensor the model reads from a GGUF file: Q4_0/Q4_1/Q4_K/Q8_0 matrices kept quantized
+    (QuantLinear), F32/F16/BF16 read as `dtype`, any other type de-quantized to `dtype` with a log
+    line naming the tensors (a type gguf-py cannot de-quantize is refused, naming tensor and type).
+    ValueError names a missing tensor or a shape that does not match the config."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, quants
+
+    from modeldeploy.kernels.quant import GGUF_TYPES, from_gguf
+    from modeldeploy.runtime.models.llama import expected_weight_shapes
+
+    reader = GGUFReader(path)
+    ft = reader.fields.get("general.file_type")
+    file_type = ""
+    if ft is not None:
+        from gguf import LlamaFileType
+
+        try:
+            file_type = LlamaFileType(int(ft.contents())).name
+        except (ValueError, TypeError):
+            file_type = str(ft.contents())
+    out = GGUFWeights({}, path.name, file_type)
+    want = expected_weight_shapes(args)
+    # llama.cpp permutes llama's q/k rows for its rotary layout; transformers undoes it, and so do we
+    heads = {"q_proj": args.num_heads, "k_proj": args.num_kv_heads} if arch == "llama" else {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None or name not in want:
+            continue
+        shape = tuple(int(x) for x in reversed(list(t.shape)))  # GGUF lists ne0 (the row length) first
+        if shape != want[name]:
+            raise ValueError(
+                f"model: GGUF tensor {t.name} ({name}) has shape {shape}, config implies {want[name]}"
+            )
+        kind = t.tensor_type.name
+        h = next((n for k, n in heads.items() if name.endswith(f"self_attn.{k}.weight")), None)
+        order = None if h is None else torch.from_numpy(_reverse_permute(shape[0], h))
+        if kind in GGUF_TYPES and len(shape) == 2:
+            q = from_gguf(kind, np.asarray(t.data).reshape(shape[0], -1), shape[1])
+            out.weights[name] = q if order is None else q.take_rows(order)
+            out.kept[kind] += 1
+            continue
+        (out.floats if kind in _FLOAT_TYPES else out.dequantized)[kind] += 1
+        w = torch.from_numpy(_float_data(t, kind, quants)).reshape(shape).to(dtype)
+        out.weights[name] = w if order is None else w[order]
+    missing = [n for n in want if n not in out.weights]
+    if missing:
+        raise ValueError(
+            f"model: tensors missing from {path.name}: {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
+    if out.dequantized:
+        log.warning(
+            "GGUF %s: de-quantized to %s (not kept quantized, only %s are): %s",
+            path.name,
+            dtype,
+            ", ".join(GGUF_TYPES),
+            ", ".join(f"{n} tensors of {k}" for k, n in sorted(out.dequantized.items())),
+        )
+    log.info(
+        "GGUF %s (%s): kept quantized %s; float %s",
+        path.name,
+        file_type,
+        dict(out.kept) or "none",
+        dict(out.floats) or "none",
+    )
+    return out
 
 
 def _clean(data: Any) -> Any:

@@ -1,7 +1,13 @@
 """Load a pinned model directory: verify digests, read the config, the tokenizer and
-the weights (single or sharded safetensors), or make dummy weights for benchmarks.
+the weights (single or sharded safetensors, or one GGUF file), or make dummy weights for benchmarks.
 
 transformers is used only here, and only to read configs and tokenizers.
+
+A directory holding one `*.gguf` file and no config.json is served as llama.cpp users serve it:
+config and tokenizer (chat template included) from the file's metadata through transformers'
+`gguf_file=` support, weights read with the `gguf` package's GGUFReader (gguf_import.py), the
+Q4_0/Q4_1/Q4_K/Q8_0 GEMM weights and embedding kept quantized (`kernels.quant.QuantLinear`).
+The digest covers the .gguf file like any other file.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 import torch
 
 from modeldeploy.digest import dir_digest, verify
+from modeldeploy.kernels.quant import QuantLinear
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.models.llama import ModelArgs, expected_weight_shapes
 from modeldeploy.runtime.models.shard import Shard
@@ -25,7 +32,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 @dataclass
 class Loaded:
     args: ModelArgs
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor | QuantLinear]
     tokenizer: Any  # a Hugging Face tokenizer
     dtype: torch.dtype
     device: torch.device
@@ -34,6 +41,9 @@ class Loaded:
     tokenizer_digest: str
     eos_token_ids: list[int]
     shard: Shard = Shard()
+    # what a GGUF model keeps quantized and what it de-quantized (gguf_import.GGUFWeights.summary);
+    # None for a float model directory
+    quantization: dict[str, Any] | None = None
 
     @property
     def rank_args(self) -> ModelArgs:
@@ -79,8 +89,12 @@ def load(
     from transformers import AutoTokenizer
 
     model_dir = Path(config.model)
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"model: {model_dir} has no config.json (expected a Hugging Face model directory)")
+    gguf = gguf_file(model_dir)
+    if gguf is None and not (model_dir / "config.json").is_file():
+        raise ValueError(
+            f"model: {model_dir} has no config.json (expected a Hugging Face model directory) "
+            "and no .gguf file"
+        )
     tok_dir = Path(config.tokenizer or config.model)
     progress("verifying", 0.0)
     if config.model_digest:
@@ -92,13 +106,17 @@ def load(
         model_digest if tok_dir == model_dir else dir_digest(tok_dir)
     )
 
+    if gguf is not None:
+        return _load_gguf(config, gguf, tok_dir, model_digest, tokenizer_digest, progress)
     hf = hf_config(model_dir, config.hf_overrides)
     shard = Shard(0, config.tensor_parallel_size)
     args, device, dtype, max_len = _model_setup(config, hf, shard)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     before_weights(args, device)
     progress("loading weights", 0.05)
-    weights = load_weights(config, args, dtype, device, shard, progress)
+    weights: dict[str, torch.Tensor | QuantLinear] = dict(
+        load_weights(config, args, dtype, device, shard, progress)
+    )
     eos = getattr(hf, "eos_token_id", None)
     gen_cfg = model_dir / "generation_config.json"
     if gen_cfg.is_file():
@@ -108,6 +126,81 @@ def load(
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return Loaded(
         args, weights, tokenizer, dtype, device, max_len, model_digest, tokenizer_digest, eos_ids, shard
+    )
+
+
+def gguf_file(model_dir: Path) -> Path | None:
+    """The GGUF file a model directory is served from: its one `*.gguf` when it has no config.json
+    (a directory with config.json is a Hugging Face one, whatever else it holds)."""
+    if (model_dir / "config.json").is_file() or not model_dir.is_dir():
+        return None
+    found = sorted(model_dir.glob("*.gguf"))
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ValueError(
+            f"model: {model_dir} holds {len(found)} .gguf files ({names}); serve one per directory"
+        )
+    return found[0] if found else None
+
+
+def _load_gguf(
+    config: EngineConfig,
+    path: Path,
+    tok_dir: Path,
+    model_digest: str,
+    tokenizer_digest: str,
+    progress: Progress,
+) -> Loaded:
+    """A GGUF model directory: config and tokenizer from the file's metadata (transformers), the
+    weights through gguf_import.read_gguf_weights, quantized ones kept so. One rank: the quantized
+    GEMMs are not sharded (tensor_parallel_size > 1 is refused)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from modeldeploy.runtime.gguf_import import ARCHITECTURES, read_architecture, read_gguf_weights
+
+    if config.tensor_parallel_size > 1:
+        raise ValueError(
+            f"tensor_parallel_size: {config.tensor_parallel_size}; a GGUF model is served on one rank "
+            "(import it with `modeldeploy model import-gguf` to shard the float weights)"
+        )
+    if config.hf_overrides:
+        raise ValueError(
+            "hf_overrides: not applied to a GGUF model directory (its config is the file's metadata); "
+            "import it with `modeldeploy model import-gguf` to override config fields"
+        )
+    if config.load_format == "dummy":
+        raise ValueError("load_format: 'dummy' needs a Hugging Face model directory, not a GGUF file")
+    arch = read_architecture(path)
+    if arch not in ARCHITECTURES:
+        served = ", ".join(sorted(ARCHITECTURES))
+        raise ValueError(f"model: {path} has architecture {arch!r}; served: {served}")
+    d, name = str(path.parent), path.name
+    hf = AutoConfig.from_pretrained(d, gguf_file=name)
+    hf.architectures = [ARCHITECTURES[arch]]
+    args, device, dtype, max_len = _model_setup(config, hf, Shard())
+    tokenizer = (
+        AutoTokenizer.from_pretrained(d, gguf_file=name)
+        if tok_dir == path.parent
+        else AutoTokenizer.from_pretrained(tok_dir)
+    )
+    progress("loading weights", 0.05)
+    read = read_gguf_weights(path, args, dtype, arch)
+    weights = {k: v.to(device) for k, v in read.weights.items()}
+    progress("loading weights", 0.9)
+    eos = getattr(hf, "eos_token_id", None)
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return Loaded(
+        args,
+        weights,
+        tokenizer,
+        dtype,
+        device,
+        max_len,
+        model_digest,
+        tokenizer_digest,
+        eos_ids,
+        Shard(),
+        quantization=read.summary(),
     )
 
 
@@ -146,7 +239,9 @@ def load_shard(config: EngineConfig, shard: Shard, progress: Progress = lambda p
     holds the tokenizer)."""
     hf = hf_config(Path(config.model), config.hf_overrides)
     args, device, dtype, max_len = _model_setup(config, hf, shard)
-    weights = load_weights(config, args, dtype, device, shard, progress)
+    weights: dict[str, torch.Tensor | QuantLinear] = dict(
+        load_weights(config, args, dtype, device, shard, progress)
+    )
     return Loaded(args, weights, None, dtype, device, max_len, "", "", [], shard)
 
 

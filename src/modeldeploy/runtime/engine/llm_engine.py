@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from modeldeploy.kernels import dispatch
+from modeldeploy.kernels import dispatch, quant
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.block_manager import BlockManager
 from modeldeploy.runtime.engine.detokenizer import Detokenizer
@@ -117,7 +117,7 @@ class LLMEngine:
     def _build(self, config: EngineConfig, progress: Callable[[str, float], None]) -> None:
         loaded = load(config, progress, before_weights=lambda args, device: self._start_ranks(config, device))
         worker_free = None
-        self.weight_bytes = [sum(t.numel() * t.element_size() for t in loaded.weights.values())]
+        self.weight_bytes = [sum(quant.nbytes(t) for t in loaded.weights.values())]  # quantized too
         if self.tp is not None:
             progress("waiting for ranks", 0.9)
             reports = self.tp.wait_ready(config.tp_timeout_s + 600)
@@ -484,6 +484,8 @@ class LLMEngine:
             "tokenizer_digest": li.tokenizer_digest,
             "dtype": self.config.dtype,
             "device": self.config.device,
+            # a GGUF model's formats kept quantized / de-quantized (loader.py); None: float weights
+            "quantization": li.quantization,
             "num_kv_blocks": self.config.num_kv_blocks,
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,

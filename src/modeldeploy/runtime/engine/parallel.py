@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from modeldeploy.kernels import quant
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.models.shard import Shard
 
@@ -232,7 +233,7 @@ def _worker_setup(config: EngineConfig, rank: int, store_port: int, conn: mpc.Co
     collective = Collective(store, rank, shard.size, device, config.tp_timeout_s)
     loaded = load_shard(config, shard)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    held = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    held = sum(quant.nbytes(t) for t in loaded.weights.values())
     _send(conn, ("ready", {"rank": rank, "pid": os.getpid(), "free_bytes": free, "weight_bytes": held}))
     message = pickle.loads(conn.recv_bytes())
     if message[0] != "alloc":  # rank 0 gave up before allocating (its own load failed): stop

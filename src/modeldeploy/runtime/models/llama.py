@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from modeldeploy.kernels import dispatch
+from modeldeploy.kernels.quant import QuantLinear, cat_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -138,12 +138,12 @@ class AttnMeta:
 
 class Layer:
     """One decoder block; norms as plain tensors, the four GEMM weights (q/k/v and gate/up fused)
-    as `dispatch.pack_linear` made them."""
+    as `dispatch.pack_linear` made them (a QuantLinear stays quantized)."""
 
     def __init__(
         self,
         args: ModelArgs,
-        w: dict[str, torch.Tensor | PackedLinear],
+        w: dict[str, torch.Tensor | PackedLinear | QuantLinear],
         index: int = 0,
         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
@@ -229,13 +229,16 @@ class LlamaModel:
     def __init__(
         self,
         args: ModelArgs,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, torch.Tensor | QuantLinear],
         max_pos: int,
         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.args = args
-        self.embed = weights["model.embed_tokens.weight"]  # [V, E]
-        self.norm = weights["model.norm.weight"]
+        # [V, E]: a tensor, or a QuantLinear (a GGUF's quantized embedding, looked up row by row)
+        self.embed = weights["model.embed_tokens.weight"]
+        norm = weights["model.norm.weight"]
+        assert isinstance(norm, torch.Tensor), "norm weights are never quantized"
+        self.norm = norm
         # None on tensor-parallel ranks > 0: only rank 0 samples (shard.py)
         # (tied: the embedding itself, unpacked: the lookup needs it and a packed copy would double it;
         # untied: packed, and the loader's unpacked reference dropped)
@@ -258,7 +261,7 @@ class LlamaModel:
         lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, E] (LoRA deltas per token when given)."""
-        x = F.embedding(input_ids, self.embed)
+        x = dispatch.embedding(input_ids, self.embed, self.norm.dtype)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = layer.forward(x, residual, positions, self.cos_sin, k_cache, v_cache, meta, lora)
@@ -271,22 +274,23 @@ class LlamaModel:
 
 
 def _layer_weights(
-    w: dict[str, torch.Tensor], i: int, args: ModelArgs
-) -> dict[str, torch.Tensor | PackedLinear]:
+    w: dict[str, torch.Tensor | QuantLinear], i: int, args: ModelArgs
+) -> dict[str, torch.Tensor | PackedLinear | QuantLinear]:
     p = f"model.layers.{i}."
-    out = {
+    qkv = cat_rows([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], f"{p}qkv")
+    gate_up = cat_rows([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], f"{p}gate_up")
+    out: dict[str, torch.Tensor | PackedLinear | QuantLinear] = {
         "input_norm": w[p + "input_layernorm.weight"],
         "post_norm": w[p + "post_attention_layernorm.weight"],
-        # the GEMM weights in the form dispatch.linear runs fastest (oneDNN-packed on CPU float32)
-        "qkv": dispatch.pack_linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])),
+        # the GEMM weights in the form dispatch.linear runs fastest (oneDNN-packed on CPU float32;
+        # quantized ones stay so: QuantLinear, the fused ones concatenated by rows)
+        "qkv": dispatch.pack_linear(qkv),
         "o": dispatch.pack_linear(w[p + "self_attn.o_proj.weight"]),
-        "gate_up": dispatch.pack_linear(
-            torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
-        ),
+        "gate_up": dispatch.pack_linear(gate_up),
         "down": dispatch.pack_linear(w[p + "mlp.down_proj.weight"]),
     }
     if args.qkv_bias:
-        out["qkv_bias"] = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        out["qkv_bias"] = cat_rows([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])  # float tensors
     if args.qk_norm:
         out["q_norm"] = w[p + "self_attn.q_norm.weight"]
         out["k_norm"] = w[p + "self_attn.k_norm.weight"]

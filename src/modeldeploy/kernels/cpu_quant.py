@@ -1,0 +1,150 @@
+"""Quantized linear layers on CPU (cpu/quant_gemm.cpp): float32 activations times a `QuantLinear`
+(4-bit or 8-bit groups of 32, float32 scales) without rebuilding the float weight. Twin:
+`quant.linear` (de-quantize, then F.linear).
+
+Up to `FUSED_MAX_ROWS` rows (decode steps, short chunks) the kernel rebuilds each group of 32
+weights in registers once and multiplies it into every row: it reads 0.75 (4-bit) or 1.125
+(8-bit) bytes per weight instead of float32's 4. Measured against oneDNN on a packed float32
+weight, one thread, this machine (bench/results/serving_real_cpu.md, "Quantized weights"): equal
+at 16 rows, 1.7x faster at 1 row on the 49152 x 576 head, 1.5-2.5x slower at 64-256 rows. So
+longer chunks (prefill) rebuild the float32 weight once per call (`mdq_dequant`, a transient
+[N, K] buffer) and multiply with torch's BLAS, which is within 10 % of oneDNN there.
+
+Built and loaded like the paged-attention kernel (kernels/cpu_build.py: prebuilt per x86-64 level
+in the image, else compiled here on first use); without either, or with MODELDEPLOY_CPU_KERNELS=0,
+`available()` is False and dispatch uses the twin, which a log line says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from modeldeploy.kernels import cpu_build
+from modeldeploy.kernels.cpu_attention import ENV_SWITCH, _cache_dirs
+from modeldeploy.kernels.quant import QuantLinear
+
+log = logging.getLogger("modeldeploy.kernels")
+
+SOURCE = cpu_build.QUANT_SOURCE
+ABI_VERSION = 1
+FUSED_MAX_ROWS = 32  # more rows: de-quantize once, then BLAS (see the docstring)
+
+_lib: ctypes.CDLL | None = None
+_state = "unloaded"  # unloaded | loaded | unavailable
+_why = ""
+_origin = ""
+_lock = threading.Lock()
+
+
+def _object() -> tuple[Path, str]:
+    prebuilt = os.environ.get(cpu_build.ENV_PREBUILT)
+    if prebuilt:
+        found = cpu_build.find_prebuilt(Path(prebuilt), source=SOURCE)
+        if found is not None:
+            return found[0], f"prebuilt {found[1]}"
+        log.warning("CPU quantized GEMM: no prebuilt object in %s for this source and CPU", prebuilt)
+    if cpu_build.compiler() is None:
+        raise RuntimeError("no C++ compiler on PATH (g++, c++, clang++; or set CXX)")
+    return cpu_build.build_here(_cache_dirs(), SOURCE), "built here (-march=native)"
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _state, _why, _origin
+    with _lock:
+        if _state != "unloaded":
+            return _lib
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            _state, _why = "unavailable", f"{ENV_SWITCH}=0"
+        else:
+            try:
+                path, origin = _object()
+                lib = ctypes.CDLL(str(path))
+                if lib.mdq_abi_version() != ABI_VERSION:
+                    raise RuntimeError("ABI version mismatch")
+                i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+                lib.mdq_linear.argtypes = [i, p, i64, i64, p, p, p, i64, p, i]
+                lib.mdq_linear.restype = None
+                lib.mdq_dequant.argtypes = [i, p, p, p, i64, i64, p, i]
+                lib.mdq_dequant.restype = None
+                _lib, _state, _origin = lib, "loaded", origin
+            except Exception as e:  # noqa: BLE001  (any failure means: use the twin)
+                _state, _why = "unavailable", str(e)
+        if _state == "loaded":
+            log.info("CPU quantized linear layers: C++ kernel (%s, %s)", SOURCE.name, _origin)
+        else:
+            log.warning("CPU quantized linear layers: torch twin (de-quantize, then GEMM): %s", _why)
+        return _lib
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def path_in_use() -> str:
+    """'cpp (origin)' or 'reference (why)', for /v1/bundle."""
+    return f"cpp ({_origin})" if available() else f"reference ({_why})"
+
+
+def supports(x: torch.Tensor, w: QuantLinear) -> bool:
+    """Whether the kernel takes this call: CPU float32 activations and weight, and a loaded kernel."""
+    return x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == torch.float32 and available()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def dequantize(w: QuantLinear) -> torch.Tensor:
+    """The float32 [N, K] weight, rebuilt by the kernel (equal to `w.dequantize()`)."""
+    lib = _load()
+    if lib is None:
+        return w.dequantize()
+    out = torch.empty(w.out_features, w.in_features, dtype=torch.float32)
+    lib.mdq_dequant(
+        w.bits,
+        _ptr(w.qweight),
+        _ptr(w.scales),
+        _ptr(w.zeros),
+        w.out_features,
+        w.in_features,
+        _ptr(out),
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def linear(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] float32 @ w.T (+ bias) -> [T, N] on CPU (callers check `supports` first)."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"CPU quantized GEMM kernel unavailable: {_why}")
+    if x.shape[-1] != w.in_features:
+        raise ValueError(f"linear: input has {x.shape[-1]} features, the weight takes {w.in_features}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, w.in_features).contiguous()
+    rows = x2.shape[0]
+    if rows > FUSED_MAX_ROWS:
+        return F.linear(x, dequantize(w), bias)
+    out = torch.empty(rows, w.out_features, dtype=torch.float32)
+    lib.mdq_linear(
+        w.bits,
+        _ptr(x2),
+        rows,
+        w.in_features,
+        _ptr(w.qweight),
+        _ptr(w.scales),
+        _ptr(w.zeros),
+        w.out_features,
+        _ptr(out),
+        torch.get_num_threads(),
+    )
+    if bias is not None:
+        out += bias
+    return out.reshape(*lead, w.out_features)
