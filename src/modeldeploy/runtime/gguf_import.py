@@ -68,6 +68,13 @@ class GGUFImportError(ValueError):
 
 def read_architecture(path: Path) -> str:
     """The GGUF file's `general.architecture`; GGUFImportError for a missing or non-GGUF file."""
+    return open_gguf(path)[1]
+
+
+def open_gguf(path: Path) -> tuple[Any, str]:
+    """(a GGUFReader of the file, its `general.architecture`): one parse of the metadata (seconds
+    for a 49k-token vocabulary), shared by the checks and the weights. GGUFImportError for a
+    missing or non-GGUF file."""
     if not path.is_file():
         raise GGUFImportError(f"FILE: {path} does not exist or is not a file")
     with open(path, "rb") as f:
@@ -79,13 +86,14 @@ def read_architecture(path: Path) -> str:
     from gguf import GGUFReader
 
     try:
-        field = GGUFReader(path).fields.get("general.architecture")
+        reader = GGUFReader(path)
+        field = reader.fields.get("general.architecture")
         arch = field.contents() if field is not None else None
     except (ValueError, IndexError, OSError) as e:  # a truncated or corrupt header
         raise GGUFImportError(f"FILE: {path} is not a readable GGUF file: {e}") from None
     if not isinstance(arch, str):
         raise GGUFImportError(f"FILE: {path} has no general.architecture in its GGUF metadata")
-    return arch
+    return reader, arch
 
 
 # GGUF tensor names -> the transformers names the runtime reads ({i}: the layer).
@@ -174,11 +182,14 @@ def _float_data(t: Any, kind: str, quants: Any) -> np.ndarray:
         ) from None
 
 
-def read_gguf_weights(path: Path, args: ModelArgs, dtype: torch.dtype, arch: str) -> GGUFWeights:
+def read_gguf_weights(
+    path: Path, args: ModelArgs, dtype: torch.dtype, arch: str, reader: Any = None
+) -> GGUFWeights:
     """Every tensor the model reads from a GGUF file: Q4_0/Q4_1/Q4_K/Q8_0 matrices kept quantized
     (QuantLinear), F32/F16/BF16 read as `dtype`, any other type de-quantized to `dtype` with a log
     line naming the tensors (a type gguf-py cannot de-quantize is refused, naming tensor and type).
-    ValueError names a missing tensor or a shape that does not match the config."""
+    ValueError names a missing tensor or a shape that does not match the config. `reader`: the
+    file's GGUFReader when the caller has one (open_gguf)."""
     import numpy as np
     import torch
     from gguf import GGUFReader, quants
@@ -186,7 +197,7 @@ def read_gguf_weights(path: Path, args: ModelArgs, dtype: torch.dtype, arch: str
     from modeldeploy.kernels.quant import GGUF_TYPES, from_gguf
     from modeldeploy.runtime.models.llama import expected_weight_shapes
 
-    reader = GGUFReader(path)
+    reader = reader if reader is not None else GGUFReader(path)
     ft = reader.fields.get("general.file_type")
     file_type = ""
     if ft is not None:

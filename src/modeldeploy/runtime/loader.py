@@ -156,7 +156,7 @@ def _load_gguf(
     GEMMs are not sharded (tensor_parallel_size > 1 is refused)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from modeldeploy.runtime.gguf_import import ARCHITECTURES, read_architecture, read_gguf_weights
+    from modeldeploy.runtime.gguf_import import ARCHITECTURES, open_gguf, read_gguf_weights
 
     if config.tensor_parallel_size > 1:
         raise ValueError(
@@ -170,7 +170,7 @@ def _load_gguf(
         )
     if config.load_format == "dummy":
         raise ValueError("load_format: 'dummy' needs a Hugging Face model directory, not a GGUF file")
-    arch = read_architecture(path)
+    reader, arch = open_gguf(path)
     if arch not in ARCHITECTURES:
         served = ", ".join(sorted(ARCHITECTURES))
         raise ValueError(f"model: {path} has architecture {arch!r}; served: {served}")
@@ -184,7 +184,8 @@ def _load_gguf(
         else AutoTokenizer.from_pretrained(tok_dir)
     )
     progress("loading weights", 0.05)
-    read = read_gguf_weights(path, args, dtype, arch)
+    read = read_gguf_weights(path, args, dtype, arch, reader)
+    del reader  # its memory map: the weights are copies
     weights = {k: v.to(device) for k, v in read.weights.items()}
     progress("loading weights", 0.9)
     eos = getattr(hf, "eos_token_id", None)
