@@ -143,6 +143,17 @@ def gguf_file(model_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+def load_tokenizer(tok_dir: Path) -> Any:
+    """The tokenizer of a directory: a Hugging Face one, or, for a GGUF model directory, the one in
+    the file's metadata (chat template included). The server process reads it this way too."""
+    from transformers import AutoTokenizer
+
+    gguf = gguf_file(tok_dir)
+    if gguf is not None:
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(tok_dir)
+
+
 def _load_gguf(
     config: EngineConfig,
     path: Path,
@@ -154,7 +165,7 @@ def _load_gguf(
     """A GGUF model directory: config and tokenizer from the file's metadata (transformers), the
     weights through gguf_import.read_gguf_weights, quantized ones kept so. One rank: the quantized
     GEMMs are not sharded (tensor_parallel_size > 1 is refused)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from modeldeploy.runtime.gguf_import import ARCHITECTURES, open_gguf, read_gguf_weights
 
@@ -178,11 +189,7 @@ def _load_gguf(
     hf = AutoConfig.from_pretrained(d, gguf_file=name)
     hf.architectures = [ARCHITECTURES[arch]]
     args, device, dtype, max_len = _model_setup(config, hf, Shard())
-    tokenizer = (
-        AutoTokenizer.from_pretrained(d, gguf_file=name)
-        if tok_dir == path.parent
-        else AutoTokenizer.from_pretrained(tok_dir)
-    )
+    tokenizer = load_tokenizer(tok_dir)
     progress("loading weights", 0.05)
     read = read_gguf_weights(path, args, dtype, arch, reader)
     del reader  # its memory map: the weights are copies

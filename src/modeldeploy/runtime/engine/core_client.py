@@ -107,9 +107,9 @@ class EngineCoreClient(EngineClient):
         threading.Thread(target=self._monitor, args=(proc,), name="engine-core-monitor", daemon=True).start()
 
     def _read_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from modeldeploy.runtime.loader import load_tokenizer  # a GGUF model directory's too
 
-        return AutoTokenizer.from_pretrained(Path(self.config.tokenizer or self.config.model))
+        return load_tokenizer(Path(self.config.tokenizer or self.config.model))
 
     @staticmethod
     def _await_ready(conn: mpc.Connection, proc: BaseProcess, progress: Progress) -> m.Ready:
