@@ -250,6 +250,57 @@ def quant(args: argparse.Namespace) -> dict:
     return res
 
 
+def quant_gemm(args: argparse.Namespace) -> dict:
+    """One GEMM of each SmolLM2 shape: oneDNN on the packed float32 weight against the quantized
+    kernel (Q4_1 and Q8_0 blocks from gguf-py's quantizer), fused and de-quantize + BLAS, by rows;
+    best of `--repeats` (ms)."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from gguf import GGMLQuantizationType as QT
+    from gguf import quants
+
+    from modeldeploy.kernels import cpu_gemm, cpu_quant, quant
+
+    torch.set_num_threads(args.threads)
+    shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+    shapes["head"] = (49152, 576)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return round(min(times) * 1e3, 3)
+
+    rows_out = []
+    limit = cpu_quant.FUSED_MAX_ROWS
+    rng = np.random.default_rng(0)
+    for name, (n, k) in shapes.items():
+        w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+        packed = cpu_gemm.pack(torch.from_numpy(w))
+        q = {f: quant.from_gguf(f, quants.quantize(w, QT[f]), k) for f in ("Q4_1", "Q8_0")}
+        for t in args.rows:
+            x = torch.randn(t, k)
+            row = {
+                "gemm": name,
+                "n": n,
+                "k": k,
+                "rows": t,
+                "onednn_f32": best(lambda x=x, p=packed: cpu_gemm.linear(x, p)),
+            }
+            for f, ql in q.items():
+                cpu_quant.FUSED_MAX_ROWS = 1 << 30  # the fused kernel at every row count, for the table
+                row[f"{f}_fused"] = best(lambda x=x, ql=ql: cpu_quant.linear(x, ql))
+                cpu_quant.FUSED_MAX_ROWS = limit
+                row[f"{f}_dequant_blas"] = best(lambda x=x, ql=ql: F.linear(x, cpu_quant.dequantize(ql)))
+            rows_out.append(row)
+            print(row, flush=True)
+    return {"threads": args.threads, "rows": rows_out, "fused_max_rows": limit}
+
+
 def quant_load(args: argparse.Namespace, models: dict[str, Path], out: Path) -> list[dict]:
     """One open-loop point per server: both up together, benched in turn (q4_1, then f32)."""
     lifetime = int(2 * (args.duration + 90) + 300)
@@ -427,13 +478,18 @@ def main() -> None:
     u.add_argument("--duration", type=float, default=60)
     u.add_argument("--out-dir", default="/tmp/serving_real_cpu")
     u.add_argument("--out", type=Path, default=None)
+    g = sub.add_parser("quant-gemm")
+    g.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
+    g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--repeats", type=int, default=20)
+    g.add_argument("--out", type=Path, default=None)
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     args = ap.parse_args()
     if args.cmd == "table":
         print(markdown(args.path))
         return
-    res = {"profile": profile, "load": load, "quant": quant}[args.cmd](args)
+    res = {"profile": profile, "load": load, "quant": quant, "quant-gemm": quant_gemm}[args.cmd](args)
     res["git"] = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()

@@ -101,6 +101,18 @@ def test_cpp_gemm_matches_float64_on_the_dequantized_weight(fmt, rows):
         dispatch.linear(x[:, :767], w)
 
 
+@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
+def test_long_chunks_on_a_big_weight_stay_on_the_fused_kernel(monkeypatch):
+    """Past FUSED_MAX_ROWS a weight over DEQUANT_MAX_WEIGHTS (the head) is not rebuilt as float32."""
+    rng = np.random.default_rng(5)
+    w = quant.from_gguf("Q8_0", gq.quantize(rng.standard_normal((64, 256)).astype(np.float32), QT.Q8_0), 256)
+    x = torch.randn(40, 256)
+    monkeypatch.setattr(cpu_quant, "DEQUANT_MAX_WEIGHTS", 0)
+    monkeypatch.setattr(cpu_quant, "dequantize", lambda w: pytest.fail("rebuilt a big weight"))
+    ref = x.double() @ w.dequantize().double().T
+    assert (cpu_quant.linear(x, w).double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item()
+
+
 def test_the_twin_runs_where_the_kernel_does_not(monkeypatch):
     """bfloat16 activations (a GPU's dtype) and the kernel switched off both go to the twin."""
     rng = np.random.default_rng(0)

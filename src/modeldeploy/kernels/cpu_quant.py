@@ -4,11 +4,14 @@
 
 Up to `FUSED_MAX_ROWS` rows (decode steps, short chunks) the kernel rebuilds each group of 32
 weights in registers once and multiplies it into every row: it reads 0.75 (4-bit) or 1.125
-(8-bit) bytes per weight instead of float32's 4. Measured against oneDNN on a packed float32
-weight, one thread, this machine (bench/results/serving_real_cpu.md, "Quantized weights"): equal
-at 16 rows, 1.7x faster at 1 row on the 49152 x 576 head, 1.5-2.5x slower at 64-256 rows. So
-longer chunks (prefill) rebuild the float32 weight once per call (`mdq_dequant`, a transient
-[N, K] buffer) and multiply with torch's BLAS, which is within 10 % of oneDNN there.
+(8-bit) bytes per weight instead of float32's 4. Against oneDNN on a packed float32 weight, one
+thread (bench/results/serving_real_cpu.md, "Quantized weights"): 2x faster on the 49152 x 576 head
+at 1 row (weights streamed from memory), 0.9-1.2x at 16 rows, within 10-30 % on the layers' GEMMs
+whose float32 weights sit in cache in that micro-benchmark (in the model they do not: decode at
+batch 1 is 1.8x faster), and 1.7-2.6x slower at 64-256 rows. So longer chunks (prefill) rebuild
+the float32 weight once per call (`mdq_dequant`, a transient [N, K] buffer) and multiply with
+torch's BLAS, within 10 % of oneDNN there; except for weights too big for that buffer to pay
+(over `DEQUANT_MAX_WEIGHTS`: the head, 28 M weights, where the fused kernel stays faster).
 
 Built and loaded like the paged-attention kernel (kernels/cpu_build.py: prebuilt per x86-64 level
 in the image, else compiled here on first use); without either, or with MODELDEPLOY_CPU_KERNELS=0,
@@ -35,6 +38,7 @@ log = logging.getLogger("modeldeploy.kernels")
 SOURCE = cpu_build.QUANT_SOURCE
 ABI_VERSION = 1
 FUSED_MAX_ROWS = 32  # more rows: de-quantize once, then BLAS (see the docstring)
+DEQUANT_MAX_WEIGHTS = 1 << 22  # ... for weights up to this many (a 16 MB float32 buffer)
 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
@@ -130,7 +134,7 @@ def linear(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) ->
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features).contiguous()
     rows = x2.shape[0]
-    if rows > FUSED_MAX_ROWS:
+    if rows > FUSED_MAX_ROWS and w.out_features * w.in_features <= DEQUANT_MAX_WEIGHTS:
         return F.linear(x, dequantize(w), bias)
     out = torch.empty(rows, w.out_features, dtype=torch.float32)
     lib.mdq_linear(
