@@ -399,3 +399,32 @@ def test_real_model_q4_1_served_natively_equals_its_float32_import(real_gguf_dir
     same = len(CHATS) - len(diverged)
     print(f"greedy: {same}/{len(CHATS)} prompts identical over {REAL_NEW} tokens; diverged {diverged}")
     assert all(m < 1e-4 for _, _, m in diverged), diverged
+
+
+def test_prebuilt_objects_per_level_include_the_quantized_gemm_and_its_portable_fallback(tmp_path):
+    """The image prebuilds both CPU kernels per x86-64 level (cpu_build.SOURCES); the x86-64-v2
+    object (no AVX2: the portable code path) computes what the twin does."""
+    import ctypes
+    import platform
+
+    from modeldeploy.kernels import cpu_build
+
+    if cpu_build.compiler() is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C++ compiler on x86-64")
+    built = cpu_build.build_prebuilt(tmp_path, ["x86-64-v2"], (cpu_build.QUANT_SOURCE,))
+    assert [b.name for b in built] == [cpu_build.prebuilt_name("x86-64-v2", cpu_build.QUANT_SOURCE)]
+    assert cpu_build.QUANT_SOURCE in cpu_build.SOURCES
+    lib = ctypes.CDLL(str(built[0]))
+    i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.mdq_linear.argtypes = [i, p, i64, i64, p, p, p, i64, p, i]
+    rng = np.random.default_rng(4)
+    for fmt in ("Q4_1", "Q8_0"):
+        w = quant.from_gguf(fmt, gq.quantize(rng.standard_normal((64, 256)).astype(np.float32), QT[fmt]), 256)
+        x = torch.randn(5, 256)
+        out = torch.empty(5, 64)
+        z = None if w.zeros is None else w.zeros.data_ptr()
+        lib.mdq_linear(
+            w.bits, x.data_ptr(), 5, 256, w.qweight.data_ptr(), w.scales.data_ptr(), z, 64, out.data_ptr(), 1
+        )
+        ref = x.double() @ w.dequantize().double().T
+        assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), fmt
