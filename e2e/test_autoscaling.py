@@ -67,7 +67,7 @@ def test_keda_scaled_object_example_passes_the_api_server_with_kedas_crd(
     name = yaml.safe_load(crd.read_text())["metadata"]["name"]
     cluster.kubectl("apply", "--server-side", "-f", str(crd))
     try:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        cluster.wait_established(name)
         out = dry_run(cluster, namespace, EX / "keda-scaledobject.yaml")
         assert "scaledobject.keda.sh/tiny created (server dry run)" in out, out
         # the check can fail: the API server refuses a misspelt field

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def crd_installed(cluster: E2ECluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / crd.CRD_PATH))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{P}.{G}", "--timeout=60s")
+    cluster.wait_established(f"{P}.{G}")
     # refresh kubectl's discovery cache so the short name `md` resolves
     cluster.wait(
         lambda: "md" in cluster.kubectl("api-resources", f"--api-group={G}").stdout.split(),

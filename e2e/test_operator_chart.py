@@ -56,9 +56,7 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
     ).stdout
     # the chart's CRDs first (as helm does), then the rendered manifests must pass the real API server
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s"
-    )
+    cluster.wait_established("clusterkopfpeerings.kopf.dev")
     cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered)
     cluster.helm("install", release, str(CHART), "-n", namespace, "--wait=false")
     try:
@@ -108,7 +106,7 @@ def test_monitoring_objects_pass_the_real_prometheus_operator_crds(
     files = [a for p in monitoring_crd_files().values() for a in ("-f", str(p))]
     cluster.kubectl("apply", "--server-side", "--force-conflicts", *files)
     names = [f"crd/{plural}.monitoring.coreos.com" for plural in MONITORING_KINDS.values()]
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    cluster.wait_established(*names)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
     sets = [
         "monitoring.podMonitor.enabled=true",

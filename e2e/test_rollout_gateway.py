@@ -58,7 +58,7 @@ def gateway_api_crds(cluster: E2ECluster, tmp_path: Path) -> Iterator[None]:
     files = [a for c in CRDS for a in ("-f", str(crd_dir / f"gateway.networking.k8s.io_{c}.yaml"))]
     cluster.kubectl("apply", "--server-side", *files)
     names = [f"crd/{c}.gateway.networking.k8s.io" for c in CRDS]
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    cluster.wait_established(*names)
     yield
     cluster.kubectl("delete", "--ignore-not-found", "--wait=false", *names)
 

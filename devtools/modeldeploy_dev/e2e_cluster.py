@@ -58,6 +58,22 @@ class E2ECluster:
     def wait(fn: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
         return wait_until(fn, timeout, interval, what)
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Wait until each CRD (`crd/NAME` or NAME) is Established. Not `kubectl wait`: on a CRD the
+        API server has just created, before it writes any status, that fails at once ("accessor
+        error: <nil>") instead of waiting (seen on a freshly started cluster)."""
+        names = [c.removeprefix("crd/") for c in crds]
+        jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+
+        def established() -> bool:
+            for n in names:
+                r = self.kubectl("get", "crd", n, "-o", f"jsonpath={jsonpath}", check=False)
+                if r.returncode != 0 or r.stdout.strip() != "True":
+                    return False
+            return True
+
+        self.wait(established, timeout, f"CRDs {names} Established")
+
     def process_logs(self, namespace: str, pod: str) -> str:
         if self.local is None:
             return ""
