@@ -35,6 +35,7 @@ import sys
 import time
 import urllib.request
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 MIX = "short:0.70:64:64-128,medium:0.25:384:64-128,long:0.05:1536:64-128"
@@ -333,14 +334,19 @@ def quant_load(args: argparse.Namespace, models: dict[str, Path], out: Path) -> 
             runs.append({"server": n, "rate": args.rate, "bench": rec})
             print(n, args.rate, summary(rec), flush=True)
     finally:
-        for p in procs.values():
-            os.killpg(p.pid, signal.SIGINT)
-        for p in procs.values():
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop(procs.values())
     return runs
+
+
+def stop(procs: Iterable[subprocess.Popen]) -> None:
+    """SIGINT each server's process group (drain), then SIGKILL what is still up after 60 s."""
+    for p in procs:
+        os.killpg(p.pid, signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def start(
@@ -404,13 +410,7 @@ def load(args: argparse.Namespace) -> dict:
                 except (KeyError, IndexError, TypeError):
                     print(name, rate, "done (see", path, ")", flush=True)
     finally:
-        for p in procs.values():
-            os.killpg(p.pid, signal.SIGINT)
-        for p in procs.values():
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop(procs.values())
     return results
 
 

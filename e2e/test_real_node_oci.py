@@ -179,19 +179,17 @@ def test_a_registry_blob_modified_after_push_is_refused_and_the_rollout_rolls_ba
     assert path.is_file() and path.stat().st_size == weights.size, path
     runtime, name = images("runtime"), "ocicorrupt"
     k.kubectl("delete", "md", name, "-n", ns, "--ignore-not-found", "--wait=true")
+
+    def apply(uri: str, model: Path) -> None:
+        manifest = oci_md(name, runtime, uri, dir_digest(model))
+        k.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
+
     try:
         flipped = bytearray(path.read_bytes())
         flipped[len(flipped) // 2] ^= 0xFF  # same length, another sha256: what a disk or an attacker does
         path.write_bytes(bytes(flipped))
 
-        k.kubectl(
-            "apply",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=yaml.safe_dump(oci_md(name, runtime, uri_good, dir_digest(good))),
-        )
+        apply(uri_good, good)
         k.wait(lambda: md_ready(k, ns, name), 600, f"ModelDeployment {name} Ready")
         stable = status(k, ns, name)["stable"]["bundle"]
         svc = k.core.read_namespaced_service(name, ns)
@@ -199,14 +197,7 @@ def test_a_registry_blob_modified_after_push_is_refused_and_the_rollout_rolls_ba
         k.wait(lambda: _answer(base), 60, f"a chat completion through {base}")
 
         t0 = time.monotonic()
-        k.kubectl(
-            "apply",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=yaml.safe_dump(oci_md(name, runtime, uri_bad, dir_digest(bad))),
-        )
+        apply(uri_bad, bad)
         served, failed, canaries, st = 0, [], set(), {}
         selector = f"{INSTANCE_LABEL}={name}"
         deadline = t0 + 240  # prefetch.timeoutSeconds is 300: a rollback before it is the named failure
