@@ -29,6 +29,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,6 +83,19 @@ def _object() -> tuple[Path, str]:
     return cpu_build.build_here(_cache_dirs()), "built here (-march=native)"
 
 
+def _signatures() -> dict[str, tuple[list[Any], Any]]:
+    """The C functions' (argtypes, restype), as cpu/paged_attention.cpp declares them (ABI 5)."""
+    i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    return {
+        "md_paged_decode": ([i, p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i], None),
+        "md_paged_prefill": ([i, p, i64, p, p, p, i64, p, p, p, i, i, i, i, i, i, f, i], None),
+        "md_write_kv": ([i, p, i64, p, i64, p, p, p, i, i64, i64], i),
+        "md_rotary": ([i, p, p, i64, i, p, i64, i, i, i, p, i64], i),
+        "md_rms_norm": ([i, p, i64, p, i64, p, p, p, i, i, f, i], None),
+        "md_silu_and_mul": ([i, p, i64, p, i, i, i], None),
+    }
+
+
 def _load() -> ctypes.CDLL | None:
     global _lib, _state, _why, _origin
     with _lock:
@@ -92,22 +106,7 @@ def _load() -> ctypes.CDLL | None:
         else:
             try:
                 path, origin = _object()
-                lib = ctypes.CDLL(str(path))
-                if lib.md_abi_version() != 5:
-                    raise RuntimeError("ABI version mismatch")
-                i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-                lib.md_paged_decode.argtypes = [i, p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i]
-                lib.md_paged_decode.restype = None
-                lib.md_paged_prefill.argtypes = [i, p, i64, p, p, p, i64, p, p, p, i, i, i, i, i, i, f, i]
-                lib.md_paged_prefill.restype = None
-                lib.md_write_kv.argtypes = [i, p, i64, p, i64, p, p, p, i, i64, i64]
-                lib.md_write_kv.restype = i
-                lib.md_rotary.argtypes = [i, p, p, i64, i, p, i64, i, i, i, p, i64]
-                lib.md_rotary.restype = i
-                lib.md_rms_norm.argtypes = [i, p, i64, p, i64, p, p, p, i, i, f, i]
-                lib.md_rms_norm.restype = None
-                lib.md_silu_and_mul.argtypes = [i, p, i64, p, i, i, i]
-                lib.md_silu_and_mul.restype = None
+                lib = cpu_build.open_library(path, "md_abi_version", 5, _signatures())
                 _lib, _state, _origin = lib, "loaded", origin
             except Exception as e:  # noqa: BLE001  (any failure means: use the twins)
                 _state, _why = "unavailable", str(e)

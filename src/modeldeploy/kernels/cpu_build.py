@@ -19,6 +19,7 @@ script before anything is installed.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import os
 import platform
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
 QUANT_SOURCE = Path(__file__).parent / "cpu" / "quant_gemm.cpp"  # weight-only int4/int8 GEMM (cpu_quant)
@@ -130,6 +132,18 @@ def build_here(cache_dirs: list[Path], source: Path = SOURCE) -> Path:
         except OSError as e:
             errors.append(f"{d}: {e}")
     raise RuntimeError("no writable cache directory: " + "; ".join(errors))
+
+
+def open_library(path: Path, abi_symbol: str, abi_version: int, signatures: dict[str, tuple[list[Any], Any]]):
+    """Load a built object, check its ABI version and declare each function's (argtypes, restype):
+    an object built from other sources raises here, and its caller falls back to the torch twins."""
+    lib = ctypes.CDLL(str(path))
+    if getattr(lib, abi_symbol)() != abi_version:
+        raise RuntimeError("ABI version mismatch")
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib
 
 
 def _libgomp(cxx: str) -> Path:

@@ -69,14 +69,16 @@ def _load() -> ctypes.CDLL | None:
         else:
             try:
                 path, origin = _object()
-                lib = ctypes.CDLL(str(path))
-                if lib.mdq_abi_version() != ABI_VERSION:
-                    raise RuntimeError("ABI version mismatch")
                 i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-                lib.mdq_linear.argtypes = [i, p, i64, i64, p, p, p, i64, p, i]
-                lib.mdq_linear.restype = None
-                lib.mdq_dequant.argtypes = [i, p, p, p, i64, i64, p, i]
-                lib.mdq_dequant.restype = None
+                lib = cpu_build.open_library(
+                    path,
+                    "mdq_abi_version",
+                    ABI_VERSION,
+                    {
+                        "mdq_linear": ([i, p, i64, i64, p, p, p, i64, p, i], None),
+                        "mdq_dequant": ([i, p, p, p, i64, i64, p, i], None),
+                    },
+                )
                 _lib, _state, _origin = lib, "loaded", origin
             except Exception as e:  # noqa: BLE001  (any failure means: use the twin)
                 _state, _why = "unavailable", str(e)
