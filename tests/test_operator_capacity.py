@@ -16,9 +16,10 @@ from test_operator_plan import advance_to, analysis, at, converge, sizes
 
 from modeldeploy.operator.controller.claims import claim_pending
 from modeldeploy.operator.rollout.capacity import Have, replace_step
-from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance, cohort_replicas
+from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance
 from modeldeploy.operator.rollout.plan import Event, Observed
 from modeldeploy.operator.rollout.progression import epoch
+from modeldeploy.operator.rollout.sizing import cohort_replicas
 from modeldeploy.operator.rollout.topology import NodeInfo, gpu_requests, spare_fit
 
 P = Policy(replicas=16, steps=(Step(25, 0), Step(50, 0)), capacity="Replace", min_available=12)

@@ -26,11 +26,10 @@ from modeldeploy.operator.rollout.machine import (
     Signals,
     Step,
     advance,
-    capacity_wait,
-    cohort_replicas,
 )
 from modeldeploy.operator.rollout.plan import plan
 from modeldeploy.operator.rollout.progression import epoch
+from modeldeploy.operator.rollout.sizing import capacity_wait, cohort_replicas
 
 OCI = "oci://registry.local:5000/models/smollm2@sha256:" + "c" * 64
 OCI2 = "oci://registry.local:5000/models/smollm2@sha256:" + "d" * 64

@@ -39,7 +39,8 @@ from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpe
 from modeldeploy.operator.api.v1alpha1.quality import EvalItem, Quality, canonical, eval_set_digest
 from modeldeploy.operator.api.v1alpha1.status import MetricVerdict, QualityResult
 from modeldeploy.operator.rollout import progression
-from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance, canary_weight
+from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance
+from modeldeploy.operator.rollout.sizing import canary_weight
 from modeldeploy.operator.rollout_cli import render_text
 
 # ---- one answer's check ----

@@ -11,10 +11,8 @@ from modeldeploy.operator.rollout.machine import (
     Signals,
     Step,
     advance,
-    canary_weight,
-    cohort_replicas,
-    serving_bundles,
 )
+from modeldeploy.operator.rollout.sizing import canary_weight, cohort_replicas, serving_bundles
 
 P = Policy(
     replicas=4,

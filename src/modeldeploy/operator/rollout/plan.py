@@ -57,11 +57,8 @@ from modeldeploy.operator.rollout.machine import (
     RolloutState,
     Signals,
     advance,
-    canary_weight,
-    capacity_wait,
-    cohort_replicas,
-    serving_bundles,
 )
+from modeldeploy.operator.rollout.sizing import canary_weight, capacity_wait, cohort_replicas, serving_bundles
 from modeldeploy.operator.rollout.status import cohort, condition, replica_failure
 from modeldeploy.operator.rollout.topology import fit, spare_fit
 

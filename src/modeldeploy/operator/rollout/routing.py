@@ -7,7 +7,7 @@ Two rules, both on the path prefix `/`:
 2. everything else is split by weight: `<name>-stable` gets 100-w, `<name>-canary` gets w.
 
 Gateway API gives a header match precedence over a path-only match (more specific wins),
-so rule order does not decide it. The weight comes from `rollout.canary_weight()`; this
+so rule order does not decide it. The weight comes from `sizing.canary_weight()`; this
 module only writes it down.
 """
 
