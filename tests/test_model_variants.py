@@ -6,6 +6,7 @@ each writer gives the same digest twice (a variant is pinned like any revision).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -50,3 +51,65 @@ def test_drop_system_turn_renders_without_the_system_message(llama_dir, tmp_path
     bad = AutoTokenizer.from_pretrained(out).apply_chat_template(msgs, tokenize=False)
     assert "Answer in French." in good and "Answer in French." not in bad and "Hi" in bad
     assert dir_digest(drop_system_turn(llama_dir, tmp_path / "nosys2")) == dir_digest(out)
+
+
+def _small_gguf(path) -> None:  # noqa: ANN001
+    """A GGUF like the shipped one in kind: Q4_1 block weights, a Q8_0 embedding, a float norm."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_string("tokenizer.chat_template", "{{ messages }}")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    q41, q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+    w.add_tensor(
+        "token_embd.weight",
+        gguf.quants.quantize(rng.standard_normal((8, 64), np.float32), q80),
+        raw_dtype=q80,
+    )
+    w.add_tensor(
+        "blk.0.ffn_up.weight",
+        gguf.quants.quantize(rng.standard_normal((16, 64), np.float32), q41),
+        raw_dtype=q41,
+    )
+    w.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_requantize_changes_the_block_weights_type_and_keeps_the_rest(tmp_path):
+    import gguf
+    import numpy as np
+
+    from modeldeploy_dev.model_variants import gguf_requantize
+
+    src = tmp_path / "m.Q4_1.gguf"
+    _small_gguf(src)
+    a = gguf.GGUFReader(src)
+    for qtype, tol in (("Q8_0", 0.02), ("Q4_0", 0.3)):
+        out = gguf_requantize(src, tmp_path / qtype, qtype)
+        assert [p.name for p in (tmp_path / qtype).iterdir()] == [f"m.{qtype}.gguf"]  # serves as a directory
+        b = gguf.GGUFReader(out)
+        ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+        assert tb["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType[qtype]
+        wa, wb = (
+            gguf.quants.dequantize(t.data, t.tensor_type)
+            for t in (ta["blk.0.ffn_up.weight"], tb["blk.0.ffn_up.weight"])
+        )
+        assert wa.shape == wb.shape and 0 < np.abs(wa - wb).max() < tol * np.abs(wa).max()
+        for name in ("token_embd.weight", "blk.0.attn_norm.weight"):  # kept as they were, bit for bit
+            assert tb[name].tensor_type == ta[name].tensor_type and np.array_equal(
+                tb[name].data, ta[name].data
+            )
+        assert b.fields["tokenizer.chat_template"].contents() == "{{ messages }}"
+        assert b.fields["tokenizer.ggml.tokens"].contents() == ["a", "b", "c"]
+        assert "general.file_type" not in b.fields  # it named the source's format
+        again = gguf_requantize(src, tmp_path / f"{qtype}-again", qtype)
+        assert again.read_bytes() == out.read_bytes()  # deterministic: a variant pins like a revision
+    with pytest.raises(SystemExit, match="--type"):
+        gguf_requantize(src, tmp_path / "k", "Q4_K")

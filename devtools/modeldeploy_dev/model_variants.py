@@ -9,6 +9,11 @@ deterministic (same input, same bytes), so a variant's digest can be pinned like
     python -m modeldeploy_dev.model_variants requantize SRC OUT --bits 3 --group 32
     python -m modeldeploy_dev.model_variants drop-system-turn SRC OUT
     python -m modeldeploy_dev.model_variants split SRC OUT --parts 2
+    python -m modeldeploy_dev.model_variants gguf-requantize SRC.gguf OUT --type Q8_0
+
+GGUF formats (issue 38: what a weight format costs in answers): `gguf_requantize` writes a GGUF
+whose block weights are re-quantized to another GGML type, as `llama-quantize --allow-requantize`
+does, with gguf-py's reference quantizers. The served format is then that file, kept quantized.
 """
 
 from __future__ import annotations
@@ -115,6 +120,53 @@ def drop_system_turn(src: Path, out: Path) -> Path:
     return out
 
 
+# The GGML types gguf-py can write (its quantizers; the K-quants it only reads) and the runtime
+# serves natively (modeldeploy.kernels.quant).
+GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1")
+# Kept at the source file's type: the token embedding, which is also SmolLM2's (tied) output head;
+# llama.cpp too keeps the output at a higher precision than the layers.
+GGUF_KEEP = ("token_embd.weight", "output.weight")
+
+
+def gguf_requantize(src: Path, out: Path, qtype: str) -> Path:
+    """`out`/<stem>.<qtype>.gguf, alone in `out` so it serves as a model directory: `src` with every
+    block-quantized tensor but the embedding de-quantized to float32 and quantized again to `qtype`;
+    float tensors (norms) and every metadata field (config, tokenizer, chat template) as they are,
+    general.file_type excepted (it names the source's format). Deterministic: same input, same bytes."""
+    import gguf
+
+    if qtype not in GGUF_TYPES:
+        raise SystemExit(f"--type: one of {', '.join(GGUF_TYPES)}, got {qtype!r}")
+    target = gguf.GGMLQuantizationType[qtype]
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    reader = gguf.GGUFReader(src)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.gguf"):
+        old.unlink()
+    dest = out / f"{src.stem.split('.')[0]}.{qtype}.gguf"
+    writer = gguf.GGUFWriter(dest, str(reader.fields[gguf.Keys.General.ARCHITECTURE].contents()))
+    for f in reader.fields.values():
+        if f.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or f.name.startswith(
+            "GGUF."
+        ):
+            continue  # the writer adds the architecture and its own header fields
+        vtype = f.types[0]
+        writer.add_key_value(
+            f.name, f.contents(), vtype, f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        )
+    for t in reader.tensors:
+        if t.tensor_type in floats or t.name in GGUF_KEEP:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+            continue
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        writer.add_tensor(t.name, gguf.quants.quantize(w, target), raw_dtype=target)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m modeldeploy_dev.model_variants", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -124,10 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("split", help="the same weights over --parts safetensors files (harmless)")
     s.add_argument("--parts", type=int, default=2)
     sub.add_parser("drop-system-turn", help="a chat template that ignores system messages (worse)")
+    g = sub.add_parser("gguf-requantize", help="a GGUF's block weights re-quantized to --type")
+    g.add_argument("--type", default="Q8_0", choices=GGUF_TYPES)
     for sp in sub.choices.values():
         sp.add_argument("src", type=Path)
         sp.add_argument("out", type=Path)
     a = p.parse_args(argv)
+    if a.cmd == "gguf-requantize":
+        if not a.src.is_file() or a.src.suffix != ".gguf":
+            p.error(f"src: {a.src} is not a .gguf file")
+        print(gguf_requantize(a.src, a.out, a.type))
+        return 0
     if not a.src.is_dir():
         p.error(f"src: {a.src} is not a directory")
     if a.cmd == "requantize":
