@@ -453,6 +453,318 @@ def markdown(path: Path) -> str:
     return "\n".join(lines)
 
 
+# ---- llama: modeldeploy serve vs llama.cpp's llama-server on the same weights ---------------------
+# The issue's SLO is per request: TTFT <= 1.5 s and *mean* inter-token latency <= 0.15 s. In
+# `modeldeploy bench` the mean gap of a request is `tpot` ((e2e - ttft) / (output tokens - 1));
+# its per-request `itl` bounds every single gap (a stricter SLO the earlier sections of the result
+# file used).
+LLAMA_SLO = "ttft=1.5,tpot=0.15"
+FORMATS = ("f32", "q8_0", "q4_1")
+
+
+def llama_models(fmt: str, models_dir: Path, hf_dir: Path) -> tuple[Path, Path]:
+    """(the .gguf llama-server loads, the --model modeldeploy serves) for one weight format.
+
+    `models_dir/<fmt>/` holds exactly one .gguf; both servers serve that file, ours the directory
+    (natively, weights kept quantized), except float32, where ours serves the HF float32 directory
+    the F32 GGUF was converted from (same weights, each server's own float32 format)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    d = models_dir / fmt
+    files = sorted(d.glob("*.gguf"))
+    if len(files) != 1:
+        raise ValueError(f"--models-dir: {d} must hold exactly one .gguf, found {len(files)}")
+    return files[0], (hf_dir if fmt == "f32" else d)
+
+
+def llama_server_cmd(
+    binary: Path, gguf: Path, port: int, slots: int, threads: int, ctx_per_slot: int
+) -> list[str]:
+    """llama-server with `slots` parallel sequences of `ctx_per_slot` tokens each (-c is the total
+    context, split over the slots), `threads` threads for decode and batch (prefill), continuous
+    batching on, /metrics on (the bench scrapes it), no web UI."""
+    return [
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(slots),
+        "-c",
+        str(slots * ctx_per_slot),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--cont-batching",
+        "--metrics",
+        "--no-webui",
+        "--alias",
+        gguf.stem,
+    ]
+
+
+def ours_serve_cmd(model: Path, port: int, slots: int, ctx_per_slot: int) -> list[str]:
+    """`modeldeploy serve` with the same slots and per-sequence context; threads come from
+    OMP_NUM_THREADS in its environment (the engine core's torch threads)."""
+    return [
+        PY,
+        "-m",
+        "modeldeploy",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        str(slots),
+        "--max-model-len",
+        str(ctx_per_slot),
+    ]
+
+
+def bench_cmd(urls: list[str], names: list[str], args: argparse.Namespace, out: Path) -> list[str]:
+    """One `modeldeploy bench` over both servers: it interleaves them rate by rate (one under load
+    at a time), with the same seeded arrivals and prompts for each."""
+    cmd = [PY, "-m", "modeldeploy", "bench", *urls]
+    for n in names:
+        cmd += ["--name", n]
+    cmd += ["--endpoint", "chat", "--mix", MIX, "--duration", str(args.duration), "--warmup", "2"]
+    cmd += ["--tokenizer", str(args.tokenizer or real_model()), "--temperature", "0", "--ignore-eos"]
+    cmd += ["--slo", LLAMA_SLO, "--drain-timeout", str(args.drain_timeout), "--json", str(out)]
+    if args.rates:
+        cmd += ["--rates", ",".join(f"{r:g}" for r in args.rates)]
+    else:
+        cmd += ["--find-capacity", "--start-rate", f"{args.start_rate:g}", "--max-rate", f"{args.max_rate:g}"]
+        cmd += ["--search-steps", str(args.search_steps)]
+    return cmd
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages now (the machine is shared: every figure carries them)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def wait_http(url: str, proc: subprocess.Popen, limit_s: float = 900) -> None:
+    """Until GET url answers 200 (llama-server's /health is 503 while it loads), bounded."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} not ready in {limit_s}s")
+
+
+def _probe_rates(rec: dict, name: str) -> set[float]:
+    return {r["rate"] for r in rec["runs"] if r["target"] == name}
+
+
+def llama(args: argparse.Namespace) -> dict:
+    """Both servers up for one weight format, `modeldeploy bench` over both (a rate sweep or a
+    capacity search), then, with --half-capacity, one more rate at half of llama.cpp's capacity for
+    both (the issue's ITL p50 comparison) unless both already ran it."""
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gguf, ours_model = llama_models(args.format, Path(args.models_dir), real_model())
+    binary = Path(args.llama_server)
+    if not binary.is_file():
+        raise SystemExit(f"--llama-server: {binary} is not a file (build it: bench/llama_cpp_build.sh)")
+    ports = {"modeldeploy": free_port(), "llama.cpp": free_port()}
+    cmds = {
+        "modeldeploy": ours_serve_cmd(ours_model, ports["modeldeploy"], args.slots, args.ctx_per_slot),
+        "llama.cpp": llama_server_cmd(
+            binary, gguf, ports["llama.cpp"], args.slots, args.threads, args.ctx_per_slot
+        ),
+    }
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    res: dict = {
+        "kind": "serving_real_cpu/llama",
+        "format": args.format,
+        "models": {"modeldeploy": str(ours_model), "llama.cpp": str(gguf)},
+        "servers": cmds,
+        "threads": args.threads,
+        "slots": args.slots,
+        "slo": LLAMA_SLO,
+        "mix": MIX,
+        "duration_s": args.duration,
+        "loadavg_before": loadavg(),
+        "benches": [],
+    }
+    info = binary.parent.parent.parent / "build-info.txt"
+    if info.is_file():
+        res["llama_cpp_build"] = info.read_text()
+    lifetime = str(int(args.lifetime))
+    procs = {
+        n: subprocess.Popen(
+            ["timeout", lifetime, *c],
+            stdout=(out / f"{n}_{args.format}.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+        for n, c in cmds.items()
+    }
+    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
+    names = ["modeldeploy", "llama.cpp"]
+    try:
+        wait_http(urls["modeldeploy"] + "/health/ready", procs["modeldeploy"])
+        wait_http(urls["llama.cpp"] + "/health", procs["llama.cpp"])
+        path = out / f"bench_{args.format}.json"
+        cmd = bench_cmd([urls[n] for n in names], names, args, path)
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, timeout=args.lifetime)
+        rec = json.loads(path.read_text())
+        res["benches"].append({"command": cmd, "json": str(path), "record": rec})
+        caps = {n: c["rate"] for n, c in rec.get("capacity", {}).items()}
+        res["capacity"] = caps
+        half = caps.get("llama.cpp", 0) / 2
+        if args.half_capacity and half > 0:
+            res["half_capacity_rate"] = half
+            if not all(half in _probe_rates(rec, n) for n in names):
+                path2 = out / f"bench_{args.format}_half.json"
+                sub = argparse.Namespace(**{**vars(args), "rates": [round(half, 4)]})
+                cmd2 = bench_cmd([urls[n] for n in names], names, sub, path2)
+                print(" ".join(cmd2), flush=True)
+                subprocess.run(cmd2, check=True, timeout=args.lifetime)
+                res["benches"].append(
+                    {"command": cmd2, "json": str(path2), "record": json.loads(path2.read_text())}
+                )
+    finally:
+        stop(procs.values())
+        res["loadavg_after"] = loadavg()
+    return res
+
+
+def llama_rows(res: dict) -> list[dict]:
+    """One row per (rate, server) over every bench of a `llama --out` file, by rate."""
+    rows = []
+    for b in res["benches"]:
+        for run in b["record"]["runs"]:
+            s = run["summary"]
+            rows.append(
+                {
+                    "rate": run["rate"],
+                    "server": run["target"],
+                    "sent": s["requests"],
+                    "completed": s["outcomes"].get("completed", 0),
+                    "good_share": s["good_share"],
+                    "goodput_rps": s["goodput_rps"],
+                    "ttft_p50": s["ttft"]["p50"],
+                    "itl_p50": s["itl"]["p50"],
+                    "itl_p99": s["itl"]["p99"],
+                    "tpot_mean": s["tpot"]["mean"],
+                    "out_tok_s": s["output_tok_s"],
+                    "out_tokens_mean": s.get("output_tokens_mean"),
+                    "prompt_tokens_mean": s.get("prompt_tokens_mean"),
+                }
+            )
+    return sorted(rows, key=lambda r: (r["rate"], r["server"] != "modeldeploy"))
+
+
+def llama_markdown(res: dict) -> str:
+    """The table of a `llama --out` file: every probe of both servers, then the capacities and the
+    issue's ratios (ours / llama.cpp)."""
+    lines = [
+        "| rate req/s | server | sent / done | good % | goodput req/s | TTFT p50 s | mean ITL (TPOT) s "
+        "| ITL p50 s | ITL p99 s | out tok/s | prompt / out tokens mean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in llama_rows(res):
+        share = "-" if r["good_share"] is None else f"{100 * r['good_share']:.0f}"
+        lines.append(
+            f"| {r['rate']:g} | {r['server']} | {r['sent']} / {r['completed']} | {share} | "
+            f"{num(r['goodput_rps'], 3)} | {num(r['ttft_p50'], 2)} | {num(r['tpot_mean'], 3)} | "
+            f"{num(r['itl_p50'], 3)} | {num(r['itl_p99'], 2)} | {num(r['out_tok_s'], 1)} | "
+            f"{num(r['prompt_tokens_mean'], 0)} / {num(r['out_tokens_mean'], 0)} |"
+        )
+    caps = res.get("capacity") or {}
+    if caps:
+        lines.append("")
+        lines += llama_verdict(res)
+    return "\n".join(lines)
+
+
+def llama_verdict(res: dict) -> list[str]:
+    """Capacity and goodput at capacity of each, and the ratios the issue's goal names."""
+    caps = res["capacity"]
+    rows = llama_rows(res)
+
+    def at(server: str, rate: float) -> dict | None:
+        return next((r for r in rows if r["server"] == server and r["rate"] == rate), None)
+
+    out = []
+    good = {}
+    for n in ("modeldeploy", "llama.cpp"):
+        r = at(n, caps.get(n, 0.0))
+        good[n] = r["goodput_rps"] if r else 0.0
+        out.append(
+            f"- {n}: capacity at SLO {caps.get(n, 0.0):g} req/s (good share >= 90 %), goodput there "
+            f"{good[n]:.3f} req/s"
+        )
+    if caps.get("llama.cpp"):
+        out.append(
+            f"- capacity ratio ours / llama.cpp: {caps.get('modeldeploy', 0) / caps['llama.cpp']:.2f}x "
+            "(goal >= 1.5x)"
+        )
+    if good.get("llama.cpp"):
+        out.append(
+            f"- goodput-at-capacity ratio: {good['modeldeploy'] / good['llama.cpp']:.2f}x (goal >= 1.5x)"
+        )
+    half = res.get("half_capacity_rate")
+    if half:
+        a, b = at("modeldeploy", half), at("llama.cpp", half)
+        if a and b and a["itl_p50"] is not None and b["itl_p50"] is not None:
+            out.append(
+                f"- ITL p50 at {half:g} req/s (half llama.cpp's capacity): ours {a['itl_p50']:.3f} s vs "
+                f"llama.cpp {b['itl_p50']:.3f} s (goal: ours <= llama.cpp's)"
+            )
+    return out
+
+
+def add_llama_parser(sub) -> None:
+    cache = Path(os.environ.get("MODELDEPLOY_CACHE", Path.home() / ".cache" / "modeldeploy"))
+    rates = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    p = sub.add_parser("llama", help="modeldeploy serve vs llama.cpp's llama-server, one weight format")
+    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument(
+        "--llama-server",
+        default=str(cache / "llama.cpp-0.3.36" / "build" / "bin" / "llama-server"),
+        help="the llama-server binary (bench/llama_cpp_build.sh)",
+    )
+    p.add_argument("--models-dir", required=True, help="holds f32/, q8_0/, q4_1/, one .gguf in each")
+    p.add_argument("--tokenizer", default=None, help="for counting prompt tokens (default: the HF model)")
+    p.add_argument("--rates", type=rates, default=None, help="a rate sweep (default: --find-capacity)")
+    p.add_argument("--start-rate", type=float, default=0.25)
+    p.add_argument("--max-rate", type=float, default=8.0)
+    p.add_argument("--search-steps", type=int, default=2)
+    p.add_argument("--half-capacity", action="store_true", help="add a rate at half llama.cpp's capacity")
+    p.add_argument("--duration", type=float, default=60)
+    p.add_argument("--drain-timeout", type=float, default=60)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--slots", type=int, default=32)
+    p.add_argument("--ctx-per-slot", type=int, default=2048)
+    p.add_argument("--lifetime", type=float, default=3600, help="seconds the servers may live at most")
+    p.add_argument("--out-dir", default="/tmp/serving_real_cpu_llama")
+    p.add_argument("--out", type=Path, default=None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -483,13 +795,16 @@ def main() -> None:
     g.add_argument("--threads", type=int, default=1)
     g.add_argument("--repeats", type=int, default=20)
     g.add_argument("--out", type=Path, default=None)
+    add_llama_parser(sub)
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     args = ap.parse_args()
     if args.cmd == "table":
-        print(markdown(args.path))
+        data = json.loads(args.path.read_text())
+        print(llama_markdown(data) if data.get("kind") == "serving_real_cpu/llama" else markdown(args.path))
         return
-    res = {"profile": profile, "load": load, "quant": quant, "quant-gemm": quant_gemm}[args.cmd](args)
+    modes = {"profile": profile, "load": load, "quant": quant, "quant-gemm": quant_gemm, "llama": llama}
+    res = modes[args.cmd](args)
     res["git"] = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
