@@ -594,12 +594,18 @@ def llama(args: argparse.Namespace) -> dict:
         ),
     }
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    ours_env = dict(env)
+    if args.ours_threads is not None:  # 0: serve's default (its engine core takes CPUs - 1 threads)
+        ours_env.pop("OMP_NUM_THREADS")
+        if args.ours_threads:
+            ours_env["OMP_NUM_THREADS"] = str(args.ours_threads)
     res: dict = {
         "kind": "serving_real_cpu/llama",
         "format": args.format,
         "models": {"modeldeploy": str(ours_model), "llama.cpp": str(gguf)},
         "servers": cmds,
         "threads": args.threads,
+        "ours_omp_num_threads": ours_env.get("OMP_NUM_THREADS", "unset (serve's default: CPUs - 1)"),
         "slots": args.slots,
         "slo": LLAMA_SLO,
         "mix": MIX,
@@ -617,7 +623,7 @@ def llama(args: argparse.Namespace) -> dict:
             stdout=(out / f"{n}_{args.format}.log").open("w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=env,
+            env=ours_env if n == "modeldeploy" else env,
         )
         for n, c in cmds.items()
     }
@@ -758,6 +764,12 @@ def add_llama_parser(sub) -> None:
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--drain-timeout", type=float, default=60)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--ours-threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of modeldeploy serve (default: --threads; 0: unset, serve's own default)",
+    )
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--ctx-per-slot", type=int, default=2048)
     p.add_argument("--lifetime", type=float, default=3600, help="seconds the servers may live at most")
