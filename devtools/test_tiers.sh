@@ -1,63 +1,53 @@
 #!/usr/bin/env bash
 # `make test`: every test, in two tiers so that the Go builds and the tests that need none of their
-# binaries share the wall clock (on a cold machine the builds take ~15-20 min of it).
-#   tier 1: tests/ not marked cluster_bins, started at once beside `make $BUILD` (output live);
-#   tier 2: the cluster_bins tests in tests/ and all of e2e/, in two lanes, started the moment the
-#           build is done, whether or not tier 1 has finished (their output follows tier 1's).
-# Why tier 2 does not wait for tier 1: on a cold machine the build, not tier 1, is the longer of the
-# two, and tier 2 is the longest part of the run; the build runs un-niced for the same reason
-# (bench/results/ci.md, cold run with lanes).
+# binaries share the wall clock (on a cold machine the builds take ~15 min of it).
+#   tier 1: tests/ not marked cluster_bins, while `make $BUILD` compiles (output to a log);
+#   tier 2: the cluster_bins tests in tests/ and all of e2e/, once the build is done, in two lanes.
 # usage: test_tiers.sh PYTHON "MAKE TARGETS" [pytest args...]
 set -uo pipefail
 py=$1
 build=$2
 shift 2
 log=$(mktemp)
-lane1_log=$(mktemp)
-lane2_log=$(mktemp)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$log" "$lane1_log" "$lane2_log"' EXIT
-MODELDEPLOY_BUILD_NICE=${MODELDEPLOY_BUILD_NICE:-0} make --no-print-directory $build >"$log" 2>&1 &
+make --no-print-directory $build >"$log" 2>&1 &
 builder=$!
-pids+=("$builder")
+trap 'kill "$builder" 2>/dev/null || true' EXIT
 start=$(date +%s)
-"$py" -m pytest -q -ra -m "not cluster_bins" "$@" tests &
-tier1=$!
-pids+=("$tier1")
+"$py" -m pytest -q -ra -m "not cluster_bins" "$@" tests
+tier1=$?
+echo "test_tiers: tier 1 (no built binaries) rc=$tier1 in $(( $(date +%s) - start )) s"
 if ! wait "$builder"; then
   tail -n 200 "$log" >&2
   echo "test_tiers: make $build failed (above)" >&2
   exit 1
 fi
+trap - EXIT
 grep -h "^\[.*-build\] built" "$log" || true
 echo "test_tiers: make $build done $(( $(date +%s) - start )) s after tier 1 started"
 # Tier 2 in two lanes at once, each with its own local cluster (conftest: $MODELDEPLOY_CLUSTER_*):
 # an e2e lane waits on rollout steps, analysis windows and pod starts, which leaves about a quarter
 # of the two cores idle (bench/results/ci.md), and the second lane fills it. Lane 2 takes the
 # cluster_bins tests in tests/ and the e2e modules below (the real node has its own cluster anyway);
-# lane 1 the rest of e2e/ on the default cluster.
+# lane 1 the rest of e2e/ on the default cluster. Lane 2's output follows lane 1's.
 lane2_e2e=(e2e/test_real_node.py e2e/test_real_node_oci.py e2e/test_rollout_quality.py e2e/test_rollout_lora.py)
 lane1_skip=()
 for f in "${lane2_e2e[@]}"; do lane1_skip+=(--ignore "$f"); done
-start2=$(date +%s)
-"$py" -m pytest -q -ra -m cluster_bins "$@" "${lane1_skip[@]}" e2e >"$lane1_log" 2>&1 &
-lane1=$!
-pids+=("$lane1")
+lane2_log=$(mktemp)
+start=$(date +%s)
 MODELDEPLOY_CLUSTER_NAME=modeldeploy-lane2 MODELDEPLOY_CLUSTER_BRIDGE=mdbr2 \
   MODELDEPLOY_CLUSTER_POD_CIDR=10.244.2.0/24 \
   "$py" -m pytest -q -ra -m cluster_bins "$@" tests "${lane2_e2e[@]}" >"$lane2_log" 2>&1 &
 lane2=$!
-pids+=("$lane2")
-wait "$tier1"
-tier1_rc=$?
-echo "test_tiers: tier 1 (no built binaries) rc=$tier1_rc in $(( $(date +%s) - start )) s"
-wait "$lane1"
+trap 'kill "$lane2" 2>/dev/null || true' EXIT
+"$py" -m pytest -q -ra -m cluster_bins "$@" "${lane1_skip[@]}" e2e
 lane1_rc=$?
-echo "test_tiers: tier 2 lane 1 (e2e on the default cluster) rc=$lane1_rc; output:"
-cat "$lane1_log"
+echo "test_tiers: tier 2 lane 1 (e2e on the default cluster) rc=$lane1_rc in $(( $(date +%s) - start )) s"
 wait "$lane2"
 lane2_rc=$?
-echo "test_tiers: tier 2 lane 2 (tests/ cluster_bins, ${lane2_e2e[*]}) rc=$lane2_rc; output:"
+trap - EXIT
+echo "test_tiers: tier 2 lane 2 (tests/ cluster_bins, ${lane2_e2e[*]}) output:"
 cat "$lane2_log"
-echo "test_tiers: tier 2 done $(( $(date +%s) - start2 )) s after it started; $(( $(date +%s) - start )) s in all"
-[[ $tier1_rc -eq 0 && $lane1_rc -eq 0 && $lane2_rc -eq 0 ]]
+echo "test_tiers: tier 2 lane 2 rc=$lane2_rc; tier 2 done in $(( $(date +%s) - start )) s"
+rm -f "$lane2_log"
+rm -f "$log"
+[[ $tier1 -eq 0 && $lane1_rc -eq 0 && $lane2_rc -eq 0 ]]

@@ -17,9 +17,7 @@ CACHE="${MODELDEPLOY_CACHE:-$HOME/.cache/modeldeploy}"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
-# Niced by default so that a developer's machine stays responsive during a cold build; .ci/run and
-# `make test` pass MODELDEPLOY_BUILD_NICE=0, since there the build is what tier 2 waits for.
-NICE=(nice -n "${MODELDEPLOY_BUILD_NICE:-10}")
+NICE=(nice -n 10)
 
 log() { printf '[cluster-build] %s\n' "$*" >&2; }
 

@@ -12,9 +12,7 @@ Build times and sizes go to stdout as JSON (bench/results/real_node.md records t
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -106,15 +104,8 @@ RUNTIME_ARGS = {"EXTRAS": "runtime"}
 
 def build(dockerfile: str, tag: str, build_args: dict[str, str], timeout: float = 3600) -> float:
     """Build `dockerfile` on the local base as `tag` from a context of exactly what it COPYs;
-    return the seconds it took (a layer-cache hit takes seconds).
-
-    One build at a time on a machine (a lock file in the cache): tier 1's container test and tier
-    2's real node may reach the same runtime image at once, and two concurrent builds of it would
-    each pip-install torch; the second to get the lock finds every layer cached."""
-    lock_dir = Path(os.environ.get("MODELDEPLOY_CACHE", Path.home() / ".cache" / "modeldeploy"))
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / ".image-build.lock", "w") as lock, tempfile.TemporaryDirectory() as ctx:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    return the seconds it took (a layer-cache hit takes seconds)."""
+    with tempfile.TemporaryDirectory() as ctx:
         for n in [*context_of(dockerfile), dockerfile]:
             src = ROOT / n
             if src.is_dir():
