@@ -71,9 +71,12 @@ def test_bench_command_uses_the_issue_slo_as_mean_itl_and_same_work():
 
 def _run(target: str, rate: float, goodput: float, itl_p50: float) -> dict:
     dist = {"p50": 0.5, "p99": 1.0, "mean": 0.1}
+    # one request whose chunks came 3 at once (2 of its 4 gaps under 2 ms), one still streaming
+    reqs = [{"outcome": "completed", "itl": [0.05, 0.0001, 0.0003, 0.05]}, {"outcome": "error", "itl": [0.0]}]
     return {
         "target": target,
         "rate": rate,
+        "requests": reqs,
         "summary": {
             "requests": 10,
             "outcomes": {"completed": 10},
@@ -105,7 +108,9 @@ def test_verdict_reads_capacities_ratios_and_half_capacity():
     assert "goodput-at-capacity ratio: 2.02x" in "\n".join(lines)  # 0.95 at ours, 0.47 at llama.cpp's
     assert not any("ITL p50 at" in x for x in lines)  # 0.25 was not run by both: no claim
     res["half_capacity_rate"] = 0.5
-    assert any("ours 0.050 s vs llama.cpp 0.040 s" in x for x in src.llama_verdict(res))
+    half = [x for x in src.llama_verdict(res) if "half llama.cpp's capacity" in x]
+    assert len(half) == 1 and "ours 0.050 s vs llama.cpp 0.040 s" in half[0]
+    assert "client gaps under 2 ms: ours 50 %" in half[0]  # the error request's gap is not counted
     table = src.llama_markdown(res)
     assert (
         table.index("| 0.5 | modeldeploy")
