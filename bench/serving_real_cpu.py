@@ -18,9 +18,19 @@ both engines: resident weight bytes, then decode steps at batch 1 and 16 and a 5
 timed in rounds that alternate the two engines (median per engine); with `--rate`, one open-loop
 point: two `modeldeploy serve` (GGUF directory, float32 directory), `modeldeploy bench` on each in turn.
 
+`llama` (issue 38's "Must show"): `modeldeploy serve` and llama.cpp's `llama-server`
+(bench/llama_cpp_build.sh) on the same weights of one format (f32: our HF float32 directory and the
+F32 GGUF converted from it; q8_0 / q4_1: the same .gguf for both, ours serving its directory), 32
+slots and 2 threads each, both up together; one `modeldeploy bench` over both URLs (a capacity search
+from 0.25 req/s, or `--rates`), interleaved, SLO TTFT <= 1.5 s and mean ITL (tpot) <= 0.15 s;
+`--half-capacity` adds a rate at half llama.cpp's capacity. `table FILE` prints its table and the
+ratios against the issue's goal.
+
     .venv/bin/python bench/serving_real_cpu.py profile
     .venv/bin/python bench/serving_real_cpu.py load --rates 0.5,1 --duration 60 --target-itl-ms 150
     .venv/bin/python bench/serving_real_cpu.py quant --rate 1 --duration 60 --out /tmp/quant.json
+    .venv/bin/python bench/serving_real_cpu.py llama --format f32 --models-dir DIR --half-capacity \
+        --duration 45 --drain-timeout 30 --search-steps 1 --out /tmp/llama_f32.json
 """
 
 from __future__ import annotations
