@@ -29,7 +29,7 @@ ratios against the issue's goal.
     .venv/bin/python bench/serving_real_cpu.py profile
     .venv/bin/python bench/serving_real_cpu.py load --rates 0.5,1 --duration 60 --target-itl-ms 150
     .venv/bin/python bench/serving_real_cpu.py quant --rate 1 --duration 60 --out /tmp/quant.json
-    .venv/bin/python bench/serving_real_cpu.py llama --format f32 --models-dir DIR --half-capacity --out F.json
+    .venv/bin/python bench/serving_real_cpu.py llama --format f32 --models-dir D --half-capacity --out F.json
 """
 
 from __future__ import annotations
