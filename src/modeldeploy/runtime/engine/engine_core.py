@@ -120,6 +120,7 @@ class EngineCore:
 
     def run(self) -> None:
         from modeldeploy.runtime.engine.async_engine import background_priority
+        from modeldeploy.runtime.engine.heap import freeze_after_load
         from modeldeploy.runtime.engine.llm_engine import LLMEngine  # torch is imported in this process only
 
         threads = _reserve_a_core(self.config.tensor_parallel_size)
@@ -132,12 +133,18 @@ class EngineCore:
             return
         if engine.tp is not None:
             engine.tp.set_on_failure(self._fatal)
+        frozen = freeze_after_load()  # the step loop never pays a full collection over the loaded model
         pool = self._compile_pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="grammar-compile", initializer=background_priority
         )
         info = {
             **engine.info(),
-            "engine_core": {"layout": "process", "pid": os.getpid(), "torch_threads": threads},
+            "engine_core": {
+                "layout": "process",
+                "pid": os.getpid(),
+                "torch_threads": threads,
+                "gc_frozen_objects": frozen,
+            },
         }
         self.send(m.Ready(engine.config, info, engine.stats()))
         try:

@@ -32,9 +32,10 @@ log = logging.getLogger("modeldeploy.server")
 PROM_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_app(cfg: ServerConfig, engine: EngineClient | None = None) -> FastAPI:
+def create_app(cfg: ServerConfig, engine: EngineClient | None = None, freeze_heap: bool = False) -> FastAPI:
     """Build the app; the engine client (default: `make_client(cfg.engine, cfg.engine_core)`) is built
-    and loaded in the background once the app starts, so health endpoints answer while it loads."""
+    and loaded in the background once the app starts, so health endpoints answer while it loads.
+    `freeze_heap`: freeze this process's heap once loaded (`modeldeploy serve`; runtime/engine/heap.py)."""
     cfg.validate()
     cfg.limits.validate()
     ctx = ServerContext(cfg, None)
@@ -43,7 +44,7 @@ def create_app(cfg: ServerConfig, engine: EngineClient | None = None) -> FastAPI
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(
-            readiness.load(_client_factory(cfg, engine), ctx.attach, ctx.state, cfg.load_delay_s)
+            readiness.load(_client_factory(cfg, engine), ctx.attach, ctx.state, cfg.load_delay_s, freeze_heap)
         )
         try:
             yield

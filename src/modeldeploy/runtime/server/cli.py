@@ -295,7 +295,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from modeldeploy.runtime.server.app import create_app
 
-    app = create_app(cfg)
+    app = create_app(cfg, freeze_heap=True)
     # Idle keep-alive connections stay open longer than a load balancer's idle timeout (ALB 60 s):
     # with uvicorn's 5 s, a balancer reusing a connection just as the server closes it answers 502.
     config = uvicorn.Config(

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from modeldeploy.runtime.engine.heap import freeze_after_load
+
 log = logging.getLogger("modeldeploy.server")
 
 
@@ -45,7 +47,11 @@ class LoadState:
 
 
 async def load(
-    make_engine: Callable[[], Any], on_engine: Callable[[Any], None], state: LoadState, delay_s: float = 0.0
+    make_engine: Callable[[], Any],
+    on_engine: Callable[[Any], None],
+    state: LoadState,
+    delay_s: float = 0.0,
+    freeze_heap: bool = False,
 ) -> None:
     """Build and start the engine, keeping `state` current; never raises (the state carries the error).
 
@@ -71,6 +77,8 @@ async def load(
         log.error("model load failed: %s", state.error)
         return
     state.load_seconds = time.monotonic() - state.started
+    if freeze_heap:  # a serving process (not an in-process test server): see runtime/engine/heap.py
+        log.info("gc: %d objects frozen after load", freeze_after_load())
     state.phase, state.progress = "ready", 1.0
     if state.status == "loading":
         state.status = "ready"
