@@ -365,9 +365,17 @@ def test_the_real_model_from_oci_serves_in_a_container_and_the_quality_gate_roll
     stable cohort answers every request meanwhile."""
     from modeldeploy.digest import dir_digest
     from modeldeploy_dev import model_variants
-    from modeldeploy_dev.real_model import MODEL_DIGEST, cached_real_model
+    from modeldeploy_dev.real_model import MODEL_DIGEST, bundle_config, cached_real_model
 
-    from .test_rollout_quality import PICK, SERVED, assert_quality_rollback, eval_items, figures, variant
+    from .test_rollout_quality import (
+        PICK,
+        SERVED,
+        assert_quality_rollback,
+        eval_items,
+        figures,
+        quality_analysis,
+        variant,
+    )
 
     c, k, _ = rn
     reg = c.registry()
@@ -380,29 +388,11 @@ def test_the_real_model_from_oci_serves_in_a_container_and_the_quality_gate_roll
     items = eval_items()
 
     def doc(uri: str, digest: str) -> dict:
-        from modeldeploy.operator.api.v1alpha1.quality import eval_set_digest
-
         d = oci_md(name, runtime, uri, digest)
         spec = d["spec"]
-        spec["bundle"]["config"] = {
-            "maxNumSeqs": 8,
-            "maxQueue": 64,
-            "maxModelLen": 2048,  # the recall item is ~1.1k tokens
-            "device": "cpu",
-            "dtype": "float32",
-            "servedModelName": SERVED,
-        }
+        spec["bundle"]["config"] = bundle_config(SERVED)
         spec["resources"] = {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-        spec["rollout"]["analysis"] = {
-            "slo": {"ttftSeconds": 10.0, "interTokenSeconds": 2.0},  # 135M params on 2 shared cores
-            "quality": {
-                "evalSet": {
-                    "inline": [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in items],
-                    "digest": eval_set_digest(items),
-                },
-                "timeoutSeconds": 300,
-            },
-        }
+        spec["rollout"]["analysis"] = quality_analysis(items)
         spec["rollout"]["progressDeadlineSeconds"] = 900
         return d
 

