@@ -131,18 +131,8 @@ def profile(args: argparse.Namespace) -> dict:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 240) -> None:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{url} not ready in {limit_s}s")
+    """Until `modeldeploy serve` at `url` is ready (its model loaded), bounded."""
+    wait_http(url + "/health/ready", proc, limit_s)
 
 
 def real_gguf_dir(out: Path) -> Path:
