@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine import messages as m
+from modeldeploy.runtime.engine.heap import freeze_after_load
 from modeldeploy.runtime.engine.output import RequestOutput
 from modeldeploy.runtime.engine.sampling_params import Structured
 
@@ -120,7 +121,6 @@ class EngineCore:
 
     def run(self) -> None:
         from modeldeploy.runtime.engine.async_engine import background_priority
-        from modeldeploy.runtime.engine.heap import freeze_after_load
         from modeldeploy.runtime.engine.llm_engine import LLMEngine  # torch is imported in this process only
 
         threads = _reserve_a_core(self.config.tensor_parallel_size)

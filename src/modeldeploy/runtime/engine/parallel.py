@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from modeldeploy.kernels import quant
 from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.engine.heap import freeze_after_load
 from modeldeploy.runtime.models.shard import Shard
 
 log = logging.getLogger("modeldeploy.engine")
@@ -234,8 +235,6 @@ def _worker_setup(config: EngineConfig, rank: int, store_port: int, conn: mpc.Co
     loaded = load_shard(config, shard)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     held = sum(quant.nbytes(t) for t in loaded.weights.values())
-    from modeldeploy.runtime.engine.heap import freeze_after_load
-
     freeze_after_load()  # a rank's step loop never pays a full collection over its shard
     _send(conn, ("ready", {"rank": rank, "pid": os.getpid(), "free_bytes": free, "weight_bytes": held}))
     message = pickle.loads(conn.recv_bytes())
