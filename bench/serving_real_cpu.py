@@ -359,17 +359,7 @@ def start(
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    cmd = [
-        "timeout",
-        str(lifetime_s),
-        PY,
-        "-m",
-        "modeldeploy",
-        "serve",
-        "--model",
-        str(model or real_model()),
-    ]
-    cmd += ["--port", str(port), "--max-model-len", "2048", "--max-num-seqs", "32", *extra]
+    cmd = ["timeout", str(lifetime_s), *ours_serve_cmd(model or real_model(), port, 32, 2048), *extra]
     return subprocess.Popen(
         cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
     )
