@@ -33,6 +33,7 @@ import torch
 import xgrammar as xgr
 
 from modeldeploy.runtime.engine import grammar_regex as rx
+from modeldeploy.runtime.engine import regex_syntax as syntax
 from modeldeploy.runtime.engine.output import CompileResult
 from modeldeploy.runtime.engine.request_check import GrammarLimitExceeded, SchemaLimits
 from modeldeploy.runtime.engine.sampling_params import Structured
@@ -52,7 +53,7 @@ _ANNOTATIONS = {
     "title", "description", "examples", "default", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly",
 }  # fmt: skip
-# Formats xgrammar enforces that grammar_regex.FORMATS does not write (alone only: no length limits)
+# Formats xgrammar enforces that regex_syntax.FORMATS does not write (alone only: no length limits)
 _XGRAMMAR_FORMATS = {"duration", "ipv6", "uri-reference"}
 _STRING_LIMITS = ("pattern", "minLength", "maxLength")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
@@ -179,7 +180,7 @@ def _string_grammar(schema: dict[str, Any], where: str, prefix: str) -> tuple[st
     """The EBNF (expression, rules) of this schema's string limits, or None when it has none that
     we write (no limits, an unknown format, or a format xgrammar enforces alone)."""
     fmt = schema.get("format") if isinstance(schema.get("format"), str) else None
-    ours = fmt if fmt in rx.FORMATS else None
+    ours = fmt if fmt in syntax.FORMATS else None
     limits = [k for k in _STRING_LIMITS if k in schema]
     if fmt in _XGRAMMAR_FORMATS and limits:
         raise UnsupportedSchema(f"format {fmt!r} together with {limits[0]}", f"{where}/format")
@@ -203,14 +204,14 @@ def _string_grammar(schema: dict[str, Any], where: str, prefix: str) -> tuple[st
         raise UnsupportedSchema(f"pattern of type {type(pattern).__name__}", f"{where}/pattern")
     if pattern is not None and ours is not None:
         raise UnsupportedSchema(f"format {fmt!r} together with pattern", f"{where}/format")
-    source, key = (pattern, "pattern") if pattern is not None else (rx.FORMATS.get(fmt or ""), "format")
+    source, key = (pattern, "pattern") if pattern is not None else (syntax.FORMATS.get(fmt or ""), "format")
     try:
-        node = rx.parse_pattern(source) if source is not None else rx.ANY_STRING
+        node = syntax.parse_pattern(source) if source is not None else syntax.ANY_STRING
         return rx.string_ebnf(node, lo, hi, prefix)
     except rx.RegexTooLarge as e:
         at = f"{where}/{key if source is not None else 'maxLength'}"
         raise PatternTooLarge(f"{key}: {e}", at) from None
-    except rx.RegexUnsupported as e:
+    except syntax.RegexUnsupported as e:
         raise UnsupportedSchema(
             f"{key}: {e}", f"{where}/{key if source is not None else 'maxLength'}"
         ) from None
