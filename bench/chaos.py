@@ -1,7 +1,8 @@
 """Chaos during a canary (issue 39): the control plane, the metrics backend and a stable pod fail
 in the middle of a rollout's analysis, and the rollout must still end as its policy says.
 
-  .venv/bin/python bench/chaos.py [--cases apiserver,etcd,metrics-hold,metrics-rollback,stable-pod]
+  .venv/bin/python bench/chaos.py
+      [--cases apiserver,etcd,metrics-hold,metrics-rollback,stable-pod,node-lost]
       [--out bench/results/chaos.json]
 
 Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
@@ -20,10 +21,19 @@ canary is being analysed, then:
   rolled back with reason AnalysisInconclusive.
 - stable-pod: one of the two stable pods' serving process SIGKILLed (an OOM kill); the node
   restarts it; the canary must not be blamed: promoted.
+- node-lost: the canary alone on a second process node (`proc-1`, its own agent, bridge and pod
+  CIDR: the home node is cordoned from the bundle change to the fault), which loses power (agent
+  and pod processes SIGKILLed, the pods' network gone: their IPs answer nothing). The node goes
+  NotReady after kube-controller-manager's --node-monitor-grace-period (kwokctl: 40 s), its pods
+  are marked unready and, after their 300 s unreachable toleration, evicted; their replacements
+  start on the home node. The analysis has no canary figures meanwhile (Inconclusive), so with
+  onInconclusive Hold the step holds, then judges the replacements: promoted within the
+  progress deadline (600 s).
 
 Each case passes when: the final phase and decision are the policy's; each decision Event is
 posted once; no stable request failed (stable-pod: none on the stable pod that was not killed; the
-killed pod's own in-flight and refused requests are counted apart). Prints a markdown timeline
+killed pod's own in-flight and refused requests are counted apart; node-lost: the lost canary pods'
+failures are counted apart). Prints a markdown timeline
 (seconds from the bundle change) and exits non-zero if a case failed.
 """
 
@@ -66,7 +76,11 @@ from modeldeploy_dev.rollout_scenario import (
 from modeldeploy_dev.wait import wait_until
 
 NAME = "chaos"
-CASES = ("apiserver", "etcd", "metrics-hold", "metrics-rollback", "stable-pod")
+CASES = ("apiserver", "etcd", "metrics-hold", "metrics-rollback", "stable-pod", "node-lost")
+BUNDLE = "modeldeploy.dev/bundle"
+# node-lost: the lost pods' 300 s toleration, their replacements loading and analysed, within the
+# 600 s progress deadline; bounded beyond it, so a rollout that never decides fails the case
+NODE_LOST_WAIT_S = 900
 # how a failed API call shows in the operator's log (urllib3 / kubernetes client / kopf wording)
 API_ERROR = re.compile(
     r"Connection refused|NewConnectionError|MaxRetryError|Max retries|timed out|ReadTimeout|"
@@ -85,6 +99,7 @@ class Outcome:
     decisions: dict[str, int] = field(default_factory=dict)
     stable_failed: int = 0
     killed_pod_failed: int = 0
+    lost_canary_failed: int = 0  # node-lost: requests on the lost node's canary pods
     requests: int = 0
     notes: list[str] = field(default_factory=list)
     passed: bool = False
@@ -164,6 +179,8 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
     op.start()
     prom: Prom | None = None
     targets: PodTargets | None = None
+    spare: faults.SpareNode | None = None
+    home = cluster.process_node or "proc-0"
     try:
         analysis = dict(ANALYSIS)
         if metrics:
@@ -186,13 +203,20 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
         md = wait_md(cluster, ns, NAME, stable_and_ready, 300, f"{NAME} Stable and Ready")
         old = md["status"]["stable"]["bundle"]
         stable_pods = pods_of(cluster, ns, old)
-        with Load(cluster.api, ns, NAME, workers=3, max_seconds=900) as load:
+        if case == "node-lost":
+            spare = node = faults.SpareNode(cluster, work / "proc-1")
+            node.start()
+            out.notes.append(f"spare node {node.name}: bridge {node.bridge}, pods on {node.cidr}")
+        with Load(cluster.api, ns, NAME, workers=3, max_seconds=900 if spare is None else 1500) as load:
             time.sleep(3)  # both cohorts' load established before the change
+            if spare is not None:
+                faults.cordon(cluster, home)  # the canary's pods can go to the spare node only
             clock = Clock()
             change_bundle(cluster, ns, NAME, lambda b: b["config"].update(maxNumSeqs=6))
             wait_md(cluster, ns, NAME, phase_is("Canary"), 420, "the canary in its analysed step")
             clock.mark("canary")
             killed: str | None = None
+            lost: set[str] = set()
             if case in ("apiserver", "etcd"):
                 control_plane_fault(
                     cluster, op, clock, sup, "kube-apiserver" if case == "apiserver" else "etcd"
@@ -204,6 +228,8 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                     clock.mark("fault")
                     inconclusive_or_decided(cluster, ns, NAME, clock, hold)
                 clock.mark("recovered")
+            elif spare is not None:
+                lost = node_lost(cluster, ns, clock, spare, home, out)
             else:
                 now_stable = wait_until(  # the step scales stable down (Replace): wait until it has
                     lambda: settled(cluster, ns, old), 120, 0.5, "the stable cohort at its step's size"
@@ -219,10 +245,11 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 clock.mark("recovered")
                 gone = "" if _pod(cluster, ns, killed) else " (retired by the promotion before Ready again)"
                 out.notes.append(f"killed stable pod {killed} ({ip}){gone}")
-            done = wait_md(cluster, ns, NAME, phase_is("Stable"), 600, "the rollout decided")
+            wait = 600 if spare is None else NODE_LOST_WAIT_S
+            done = wait_md(cluster, ns, NAME, phase_is("Stable"), wait, "the rollout decided")
             clock.mark("decided")
         out.notes.append(f"work dir (operator log, Prometheus data): {work}")
-        judge(out, cluster, ns, done, old, stable_pods, killed, load)
+        judge(out, cluster, ns, done, old, stable_pods, killed, load, lost)
         out.timeline = clock.marks
         out.notes += [
             f"supervisor restarted {', '.join(cs)} at {t - clock.t0:.1f} s"
@@ -232,12 +259,82 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
         return out
     finally:
         op.stop()
+        if spare is not None:
+            faults.cordon(cluster, home, False)
+            spare.remove()  # its pods stay Terminating on a dead node until force-deleted
         if prom is not None:
             prom.stop()
         if targets is not None:
             targets.__exit__()
         cluster.kubectl("delete", "ns", ns, "--wait=false", check=False, timeout=60)
         cluster.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False, timeout=60)
+
+
+def node_lost(
+    cluster: E2ECluster, ns: str, clock: Clock, spare: faults.SpareNode, home: str, out: Outcome
+) -> set[str]:
+    """The spare node, holding every canary pod, loses power; watch until the rollout decides and
+    return the lost pods' IPs. Marks: fault; detected (the operator's first analysis after the
+    fault without canary figures); node NotReady, pods unready, evicted (the node and taint-eviction
+    controllers); recovered (a replacement canary pod Ready on another node)."""
+    canary = get_md(cluster, ns, NAME)["status"]["canary"]["bundle"]
+    placed = wait_until(lambda: canary_placed(cluster, ns, canary), 120, 0.5, "every canary pod bound")
+    off = sorted(n for n, node in placed.items() if node != spare.name)
+    if off:
+        raise AssertionError(f"canary pods {off} not on {spare.name} (home node {home} was cordoned)")
+    ips = pods_of(cluster, ns, canary)
+    lost_pods = {p: ips.get(p, "") for p in placed}  # "": bound, not started yet
+    before = (get_md(cluster, ns, NAME)["status"].get("lastAnalysis") or {}).get("time")
+    clock.mark("fault", spare.lose())
+    faults.cordon(cluster, home, False)  # the healthy node takes the replacements
+    out.notes.append(f"lost with {spare.name}: canary pods {lost_pods}")
+    deadline = time.monotonic() + NODE_LOST_WAIT_S
+    while time.monotonic() < deadline:
+        st = get_md(cluster, ns, NAME).get("status", {})
+        la = st.get("lastAnalysis") or {}
+        if la.get("time") != before and la.get("verdict") == "Inconclusive" and "detected" not in clock.marks:
+            if "unreachable" in (la.get("message") or "") or "pods unready" in clock.marks:
+                clock.mark("detected")
+                out.notes.append(
+                    f"operator's first analysis after the fault: Inconclusive, {la.get('message')!r}"
+                )
+        if not spare.ready():
+            clock.mark("node NotReady")
+        pods = {p.metadata.name: p for p in canary_pods(cluster, ns, canary)}
+        gone = [pods.get(n) for n in lost_pods]
+        if all(p is None or not pod_is_ready(p) for p in gone):
+            clock.mark("pods unready")
+        if any(p is None or p.metadata.deletion_timestamp is not None for p in gone):
+            clock.mark("evicted")
+        fresh = [p for n, p in pods.items() if n not in lost_pods and pod_is_ready(p)]
+        if fresh and "recovered" not in clock.marks:
+            clock.mark("recovered")
+            out.notes.append(f"replacement canary pods Ready on {sorted({p.spec.node_name for p in fresh})}")
+        if st.get("phase") == "Stable":
+            break
+        time.sleep(1)
+    marks = ", ".join(
+        f"{k} {clock.marks[k]} s" for k in ("node NotReady", "pods unready", "evicted") if k in clock.marks
+    )
+    out.notes.append(f"node and pods as the controllers saw them: {marks or 'no change seen'}")
+    return {ip for ip in lost_pods.values() if ip}
+
+
+def canary_pods(cluster: E2ECluster, ns: str, bundle: str) -> list[Any]:
+    return cluster.core.list_namespaced_pod(ns, label_selector=f"{BUNDLE}={bundle}").items
+
+
+def canary_placed(cluster: E2ECluster, ns: str, bundle: str) -> dict[str, str] | None:
+    """Canary pod name -> node, once the canary Deployment's pods all exist and are bound."""
+    deps = cluster.apps.list_namespaced_deployment(ns, label_selector=f"{BUNDLE}={bundle}").items
+    want = sum(d.spec.replicas or 0 for d in deps)
+    pods = [p for p in canary_pods(cluster, ns, bundle) if p.metadata.deletion_timestamp is None]
+    bound = {p.metadata.name: p.spec.node_name for p in pods if p.spec.node_name}
+    return bound if want and len(bound) == len(pods) == want else None
+
+
+def pod_is_ready(p: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
 
 
 def judge(
@@ -249,9 +346,10 @@ def judge(
     stable_pods: dict[str, str],
     killed: str | None,
     load: Load,
+    lost: set[str] | None = None,
 ) -> None:
     """The case's verdict: the policy's decision, each decision posted once, no failed stable request
-    (the killed pod's own failures counted apart)."""
+    (the killed pod's own failures, and the lost node's canary pods', counted apart)."""
     st = done["status"]
     la = st.get("lastAnalysis") or {}
     out.notes.append(
@@ -277,6 +375,7 @@ def judge(
     out.requests = sum(sum(c.values()) for c in by_ip.values())
     out.stable_failed = failed(set(stable_pods.values()) - {killed_ip or ""})
     out.killed_pod_failed = failed({killed_ip}) if killed_ip else 0
+    out.lost_canary_failed = failed(lost or set())
     if load.api_errors:
         out.notes.append(f"load's EndpointSlice reads failed {sum(load.api_errors.values())}x (API down)")
     once = all(n == 1 for n in out.decisions.values())
@@ -352,6 +451,8 @@ def table(outcomes: list[Outcome]) -> str:
         failed = f"{o.stable_failed} of {o.requests}"
         if o.case == "stable-pod":
             failed += f" (+{o.killed_pod_failed} on the killed pod)"
+        if o.case == "node-lost":
+            failed += f" (+{o.lost_canary_failed} on the lost canary pods)"
         rows.append(
             f"| {o.case} | {t.get('fault', '-')} | {t.get('detected', '-')} | {t.get('recovered', '-')} | "
             f"{t.get('decided', '-')} | {o.decision} ({o.reason or '-'}) | {posted} | {failed} | {o.phase} | "

@@ -1,24 +1,32 @@
 """Faults for chaos runs on the local cluster: control-plane processes SIGKILLed and restarted, a
-pod's serving process SIGKILLed, a Prometheus frozen.
+pod's serving process SIGKILLed, a Prometheus frozen, a whole node lost.
 
 Test infrastructure only: the product has no fault switch. Every fault here is what an operator
 meets in a real cluster (a crashed kube-apiserver or etcd that its supervisor restarts, a container
-killed by the OOM killer, a metrics backend that stops answering), made with signals on the
-processes kwokctl and the process node started.
+killed by the OOM killer, a metrics backend that stops answering, a node that loses power), made
+with signals on the processes kwokctl and the process nodes started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
+from kubernetes.client.exceptions import ApiException
+
 from modeldeploy_dev.cluster.local import LocalCluster
+from modeldeploy_dev.cluster.nodes import node_ready
 from modeldeploy_dev.e2e_cluster import E2ECluster
+from modeldeploy_dev.procnode.net import Network
+from modeldeploy_dev.procnode.pids import kill_leftovers
 from modeldeploy_dev.wait import wait_until
 
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok-controller")
@@ -132,3 +140,118 @@ class Frozen:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)
+
+
+# --- a node lost ---------------------------------------------------------------------------------
+SPARE_BRIDGE = "mdlost"  # + index: a bridge name no cluster's `up` picks (mdbr*, mdrn*)
+SPARE_CIDRS = tuple(f"10.244.{150 + i}.0/24" for i in range(10))
+
+
+def spare_network(links: Iterable[str], addresses: Iterable[str]) -> tuple[str, str]:
+    """A bridge and pod CIDR for a second process node that collide with nothing on this host:
+    the first `mdlost<i>` not among `links` whose CIDR holds none of `addresses` (the host's
+    IPv4 interface addresses, 'a.b.c.d/len'), so two runs, or a run beside any cluster, never
+    share a bridge or route."""
+    taken = set(links)
+    nets = [ipaddress.ip_interface(a).network for a in addresses]
+    for i, cidr in enumerate(SPARE_CIDRS):
+        net = ipaddress.ip_network(cidr)
+        if f"{SPARE_BRIDGE}{i}" not in taken and not any(net.overlaps(n) for n in nets):
+            return f"{SPARE_BRIDGE}{i}", cidr
+    raise RuntimeError(f"no free bridge {SPARE_BRIDGE}0-{len(SPARE_CIDRS) - 1} with a free CIDR on this host")
+
+
+def host_network() -> tuple[list[str], list[str]]:
+    """(link names, IPv4 interface addresses) of this host, for spare_network."""
+    links = [p.name for p in Path("/sys/class/net").iterdir()]
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], text=True, capture_output=True, check=True)
+    return links, [line.split()[3] for line in out.stdout.splitlines() if len(line.split()) > 3]
+
+
+def cordon(cluster: E2ECluster, node: str, unschedulable: bool = True) -> None:
+    """`kubectl cordon` (or uncordon): new pods avoid the node; the pods on it keep running."""
+    cluster.core.patch_node(node, {"spec": {"unschedulable": unschedulable}})
+
+
+class SpareNode:
+    """A second process node (its own agent, state dir, bridge and pod CIDR) that a chaos case loses.
+
+    `lose()` is a power loss: the agent (kubelet and container runtime in one) and every pod
+    process on it SIGKILLed, and the pods' network namespaces removed while the bridge stays up,
+    so their IPs answer nothing (no ARP reply: a client's connect fails after its timeout or with
+    EHOSTUNREACH, as for a host that died on a live switch). No one renews the node's Lease: the
+    node controller marks it NotReady after --node-monitor-grace-period, taints it unreachable and
+    evicts its pods after their toleration; those pods stay Terminating, as on a real dead node.
+    `remove()` (on exit) decommissions it: its pods force-deleted, its Node and Lease deleted, the
+    agent stopped if still alive, its network removed."""
+
+    def __init__(self, cluster: E2ECluster, state: Path, name: str = "proc-1") -> None:
+        self.cluster, self.state, self.name = cluster, state, name
+        self.bridge, self.cidr = spare_network(*host_network())
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lost = False
+
+    def start(self, timeout: float = 90) -> SpareNode:
+        """Start the agent and wait until its Node is Ready."""
+        try:
+            self.cluster.core.read_node(self.name)
+            raise RuntimeError(f"node {self.name} exists already: another run's, not ours to reuse")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        self.state.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "modeldeploy_dev.procnode", "--kubeconfig", self.cluster.kubeconfig]
+        argv += ["--node", self.name, "--bridge", self.bridge, "--pod-cidr", self.cidr]
+        argv += ["--state-dir", str(self.state)]
+        with open(self.state / "procnode.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        wait_until(self.ready, timeout, 0.5, f"node {self.name} Ready", ignore=(ApiException,))
+        return self
+
+    def ready(self) -> bool:
+        """The Node's Ready condition is True (a started agent that exited is an error, a lost one not)."""
+        if self.proc is not None and self.proc.poll() is not None and not self.lost:
+            tail = (self.state / "procnode.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the {self.name} agent exited ({self.proc.returncode}):\n{tail}")
+        try:
+            return node_ready(self.cluster.core.read_node(self.name))
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def lose(self) -> float:
+        """The power loss (see the class); returns the time.monotonic() when it is complete."""
+        assert self.proc is not None, "lose() before start()"
+        self.lost = True
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        kill_leftovers(self.state)  # the pods' processes: their own process groups, not the agent's
+        net = Network(self.bridge, self.cidr)
+        for ns in net.existing():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=30)
+        return time.monotonic()
+
+    def remove(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:  # a case that failed before lose()
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        kill_leftovers(self.state)
+        core = self.cluster.core
+        with contextlib.suppress(ApiException):
+            for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.name}").items:
+                m = p.metadata
+                if m is not None and m.name and m.namespace:
+                    with contextlib.suppress(ApiException):
+                        core.delete_namespaced_pod(m.name, m.namespace, grace_period_seconds=0)
+        with contextlib.suppress(ApiException):
+            core.delete_node(self.name)
+        Network(self.bridge, self.cidr).destroy_all()
+
+    def __enter__(self) -> SpareNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()

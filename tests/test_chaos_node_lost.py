@@ -1,0 +1,105 @@
+"""The node-lost chaos case's pure parts (bench/chaos.py, modeldeploy_dev.faults): the spare node's
+network never collides with the host's, the case waits for every canary pod to be bound before the
+fault, and the verdict counts the lost canary pods' failures apart from the stable cohort's."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+from modeldeploy_dev.faults import SPARE_CIDRS, spare_network
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("chaos", ROOT / "bench/chaos.py")
+assert _spec is not None and _spec.loader is not None
+chaos = importlib.util.module_from_spec(_spec)
+sys.modules["chaos"] = chaos  # its dataclasses look their module up while the class is built
+_spec.loader.exec_module(chaos)
+
+
+def test_spare_network_on_a_clean_host() -> None:
+    assert spare_network(["lo", "eth0", "mdbr0"], ["127.0.0.1/8", "10.244.0.1/24"]) == (
+        "mdlost0",
+        "10.244.150.0/24",
+    )
+
+
+def test_spare_network_skips_a_taken_bridge_and_an_overlapping_cidr() -> None:
+    # mdlost0 exists (another run's), and some interface already holds an address in 10.244.151.0/24
+    assert spare_network(["mdlost0"], ["10.244.151.7/24"]) == ("mdlost2", "10.244.152.0/24")
+
+
+def test_spare_network_refuses_when_a_wide_route_covers_every_candidate() -> None:
+    with pytest.raises(RuntimeError, match="no free bridge"):
+        spare_network([], ["10.244.0.1/16"])
+    assert len(SPARE_CIDRS) == 10
+
+
+def _pod(name: str, node: str | None, deleting: bool = False) -> NS:
+    return NS(metadata=NS(name=name, deletion_timestamp="now" if deleting else None), spec=NS(node_name=node))
+
+
+def _cluster(replicas: int, pods: list[NS]) -> NS:
+    return NS(
+        apps=NS(
+            list_namespaced_deployment=lambda ns, label_selector: NS(items=[NS(spec=NS(replicas=replicas))])
+        ),
+        core=NS(list_namespaced_pod=lambda ns, label_selector: NS(items=pods)),
+    )
+
+
+def test_canary_placed_waits_until_every_canary_pod_is_bound() -> None:
+    assert chaos.canary_placed(_cluster(2, [_pod("c-1", "proc-1")]), "ns", "b") is None  # one not created
+    assert chaos.canary_placed(_cluster(2, [_pod("c-1", "proc-1"), _pod("c-2", None)]), "ns", "b") is None
+    placed = chaos.canary_placed(_cluster(2, [_pod("c-1", "proc-1"), _pod("c-2", "proc-1")]), "ns", "b")
+    assert placed == {"c-1": "proc-1", "c-2": "proc-1"}
+    # a pod already being deleted is not the canary's (the Deployment is replacing it)
+    gone = [_pod("c-1", "proc-1"), _pod("c-0", "proc-1", deleting=True), _pod("c-2", "proc-1")]
+    assert chaos.canary_placed(_cluster(2, gone), "ns", "b") == {"c-1": "proc-1", "c-2": "proc-1"}
+
+
+def _judge(by_ip: dict[str, Counter], reasons: list[str]) -> chaos.Outcome:
+    out = chaos.Outcome("node-lost", "Promoted")
+    events = [
+        NS(involved_object=NS(name=chaos.NAME), metadata=NS(creation_timestamp=i), reason=r, message="")
+        for i, r in enumerate(reasons)
+    ]
+    cluster = NS(core=NS(list_namespaced_event=lambda ns: NS(items=events)))
+    done = {"status": {"phase": "Stable", "stable": {"bundle": "new"}, "rollout": {"reason": "Promoted"}}}
+    load = NS(by_ip=lambda: by_ip, api_errors=Counter())
+    stable = {"s-1": "10.244.0.2", "s-2": "10.244.0.3"}
+    chaos.judge(out, cluster, "ns", done, "old", stable, None, load, {"10.244.150.2"})
+    return out
+
+
+POSTED = ["NewBundle", "CanaryReady", "ConformancePassed", "Promoted"]
+
+
+def test_judge_counts_the_lost_canary_failures_apart() -> None:
+    by_ip = {
+        "10.244.0.2": Counter({200: 50}),
+        "10.244.0.3": Counter({200: 48}),
+        "10.244.150.2": Counter({200: 9, 0: 4}),  # refused / unreachable once the node lost power
+    }
+    out = _judge(by_ip, POSTED)
+    assert (out.stable_failed, out.lost_canary_failed, out.requests) == (0, 4, 111)
+    assert out.passed
+    assert "0 of 111 (+4 on the lost canary pods)" in chaos.table([out])
+
+
+def test_judge_fails_on_a_stable_failure_or_a_decision_posted_twice() -> None:
+    by_ip = {"10.244.0.2": Counter({200: 50, 503: 1}), "10.244.150.2": Counter({0: 4})}
+    assert not _judge(by_ip, POSTED).passed
+    twice = _judge({"10.244.0.2": Counter({200: 5})}, [*POSTED, "Promoted"])
+    assert twice.decisions["Promoted"] == 2 and not twice.passed
+
+
+def test_cli_knows_node_lost() -> None:
+    assert "node-lost" in chaos.CASES
+    with pytest.raises(SystemExit):
+        chaos.main(["--cases", "node-gone"])
