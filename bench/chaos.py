@@ -260,8 +260,10 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
     finally:
         op.stop()
         if spare is not None:
-            faults.cordon(cluster, home, False)
-            spare.remove()  # its pods stay Terminating on a dead node until force-deleted
+            try:
+                faults.cordon(cluster, home, False)
+            finally:
+                spare.remove()  # its pods stay Terminating on a dead node until force-deleted
         if prom is not None:
             prom.stop()
         if targets is not None:

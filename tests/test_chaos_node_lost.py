@@ -103,3 +103,15 @@ def test_cli_knows_node_lost() -> None:
     assert "node-lost" in chaos.CASES
     with pytest.raises(SystemExit):
         chaos.main(["--cases", "node-gone"])
+
+
+def test_a_spare_node_never_started_removes_nothing(tmp_path: Path) -> None:
+    """A case that failed before its agent started (e.g. a `proc-1` of another run exists) must not
+    delete that other run's Node or pods."""
+    from modeldeploy_dev.faults import SpareNode
+
+    def forbidden(*a: object, **k: object) -> None:
+        raise AssertionError("touched the API")
+
+    core = NS(delete_node=forbidden, list_pod_for_all_namespaces=forbidden, delete_namespaced_pod=forbidden)
+    SpareNode(NS(core=core, kubeconfig="x"), tmp_path).remove()  # type: ignore[arg-type]

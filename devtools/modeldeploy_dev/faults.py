@@ -235,7 +235,9 @@ class SpareNode:
         return time.monotonic()
 
     def remove(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:  # a case that failed before lose()
+        if self.proc is None:  # never started: the Node, if any, is not ours
+            return
+        if self.proc.poll() is None:  # a case that failed before lose()
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         kill_leftovers(self.state)
