@@ -245,11 +245,13 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 clock.mark("recovered")
                 gone = "" if _pod(cluster, ns, killed) else " (retired by the promotion before Ready again)"
                 out.notes.append(f"killed stable pod {killed} ({ip}){gone}")
-            wait = 600 if spare is None else NODE_LOST_WAIT_S
+            wait = 600 if spare is None else 30  # node-lost: node_lost() waited for the decision
             done = wait_md(cluster, ns, NAME, phase_is("Stable"), wait, "the rollout decided")
             clock.mark("decided")
         out.notes.append(f"work dir (operator log, Prometheus data): {work}")
         judge(out, cluster, ns, done, old, stable_pods, killed, load, lost)
+        tracebacks = op.log.read_text(errors="replace").count("Traceback") if op.log.exists() else 0
+        out.notes.append(f"operator log: {tracebacks} traceback(s)")
         out.timeline = clock.marks
         out.notes += [
             f"supervisor restarted {', '.join(cs)} at {t - clock.t0:.1f} s"
