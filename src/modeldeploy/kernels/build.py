@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 CUDA_DIR = Path(__file__).parent / "cuda"
-FAMILIES = ("norm", "activation", "rotary", "cache", "attention", "lora")
+FAMILIES = ("norm", "activation", "rotary", "cache", "attention", "lora", "quant")
 
 # torch dtype name -> CUDA C++ type
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -66,6 +66,19 @@ def lora_expand_name(dtype: str) -> str:
     return f"lora_expand_kernel<{CTYPES[dtype]}>"
 
 
+QUANT_BITS = (4, 8)
+QUANT_ROWS = (1, 2, 4, 8)  # rows of x per GEMV block (quant.cu's ROWS); more rows take several blocks
+QUANT_COLS = 4  # output columns per warp (quant.cu's COLS)
+
+
+def quant_gemv_name(dtype: str, bits: int, rows: int) -> str:
+    return f"quant_gemv_kernel<{CTYPES[dtype]}, {bits}, {rows}, {QUANT_COLS}>"
+
+
+def quant_dequant_name(dtype: str, bits: int) -> str:
+    return f"quant_dequant_kernel<{CTYPES[dtype]}, {bits}>"
+
+
 @cache
 def name_expressions(family: str) -> tuple[str, ...]:
     """Every instantiation of a family's templates (what a wrapper may ask for)."""
@@ -86,6 +99,9 @@ def name_expressions(family: str) -> tuple[str, ...]:
             names.append(attention_reduce_name(dt))
         elif family == "lora":
             names += [lora_shrink_name(dt), lora_expand_name(dt)]
+        elif family == "quant":
+            names += [quant_gemv_name(dt, b, r) for b in QUANT_BITS for r in QUANT_ROWS]
+            names += [quant_dequant_name(dt, b) for b in QUANT_BITS]
         else:
             raise KeyError(family)
     return tuple(names)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import cupy  # noqa: F401  (ImportError here = no CUDA kernels)
 
-from modeldeploy.kernels import activation, attention, cache, dispatch, lora, norm, rotary
+from modeldeploy.kernels import activation, attention, cache, dispatch, lora, norm, quant_cuda, rotary
 
 KERNELS = {
     "rms_norm": norm.rms_norm,
@@ -19,6 +19,7 @@ KERNELS = {
     "paged_attention_decode": attention.paged_attention_decode,
     "paged_attention_prefill": attention.paged_attention_prefill,
     "lora_apply": lora.lora_apply,
+    "quant_linear": quant_cuda.linear,
 }
 
 dispatch._CUDA.update(KERNELS)

@@ -2,7 +2,8 @@
 CPU paged attention to the in-place C++ kernel (`kernels.cpu_attention`, built on first use
 when a compiler is present), CPU float32 linear layers to oneDNN with packed weights
 (`kernels.cpu_gemm`), quantized weights (`kernels.quant.QuantLinear`) on CPU float32 to the C++
-group-wise int4/int8 kernel (`kernels.cpu_quant`), everything else to the torch reference twins
+group-wise int4/int8 kernel (`kernels.cpu_quant`) and on CUDA to the CuPy int4/int8 kernels
+(`kernels.quant_cuda`), everything else to the torch reference twins
 (`modeldeploy.kernels.reference`, `quant.linear`).
 
 The engine never imports a kernel module directly, so CPU-only installs never
@@ -11,16 +12,19 @@ import cupy, and a GPU build swaps implementations without touching the engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from modeldeploy.kernels import cpu_gemm, cpu_quant, quant, reference
 
 # Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
-_CUDA: dict[str, object] = {}
+_CUDA: dict[str, Callable[..., Any]] = {}
 _cuda_checked = False
 # CPU kernels (paged attention reading blocks in place, KV write, rotary, RMSNorm, SiLU-and-mul);
 # empty without a compiler.
-_CPU: dict[str, object] = {}
+_CPU: dict[str, Callable[..., Any]] = {}
 _CPU_NAMES = (
     "paged_attention_decode",
     "paged_attention_prefill",
@@ -51,10 +55,18 @@ def _cpu_impl(name: str):
 
 
 def describe(device: str) -> dict[str, object]:
-    """Which attention kernels this process runs on `device`, for /v1/bundle: on CPU, the in-place
-    C++ kernel (prebuilt in the image for this CPU's level, or built here) or the torch twins."""
+    """Which kernels this process runs on `device`, for /v1/bundle: on CPU, the in-place C++
+    attention kernel (prebuilt in the image for this CPU's level, or built here) or the torch twins,
+    and the linear paths; on CUDA, also what a quantized linear layer runs."""
     if device != "cpu":
-        return {"attention": "cuda" if device.startswith("cuda") else "reference"}
+        if not device.startswith("cuda"):
+            return {"attention": "reference"}
+        qpath = "reference (de-quantize, then GEMM: cupy not installed)"
+        if _cuda("quant_linear") is not None:
+            from modeldeploy.kernels import quant_cuda  # imported already by cuda_ops
+
+            qpath = quant_cuda.path_in_use()
+        return {"attention": "cuda", "quantized_linear": qpath}
     from modeldeploy.kernels import cpu_attention
 
     return {
@@ -64,16 +76,21 @@ def describe(device: str) -> dict[str, object]:
     }
 
 
-def _impl(name: str, t: torch.Tensor):
+def _cuda(name: str) -> Callable[..., Any] | None:
+    """The CuPy kernel registered as `name`, or None (no CuPy: `cuda_ops` is imported once, on first use)."""
     global _cuda_checked
+    if not _cuda_checked:
+        _cuda_checked = True
+        try:
+            from modeldeploy.kernels import cuda_ops  # noqa: F401  (registers into _CUDA)
+        except ImportError:
+            pass
+    return _CUDA.get(name)
+
+
+def _impl(name: str, t: torch.Tensor):
     if t.is_cuda:
-        if not _cuda_checked:
-            _cuda_checked = True
-            try:
-                from modeldeploy.kernels import cuda_ops  # noqa: F401  (registers into _CUDA)
-            except ImportError:
-                pass
-        fn = _CUDA.get(name)
+        fn = _cuda(name)
         if fn is not None:
             return fn
     elif name in _CPU_NAMES and t.device.type == "cpu":
@@ -97,8 +114,15 @@ def linear(x, weight, bias=None):
     if isinstance(weight, quant.QuantLinear):
         if cpu_quant.supports(x, weight):
             return cpu_quant.linear(x, weight, bias)
-        return quant.linear(x, weight, bias)
+        return _quant_impl(x)(x, weight, bias)
     return cpu_gemm.linear(x, weight, bias)
+
+
+def _quant_impl(x: torch.Tensor) -> Callable[..., Any]:
+    """A QuantLinear call off the CPU kernel: CUDA's int4/int8 kernels (`kernels.quant_cuda`, which
+    hands shapes and dtypes it does not cover to the twin itself), else the twin `quant.linear`."""
+    fn = _cuda("quant_linear") if x.is_cuda else None
+    return fn if fn is not None else quant.linear
 
 
 def embedding(ids, table, dtype=torch.float32):
