@@ -62,6 +62,7 @@ def emulated(monkeypatch):
         emulate.launch(*a, **k)
 
     monkeypatch.setattr(quant_cuda, "launch", record)
+    monkeypatch.setattr(quant_cuda, "_sm_count", lambda device: 1)  # a 1-SM "GPU": 8 warps per block
     return launches
 
 
@@ -114,6 +115,16 @@ def test_rows_around_a_tile_and_float32_bias(rows, emulated):
     g = torch.Generator().manual_seed(rows)
     check(torch.randn(rows, 96, generator=g), w, torch.randn(40, generator=g))
     assert len(emulated) == 1  # one launch: the grid's y covers the row tiles
+
+
+@pytest.mark.parametrize("sms", [3, 64])
+def test_small_grids_take_fewer_warps_per_block(sms, emulated, monkeypatch):
+    """More SMs than blocks of 32 columns: 4 or 2 warps per block (16 or 8 columns), same results."""
+    monkeypatch.setattr(quant_cuda, "_sm_count", lambda device: sms)
+    w = make_weight("Q4_1", 100, 160, seed=sms)
+    check(torch.randn(3, 160), w)
+    assert quant_cuda.warps_for(100, 1, sms) == (4 if sms == 3 else 2)
+    assert quant_cuda.warps_for(4096, 1, 132) == 2 and quant_cuda.warps_for(28672, 1, 132) == 8
 
 
 def test_strided_rows_are_copied_not_misread(emulated):

@@ -19,6 +19,8 @@ is unmeasured (see kernels/NOTES.md).
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +28,8 @@ from modeldeploy.kernels import build, quant
 from modeldeploy.kernels.launch import aligned, dtype_name, i32, i64, launch, ptr
 from modeldeploy.kernels.quant import QuantLinear
 
-WARPS = 8  # GEMV: warps per block (each owns build.QUANT_COLS output columns)
+WARPS = 8  # GEMV: most warps per block (each owns build.QUANT_COLS output columns); see `warps_for`
+MIN_WARPS = 2
 DEQUANT_THREADS = 256
 GEMV_MAX_ROWS = 16  # more rows: de-quantize kernel + torch GEMM (see the module docstring)
 
@@ -73,6 +76,22 @@ def _rows_tile(m: int) -> int:
     return next((r for r in build.QUANT_ROWS if r >= m), build.QUANT_ROWS[-1])
 
 
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def warps_for(n: int, row_tiles: int, sm_count: int) -> int:
+    """Warps per GEMV block: WARPS (8: x staged once per 32 columns) unless that leaves fewer than two
+    blocks per SM, then halved down to MIN_WARPS (an 8B layer's N = 4096 at one row tile is 128
+    blocks of 32 columns for 132 SMs; 512 blocks of 8 at 2 warps). The x chunk each block stages is the
+    same size whatever its warps, so fewer warps cost more L2 reads of x, never correctness."""
+    warps = WARPS
+    while warps > MIN_WARPS and -(-n // (warps * build.QUANT_COLS)) * row_tiles < 2 * sm_count:
+        warps //= 2
+    return warps
+
+
 def gemv(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w.T (+ bias) through `quant_gemv_kernel`, any M (callers check `supports`)."""
     dt = dtype_name(x)
@@ -86,13 +105,15 @@ def gemv(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) -> t
     if bias is not None:
         bias = bias.contiguous()
     rows = _rows_tile(m)
-    cols = WARPS * build.QUANT_COLS
+    tiles = -(-m // rows)
+    warps = warps_for(n, tiles, _sm_count(x.device))
+    cols = warps * build.QUANT_COLS
     launch(
         "quant",
         build.quant_gemv_name(dt, w.bits, rows),
         x.device,
-        grid=(-(-n // cols), -(-m // rows)),
-        block=(32 * WARPS,),
+        grid=(-(-n // cols), tiles),
+        block=(32 * warps,),
         args=(
             ptr(out),
             i64(out.stride(0)),
