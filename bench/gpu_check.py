@@ -37,7 +37,7 @@ TESTS = [
     ("grammar_mask", 45),
     ("tp", 60),
     ("serve", 75),
-    ("quantized", 60),  # GGUF Q4/Q8 weights kept quantized: the torch twin on CUDA (no CuPy int4 GEMM yet)
+    ("quantized", 120),  # GGUF Q4/Q8 kept quantized: the CuPy int4/int8 kernels vs float64 and the twin
 ]
 TIMINGS = [
     ("env", 40),
@@ -48,6 +48,7 @@ TIMINGS = [
     ("grammar_mask", 30),
     ("tp", 120),
     ("serve", 90),
+    ("quant", 90),
 ]
 REPORT_RESERVE_S = 10
 
@@ -272,6 +273,23 @@ def serve_line(r: dict) -> str:
     )
 
 
+def quant_lines(r: dict) -> list[str]:
+    head = "int4/int8 GEMM, 8B layers, bf16 x   batch  gemv us  roofline  deq+gemm us  twin us  dense us"
+    if (bad := _fail(r)) is not None:
+        return [head, f"  {bad}"]
+    lines = [head]
+    for x in r.get("rows", []):
+        name = f"  {x['fmt']} {x['layer']:8s} {x['n']:5d}x{x['k']:<5d}     {x['batch']:5d}"
+        if "error" in x:
+            lines.append(f"{name}  ERROR {x['error'][:60]}")
+        else:
+            lines.append(
+                f"{name}  {x['gemv_us']:7.1f}  {x['gemv_roofline']:8.1%}  {x['dequant_gemm_us']:11.1f}  "
+                f"{x['twin_us']:7.1f}  {x['dense_us']:8.1f}"
+            )
+    return lines
+
+
 def table(merged: dict) -> list[str]:
     tests, timings = merged["tests"], merged["timings"]
     lines = [f"gpu_check {merged['date']} rev {merged['git_rev']}"]
@@ -283,7 +301,7 @@ def table(merged: dict) -> list[str]:
     lines += ["", "timings (bench/gpu)", *env_lines(t["env"]), "", *decode_lines(t["decode"])]
     lines += ["", *kernel_lines(t["kernels"]), ""]
     lines += [graphs_line(t["graphs"]), lora_line(t["lora"]), grammar_line(t["grammar_mask"])]
-    lines += [tp_line(t["tp"]), serve_line(t["serve"])]
+    lines += [tp_line(t["tp"]), serve_line(t["serve"]), "", *quant_lines(t["quant"])]
     return lines
 
 
