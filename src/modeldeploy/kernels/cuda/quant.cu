@@ -10,19 +10,23 @@
 //   quant_dequant_kernel:  w as T [N, K] (= QuantLinear.dequantize(T)), for a torch GEMM on long chunks
 //
 // GEMV layout (decode steps, short chunks): a block of WARPS warps owns COLS * WARPS output columns and
-// ROWS rows of x. K is walked in chunks of CHUNK = 32 groups: the block stages the chunk of its ROWS rows
-// of x in shared memory as float (each x element leaves L2 once per block, not once per column), then
-// lane l of a warp de-quantizes group l of the chunk for each of its COLS columns in registers (one
-// 16-byte load of packed 4-bit weights, two of 8-bit: a warp reads 512 / 1024 contiguous bytes) and
-// multiplies it into every row. float32 accumulation; one warp reduction per (column, row) at the end.
+// ROWS rows of x. K is walked in chunks of 32 groups: the block stages the chunk of its ROWS rows of x
+// in shared memory as float (each x element leaves L2 once per block, not once per column); lane l of
+// a warp takes group l of the chunk for each of its COLS columns (one 16-byte load of packed 4-bit
+// weights, two of 8-bit: a warp reads 512 / 1024 contiguous bytes per column), rebuilds 8 weights of
+// each column at a time in registers and multiplies them into every row, each x value read from
+// shared memory (16-byte reads) feeding COLS FMAs: shared memory then keeps pace with the FMA units.
+// float32 accumulation; one warp reduction per (column, row) at the end.
 // Unverified on a GPU: checked only through the CPU emulation (modeldeploy_dev.kernel_emulate).
 #include "common.cuh"
 
 #define QGROUP 32
-#define QCHUNK_GROUPS 32             // groups of K per staged chunk: one per lane
-#define QPAD (QGROUP + 1)            // shared-memory stride per group: lanes read group l, word j -> no
-                                     // bank conflict (a stride of 32 floats would put all lanes on one bank)
-#define QCHUNK (QCHUNK_GROUPS * QPAD)  // floats per staged row
+#define QCHUNK_GROUPS 32  // groups of K per staged chunk: one per lane
+#define QSUB 8            // weights rebuilt per column at a time (registers: COLS * QSUB)
+#define QPAD 36           // shared-memory floats per group: lanes l read 16 bytes at word 36 l + j, and
+                          // 36 l = 4 l (mod 32 banks) gives each 8-lane phase of a 16-byte read all 32
+                          // banks once (a stride of 32 would put every lane on the same banks)
+#define QCHUNK (QCHUNK_GROUPS * QPAD)  // floats per staged row (a multiple of 4: rows stay 16-byte aligned)
 
 // 0x4B000000 is 2^23 as a float: or-ing a small integer u into its mantissa gives 2^23 + u exactly, so
 // (that - 2^23) is float(u) with one integer op and one float add (integer-to-float converts run at a
@@ -31,22 +35,18 @@ __device__ __forceinline__ float small_uint_to_float(unsigned u) {
   return __int_as_float(0x4B000000u | u) - 8388608.f;
 }
 
-// The 32 weights of one group, as float32: 4-bit from its 16 packed bytes (four 32-bit words).
-__device__ __forceinline__ void dequant_group4(const unsigned (&p)[4], float s, float z, float (&w)[QGROUP]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const unsigned byte = (p[j / 4] >> (8 * (j % 4))) & 0xffu;
-    w[j] = small_uint_to_float(byte & 15u) * s + z;
-    w[j + 16] = small_uint_to_float(byte >> 4) * s + z;
-  }
-}
-
-// 8-bit: 32 signed bytes (eight words); q + 128 is read as an unsigned byte, then 128 is taken off.
-__device__ __forceinline__ void dequant_group8(const unsigned (&p)[8], float s, float (&w)[QGROUP]) {
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
+// Weight j (0..31, a compile-time constant once unrolled) of a group, as float32, from its packed words.
+//   4-bit: byte j % 16 holds q[j] (j < 16) in its low nibble and q[j] (j >= 16) in its high one.
+//   8-bit: signed byte j; q + 128 is read as an unsigned byte, then 128 is taken off.
+// q * s is exact, so w equals the twin's float32 weight (one rounding, in the + z).
+template <int BITS>
+__device__ __forceinline__ float dequant_one(const unsigned (&p)[BITS], int j, float s, float z) {
+  if constexpr (BITS == 4) {
+    const unsigned byte = (p[(j % 16) / 4] >> (8 * (j % 4))) & 0xffu;
+    return small_uint_to_float(j < 16 ? byte & 15u : byte >> 4) * s + z;
+  } else {
     const unsigned u = ((p[j / 4] >> (8 * (j % 4))) & 0xffu) ^ 0x80u;
-    w[j] = (small_uint_to_float(u) - 128.f) * s;
+    return (small_uint_to_float(u) - 128.f) * s;
   }
 }
 
@@ -65,15 +65,6 @@ __device__ __forceinline__ void load_group(const unsigned char* __restrict__ qwe
   }
 }
 
-template <int BITS>
-__device__ __forceinline__ void dequant_group(const unsigned (&p)[BITS], float s, float z, float (&w)[QGROUP]) {
-  if constexpr (BITS == 4) {
-    dequant_group4(p, s, z, w);
-  } else {
-    dequant_group8(p, s, w);
-  }
-}
-
 // Grid: (ceil(N / (COLS * warps)), ceil(M / ROWS)); block: a multiple of 32 threads.
 // x rows are 16-byte aligned (pointer and stride); zeros is nullptr for 8-bit; bias may be nullptr.
 template <typename T, int BITS, int ROWS, int COLS>
@@ -84,7 +75,7 @@ __global__ void quant_gemv_kernel(T* __restrict__ out, long long out_stride,    
                                   const float* __restrict__ zeros,                 // [N, K/32] or null
                                   const T* __restrict__ bias,                      // [N] or null
                                   int m_dim, int n_dim, int k_dim) {
-  __shared__ float xs[ROWS * QCHUNK];
+  alignas(16) __shared__ float xs[ROWS * QCHUNK];  // read back 16 bytes at a time
   constexpr int V = 16 / sizeof(T);  // elements of x per 16-byte load
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int m0 = blockIdx.y * ROWS;
@@ -126,18 +117,25 @@ __global__ void quant_gemv_kernel(T* __restrict__ out, long long out_stride,    
         s[c] = scales[(long long)n * groups + g];
         z[c] = BITS == 4 ? zeros[(long long)n * groups + g] : 0.f;
       }
-      const float* xg = xs + lane * QPAD;
+      const Vec<float, 4>* xg = reinterpret_cast<const Vec<float, 4>*>(xs + lane * QPAD);  // group, row 0
 #pragma unroll
-      for (int c = 0; c < COLS; ++c) {
-        float w[QGROUP];
-        dequant_group<BITS>(p[c], s[c], z[c], w);
+      for (int j0 = 0; j0 < QGROUP; j0 += QSUB) {
+        float w[COLS][QSUB];
+#pragma unroll
+        for (int c = 0; c < COLS; ++c)
+#pragma unroll
+          for (int j = 0; j < QSUB; ++j) w[c][j] = dequant_one<BITS>(p[c], j0 + j, s[c], z[c]);
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
           if (r < rows) {
-            float a = 0.f;
 #pragma unroll
-            for (int j = 0; j < QGROUP; ++j) a += w[j] * xg[r * QCHUNK + j];
-            acc[c][r] += a;
+            for (int h = 0; h < QSUB / 4; ++h) {
+              const Vec<float, 4> xv = xg[(r * QCHUNK + j0) / 4 + h];
+#pragma unroll
+              for (int c = 0; c < COLS; ++c)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[c][r] += w[c][4 * h + j] * xv.v[j];
+            }
           }
         }
       }
@@ -145,14 +143,12 @@ __global__ void quant_gemv_kernel(T* __restrict__ out, long long out_stride,    
   }
 #pragma unroll
   for (int c = 0; c < COLS; ++c) {
+    const int n = n0 + c;
+    const float b = bias == nullptr || n >= n_dim ? 0.f : to_float(bias[n]);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const float v = warp_sum(acc[c][r]);  // every lane takes part: no early return above
-      const int n = n0 + c;
-      if (lane == 0 && r < rows && n < n_dim) {
-        const float b = bias == nullptr ? 0.f : to_float(bias[n]);
-        out[(long long)(m0 + r) * out_stride + n] = from_float<T>(v + b);
-      }
+      if (lane == 0 && r < rows && n < n_dim) out[(long long)(m0 + r) * out_stride + n] = from_float<T>(v + b);
     }
   }
 }
@@ -173,14 +169,13 @@ __global__ void quant_dequant_kernel(T* __restrict__ out,                       
   const int g = (int)(i % groups);
   unsigned p[BITS];
   load_group<BITS>(qweight, n, groups, g, p);
-  float w[QGROUP];
-  dequant_group<BITS>(p, scales[i], BITS == 4 ? zeros[i] : 0.f, w);
+  const float s = scales[i], z = BITS == 4 ? zeros[i] : 0.f;
   T* o = out + i * QGROUP;  // row n, group g of a contiguous [N, K]
 #pragma unroll
   for (int v = 0; v < QGROUP / V; ++v) {
     float part[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) part[j] = w[v * V + j];
+    for (int j = 0; j < V; ++j) part[j] = dequant_one<BITS>(p, v * V + j, s, z);
     store_vec<T, V>(o + v * V, part);
   }
 }
