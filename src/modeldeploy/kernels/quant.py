@@ -1,8 +1,9 @@
 """Weight-only quantized linear layers: `QuantLinear` keeps a [out, in] weight as 4-bit or 8-bit
 integers in groups of 32 along `in`, each group with a float32 scale (and a float32 zero for 4-bit):
 w = q * scale + zero. Its torch twin is `dequantize()` then F.linear, which runs on every device;
-on CPU float32 the C++ kernel (`kernels.cpu_quant`) multiplies without rebuilding the weight.
-`kernels.dispatch.linear` picks.
+on CPU float32 the C++ kernel (`kernels.cpu_quant`) multiplies without rebuilding the weight, on
+CUDA the CuPy kernels (`kernels.quant_cuda`: a GEMV rebuilding the weight in registers for few
+rows, a one-pass de-quantize kernel before torch's GEMM for more). `kernels.dispatch.linear` picks.
 
 GGUF's block formats map onto it exactly (`from_gguf`), so a GGUF file is served with its weights
 kept quantized in memory:
