@@ -72,7 +72,7 @@ def check(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) -> 
     ref = x.double() @ w.dequantize().double().T  # float32 weights are exact: float64 is the truth
     if bias is not None:
         ref = ref + bias.double()
-    scale = ref.abs().max().item()
+    scale = max(ref.abs().max().item(), 1e-30)
     assert torch.isfinite(out).all()
     err64 = (out.double() - ref).abs().max().item() / scale
     assert err64 <= TOL64[x.dtype], ("float64", err64)
@@ -204,3 +204,53 @@ def test_launch_arguments_have_the_cpp_parameter_widths(monkeypatch):
             for p in m.group(1).split(",")
         ]
         assert [type(a) for a in args] == want, name
+
+
+@pytest.mark.slow
+def test_the_engines_quantized_calls_all_take_the_kernel(tiny_model, tmp_path, monkeypatch):
+    """A tiny llama served from a GGUF file (every kept format) on the CPU with the C++ kernel off:
+    every QuantLinear call the engine makes (fused q/k/v and gate/up, the head; prefill and decode rows)
+    is one the CUDA kernel takes (`supports`: dtype, contiguous packing, alignment), and the kernel,
+    emulated on one recorded call (its input copied) per distinct (rows, N, K), matches float64 and
+    the twin on it. The whole generation through the emulator would take minutes (one host thread
+    per CUDA thread); tests/gpu/test_gpu_quantized.py runs it on a device."""
+    import importlib.util
+    from pathlib import Path
+
+    from modeldeploy.kernels import cpu_quant
+    from modeldeploy.runtime import LLM, SamplingParams
+
+    spec = importlib.util.spec_from_file_location("tq_shared", Path(__file__).parent / "test_quantized.py")
+    assert spec is not None and spec.loader is not None
+    tq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tq)  # the GGUF writer the CPU quantization tests use
+    hf_dir = tiny_model("llama", hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2)
+    (tmp_path / "gguf").mkdir()
+    tq.write_tiny_gguf(hf_dir, tmp_path / "gguf" / "tiny.gguf", tmp_path / "ref", tq.LAYER_FORMATS)
+    calls: list[tuple[torch.Tensor, QuantLinear]] = []
+
+    def record(x, w, bias=None):
+        assert quant_cuda.supports(x, w), (x.shape, x.stride(), x.dtype, w.fmt)
+        calls.append((torch.empty_strided(x.shape, x.stride()).copy_(x), w))  # the engine reuses buffers
+        return quant.linear(x, w, bias)
+
+    monkeypatch.setattr(cpu_quant, "supports", lambda x, w: False)
+    monkeypatch.setattr(dispatch, "_quant_impl", lambda x: record)
+    llm = LLM(
+        str(tmp_path / "gguf"), tokenizer=str(hf_dir), dtype="float32", max_model_len=128, num_kv_blocks=32
+    )
+    try:
+        llm.generate(["a b c d e f", "hello"], SamplingParams(temperature=0.0, max_tokens=3, min_tokens=3))
+    finally:
+        llm.engine.close()
+    assert calls
+    picked: dict[tuple, tuple[torch.Tensor, QuantLinear]] = {}
+    for x, w in calls:
+        picked.setdefault((x.reshape(-1, x.shape[-1]).shape[0], w.out_features, w.in_features), (x, w))
+    rows = sorted({r for r, _, _ in picked})
+    assert len(rows) >= 2 and rows[-1] > 2, sorted(picked)  # prefill and decode rows
+    # per row count its smallest weight, and the widest (gate/up) at one row: the emulator is slow
+    keys = [min((k for k in picked if k[0] == r), key=lambda k: k[1] * k[2]) for r in rows]
+    keys.append(max((k for k in picked if k[0] == rows[0]), key=lambda k: k[1]))
+    for key in keys:
+        check(*picked[key])
