@@ -519,15 +519,19 @@ def ours_serve_cmd(model: Path, port: int, slots: int, ctx_per_slot: int) -> lis
     ]
 
 
-def bench_cmd(urls: list[str], names: list[str], args: argparse.Namespace, out: Path) -> list[str]:
+def bench_cmd(
+    urls: list[str], names: list[str], args: argparse.Namespace, out: Path, ignore_eos: bool = True
+) -> list[str]:
     """One `modeldeploy bench` over both servers: it interleaves them rate by rate (one under load
-    at a time), with the same seeded arrivals and prompts for each."""
+    at a time), with the same seeded arrivals and prompts for each. Without `ignore_eos` (a peer
+    that refuses the field) both stop at the end-of-sequence token, greedy: the same lengths."""
     cmd = [PY, "-m", "modeldeploy", "bench", *urls]
     for n in names:
         cmd += ["--name", n]
     cmd += ["--endpoint", "chat", "--mix", MIX, "--duration", str(args.duration), "--warmup", "2"]
-    cmd += ["--tokenizer", str(args.tokenizer or real_model()), "--temperature", "0", "--ignore-eos"]
-    cmd += ["--slo", LLAMA_SLO, "--drain-timeout", str(args.drain_timeout), "--json", str(out)]
+    cmd += ["--tokenizer", str(args.tokenizer or real_model()), "--temperature", "0"]
+    cmd += ["--ignore-eos" if ignore_eos else "--no-ignore-eos", "--slo", LLAMA_SLO]
+    cmd += ["--drain-timeout", str(args.drain_timeout), "--json", str(out)]
     if args.rates:
         cmd += ["--rates", ",".join(f"{r:g}" for r in args.rates)]
     else:
@@ -714,40 +718,43 @@ def llama_markdown(res: dict) -> str:
 
 
 def llama_verdict(res: dict) -> list[str]:
-    """Capacity and goodput at capacity of each, and the ratios the issue's goal names."""
+    """Capacity and goodput at capacity of each, and the ratios the issue's goal names. The peer
+    and its goal come from the record (`peer`, `goal`): llama.cpp at 1.5x unless it says otherwise
+    (bench/serving_real_hf.py writes transformers at 4x)."""
     caps = res["capacity"]
     rows = llama_rows(res)
+    peer, goal = res.get("peer", "llama.cpp"), res.get("goal", 1.5)
 
     def at(server: str, rate: float) -> dict | None:
         return next((r for r in rows if r["server"] == server and r["rate"] == rate), None)
 
     out = []
     good = {}
-    for n in ("modeldeploy", "llama.cpp"):
+    for n in ("modeldeploy", peer):
         r = at(n, caps.get(n, 0.0))
         good[n] = r["goodput_rps"] if r else 0.0
         out.append(
             f"- {n}: capacity at SLO {caps.get(n, 0.0):g} req/s (good share >= 90 %), goodput there "
             f"{good[n]:.3f} req/s"
         )
-    if caps.get("llama.cpp"):
+    if caps.get(peer):
         out.append(
-            f"- capacity ratio ours / llama.cpp: {caps.get('modeldeploy', 0) / caps['llama.cpp']:.2f}x "
-            "(goal >= 1.5x)"
+            f"- capacity ratio ours / {peer}: {caps.get('modeldeploy', 0) / caps[peer]:.2f}x "
+            f"(goal >= {goal:g}x)"
         )
-    if good.get("llama.cpp"):
+    if good.get(peer):
         out.append(
-            f"- goodput-at-capacity ratio: {good['modeldeploy'] / good['llama.cpp']:.2f}x (goal >= 1.5x)"
+            f"- goodput-at-capacity ratio: {good['modeldeploy'] / good[peer]:.2f}x (goal >= {goal:g}x)"
         )
     half = res.get("half_capacity_rate")
     if half:
-        a, b = at("modeldeploy", half), at("llama.cpp", half)
+        a, b = at("modeldeploy", half), at(peer, half)
         if a and b and a["itl_p50"] is not None and b["itl_p50"] is not None:
             out.append(
-                f"- at {half:g} req/s (half llama.cpp's capacity): ITL p50 seen by the client ours "
-                f"{a['itl_p50']:.3f} s vs llama.cpp {b['itl_p50']:.3f} s (goal: ours <= llama.cpp's); "
+                f"- at {half:g} req/s (half {peer}'s capacity): ITL p50 seen by the client ours "
+                f"{a['itl_p50']:.3f} s vs {peer} {b['itl_p50']:.3f} s (goal: ours <= {peer}'s); "
                 f"mean ITL (TPOT) ours {num(a['tpot_mean'], 3)} s vs {num(b['tpot_mean'], 3)} s; "
-                f"client gaps under 2 ms: ours {pct(a['burst_share'])} %, llama.cpp {pct(b['burst_share'])} %"
+                f"client gaps under 2 ms: ours {pct(a['burst_share'])} %, {peer} {pct(b['burst_share'])} %"
             )
     return out
 
@@ -821,7 +828,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "table":
         data = json.loads(args.path.read_text())
-        print(llama_markdown(data) if data.get("kind") == "serving_real_cpu/llama" else markdown(args.path))
+        peer = data.get("kind") in ("serving_real_cpu/llama", "serving_real_cpu/peer")
+        print(llama_markdown(data) if peer else markdown(args.path))
         return
     modes = {"profile": profile, "load": load, "quant": quant, "quant-gemm": quant_gemm, "llama": llama}
     res = modes[args.cmd](args)
