@@ -115,3 +115,20 @@ def test_a_spare_node_never_started_removes_nothing(tmp_path: Path) -> None:
 
     core = NS(delete_node=forbidden, list_pod_for_all_namespaces=forbidden, delete_namespaced_pod=forbidden)
     SpareNode(NS(core=core, kubeconfig="x"), tmp_path).remove()  # type: ignore[arg-type]
+
+
+def test_a_cohort_without_ready_pods_says_so_in_the_analysis() -> None:
+    """Found by the node-lost case: once the node controller marked the lost canary pods unready, the
+    pod scrape read no canary pod, the analysis was Inconclusive and the step held for minutes while
+    status.lastAnalysis.message was empty. It names the cohort now."""
+    from modeldeploy.operator.analysis.scrape import Baselines, CohortScrape, PodScrape
+    from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval
+    from modeldeploy.operator.api.v1alpha1.analysis import Analysis
+
+    assert CohortScrape("c").problems() == "bundle c: no Ready pods to scrape"
+    window = AnalysisWindow("uid", "ns", "s", "c", stable_pods=(), canary_pods=(), mark=("c", 0, "t"))
+    source = PodScrape(Baselines())
+    for _ in range(2):  # the window's opening read, then one that would count
+        result, problems = analyze_interval(source, window, Analysis(), step=0, time="t")
+        assert result.verdict == "Inconclusive"
+        assert "bundle c: no Ready pods to scrape" in problems

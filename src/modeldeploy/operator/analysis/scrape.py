@@ -47,7 +47,11 @@ class CohortScrape:
         return total
 
     def problems(self) -> str:
-        """'' when every pod was read, else a line for an Event or log."""
+        """'' when every pod was read, else a line for an Event or log. A cohort with no Ready pod to
+        read says so: its analysis is Inconclusive and the step holds, and status must say why (a
+        canary whose node was lost, bench/chaos.py node-lost, held for minutes with an empty message)."""
+        if not self.pods and not self.errors and not self.skipped:
+            return f"bundle {self.bundle}: no Ready pods to scrape"
         parts = [f"{ip}: {why}" for ip, why in sorted(self.errors.items())]
         if self.skipped:
             parts.append(f"{len(self.skipped)} pod(s) over the {MAX_PODS}-pod scrape bound not read")
