@@ -312,8 +312,13 @@ def node_lost(
         gone = [pods.get(n) for n in lost_pods]
         if all(p is None or not pod_is_ready(p) for p in gone):
             clock.mark("pods unready")
-        if any(p is None or p.metadata.deletion_timestamp is not None for p in gone):
+        if "evicted" not in clock.marks and any(p is None or p.metadata.deletion_timestamp for p in gone):
             clock.mark("evicted")
+            ro = st.get("rollout") or {}
+            out.notes.append(
+                f"status while held (at the eviction): phase {st.get('phase')}, reason {ro.get('reason')}, "
+                f"lastAnalysis {la.get('verdict')}: {la.get('message')!r}"
+            )
         fresh = [p for n, p in pods.items() if n not in lost_pods and pod_is_ready(p)]
         if fresh and "recovered" not in clock.marks:
             clock.mark("recovered")
