@@ -608,6 +608,21 @@ def test_packed_linear_matches_float64_like_blas(rows, with_bias):
     assert rel_err(out, exact) < 1e-6
 
 
+def test_row_buckets_bound_the_shapes_oneDNN_sees_at_a_sixteenth_of_extra_rows():
+    """Decode batches (up to 32 rows) keep their own shape; above, a prefill chunk of any length runs
+    at one of 16 buckets per power of two, never more than 1/16 over: every row count a 2048-token
+    step budget can make lands on 32 + 16 * 6 shapes, not ~2,080 (each a oneDNN primitive held for
+    good: the soak's RSS creep, bench/results/soak.md)."""
+    assert [cpu_gemm.padded_rows(r) for r in (1, 7, 32)] == [1, 7, 32]
+    seen = set()
+    for rows in range(1, 2081):
+        p = cpu_gemm.padded_rows(rows)
+        assert rows <= p <= rows + rows / 16, rows
+        assert cpu_gemm.padded_rows(p) == p, rows  # a bucket is its own bucket
+        seen.add(p)
+    assert len(seen) <= 32 + 16 * 6 + 2, len(seen)
+
+
 def test_pack_leaves_other_weights_alone_and_the_switch_turns_it_off(monkeypatch):
     """bfloat16, 1-D and (with MODELDEPLOY_CPU_GEMM=0) every weight stay plain tensors and run
     through F.linear; a wrong input width is an error naming both sizes."""
