@@ -52,8 +52,8 @@ def push(model: Path, registry: str, repo: str) -> str:
 def oci_md(name: str, engine: str, uri: str, model_digest: str) -> dict:
     doc = tiny_md(name, engine, model_digest)
     b = doc["spec"]["bundle"]
-    b["model"] = {"uri": uri, "revision": uri[-12:], "digest": model_digest}
-    b["tokenizer"] = {"revision": uri[-12:], "digest": model_digest}
+    b["model"] = {"uri": uri, "revision": f"sha256-{uri[-12:]}", "digest": model_digest}
+    b["tokenizer"] = {"revision": f"sha256-{uri[-12:]}", "digest": model_digest}
     doc["spec"]["rollout"] = {
         "steps": [{"weight": 50, "pauseSeconds": 0}],
         "prefetch": {"timeoutSeconds": 300},
