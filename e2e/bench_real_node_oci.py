@@ -151,18 +151,45 @@ def measure(c, k, ns: str, runtime: str, small: dict, model: Path, mib: int) -> 
     # 2. cold apply: the artifact gone from the node first
     ref = uri.removeprefix("oci://")
     k.wait(lambda: not _pods(k, ns), 300, "no pod left in the namespace")
-    node.ctr("images", "rm", "--sync", ref, check=False)
-    assert ref not in node.ctr("images", "ls", "-q").stdout
+    manifest = ref.split("@", 1)[1]
+    gone = forget(node, manifest)
+    assert gone and manifest not in node.ctr("images", "ls").stdout, gone
     name = f"cold{mib}"
     row |= {f"cold_{key}": v for key, v in fresh(k, ns, name, oci_md(name, runtime, uri, digest)).items()}
+    row["cold_kubelet_says"] = pulled(k, ns, name, manifest)
 
     # 3. warm apply: the same deployment again, the artifact still on the node
     k.kubectl("delete", "md", name, "-n", ns, "--wait=true", timeout=300)
     k.wait(lambda: not _pods(k, ns), 300, "no pod left in the namespace")
     assert ref in node.ctr("images", "ls", "-q").stdout, "the kubelet dropped the artifact"
     row |= {f"warm_{key}": v for key, v in fresh(k, ns, name, oci_md(name, runtime, uri, digest)).items()}
+    row["warm_kubelet_says"] = pulled(k, ns, name, manifest)
     k.kubectl("delete", "md", name, "-n", ns, "--wait=true", timeout=300)
     return row
+
+
+def forget(node, manifest: str) -> list[str]:  # noqa: ANN001 - RealNode
+    """Remove every image record of the artifact from the node's containerd, content and snapshots
+    with them (`--sync`): the CRI keeps it under its reference and under its config digest, and
+    content one record still holds makes the next "pull" a manifest fetch."""
+    lines = node.ctr("images", "ls").stdout.splitlines()[1:]
+    names = [line.split()[0] for line in lines if manifest in line]
+    for n in names:
+        node.ctr("images", "rm", "--sync", n, check=False)
+    return names
+
+
+def pulled(k, ns: str, pod_prefix: str, manifest: str) -> list[str]:  # noqa: ANN001
+    """What the kubelet's events say about the artifact for the pods of `pod_prefix`: its own pull
+    timing where it pulled, "already present" where it did not."""
+    items = json.loads(k.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    return [
+        e.get("message", "")
+        for e in items
+        if e.get("reason") in ("Pulled", "Pulling")
+        and e.get("involvedObject", {}).get("name", "").startswith(pod_prefix)
+        and manifest[7:19] in e.get("message", "")
+    ]
 
 
 def _pods(k, ns: str) -> list:  # noqa: ANN001
