@@ -569,6 +569,19 @@ def wait_http(url: str, proc: subprocess.Popen, limit_s: float = 900) -> None:
     raise RuntimeError(f"{url} not ready in {limit_s}s")
 
 
+def run_fields(args: argparse.Namespace) -> dict:
+    """What every side-by-side record holds about its run (this one and serving_real_hf.py's)."""
+    return {
+        "threads": args.threads,
+        "slots": args.slots,
+        "slo": LLAMA_SLO,
+        "mix": MIX,
+        "duration_s": args.duration,
+        "loadavg_before": loadavg(),
+        "benches": [],
+    }
+
+
 def _probe_rates(rec: dict, name: str) -> set[float]:
     return {r["rate"] for r in rec["runs"] if r["target"] == name}
 
@@ -601,14 +614,8 @@ def llama(args: argparse.Namespace) -> dict:
         "format": args.format,
         "models": {"modeldeploy": str(ours_model), "llama.cpp": str(gguf)},
         "servers": cmds,
-        "threads": args.threads,
         "ours_omp_num_threads": ours_env.get("OMP_NUM_THREADS", "unset (serve's default: CPUs - 1)"),
-        "slots": args.slots,
-        "slo": LLAMA_SLO,
-        "mix": MIX,
-        "duration_s": args.duration,
-        "loadavg_before": loadavg(),
-        "benches": [],
+        **run_fields(args),
     }
     info = binary.parent.parent.parent / "build-info.txt"
     if info.is_file():

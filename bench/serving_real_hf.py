@@ -27,13 +27,12 @@ from pathlib import Path
 
 import httpx
 from serving_real_cpu import (
-    LLAMA_SLO,
-    MIX,
     bench_cmd,
     free_port,
     loadavg,
     ours_serve_cmd,
     real_model,
+    run_fields,
     stop,
     wait_http,
 )
@@ -76,13 +75,7 @@ def run(args: argparse.Namespace) -> dict:
         "peer": "transformers",
         "goal": 4.0,
         "models": {"modeldeploy": str(model), "transformers": str(model)},
-        "threads": args.threads,
-        "slots": args.slots,
-        "slo": LLAMA_SLO,
-        "mix": MIX,
-        "duration_s": args.duration,
-        "loadavg_before": loadavg(),
-        "benches": [],
+        **run_fields(args),
     }
     try:
 
