@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 import psutil
+from serving_real_cpu import wait_http
 
 from modeldeploy_dev.real_model import cached_real_model
 
@@ -267,16 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     samples: list[Sample] = []
     bad: list[dict[str, Any]] = []
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # bounded: until the model has loaded
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        else:
-            raise RuntimeError(f"serve never became ready; see {work / 'serve.log'}")
+        wait_http(f"{url}/health/ready", proc, 300)  # bounded: until the model has loaded
         server = psutil.Process(proc.pid).children()[0]  # `timeout` -> python -m modeldeploy serve
         procs = processes(server)
         bench_json = work / "bench.json"

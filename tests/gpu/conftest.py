@@ -49,10 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Counts of CuPy kernel launches by kernel name, to prove the CUDA kernels (not the torch
     twins) ran."""
-    from modeldeploy.kernels import activation, attention, cache, lora, norm, rotary
+    from modeldeploy.kernels import activation, attention, cache, lora, norm, quant_cuda, rotary
 
     counts: dict[str, int] = {}
-    for mod in (activation, attention, cache, lora, norm, rotary):
+    for mod in (activation, attention, cache, lora, norm, quant_cuda, rotary):
 
         def counted(family, name, *a, _real=mod.launch, **k):
             key = name.split("<")[0]

@@ -39,22 +39,6 @@ TOL64 = {f32: 1e-5, f16: 1e-3, bf16: 8e-3}
 TOL_TWIN = {f32: 2e-3, f16: 2e-3, bf16: 1.6e-2}  # the twin may run TF32 and rounds the weight to fp16/bf16
 
 
-@pytest.fixture
-def quant_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts of the quant kernels' launches by kernel name: proof the kernels, not the twin, ran."""
-    from modeldeploy.kernels import quant_cuda
-
-    counts: dict[str, int] = {}
-
-    def counted(family, name, *a, _real=quant_cuda.launch, **k):
-        key = name.split("<")[0]
-        counts[key] = counts.get(key, 0) + 1
-        return _real(family, name, *a, **k)
-
-    monkeypatch.setattr(quant_cuda, "launch", counted)
-    return counts
-
-
 def weight(fmt: str, n: int, k: int, seed: int = 3):
     from modeldeploy.kernels import quant
 
@@ -79,7 +63,7 @@ def errors(out: torch.Tensor, x: torch.Tensor, w, bias=None) -> tuple[float, flo
 
 @pytest.mark.parametrize("fmt", tq.KEPT)
 @pytest.mark.parametrize("dtype", [f32, bf16], ids=["f32", "bf16"])
-def test_quantized_linear_on_cuda_matches_float64(fmt, dtype, quant_launches):
+def test_quantized_linear_on_cuda_matches_float64(fmt, dtype, launches):
     from modeldeploy.kernels import dispatch
 
     n, k = 384, 1024
@@ -95,7 +79,7 @@ def test_quantized_linear_on_cuda_matches_float64(fmt, dtype, quant_launches):
         err = (out.double().cpu() - ref).abs().max().item() / ref.abs().max().item()
         # float32 may run TF32 in the long-chunk GEMM; bfloat16 rounds x and the weight to 8 bits
         assert err <= (2e-3 if dtype == torch.float32 else 2e-2), (rows, err)
-    assert quant_launches.get("quant_gemv_kernel") == 2 and quant_launches.get("quant_dequant_kernel") == 1
+    assert launches.get("quant_gemv_kernel") == 2 and launches.get("quant_dequant_kernel") == 1
     assert dispatch.describe("cuda")["quantized_linear"].startswith("cuda")
     ids = torch.tensor([0, 5, 383], device="cuda")
     assert torch.equal(wd.rows(ids).cpu(), w.dequantize()[ids.cpu()])
@@ -103,7 +87,7 @@ def test_quantized_linear_on_cuda_matches_float64(fmt, dtype, quant_launches):
 
 @pytest.mark.parametrize("dtype", [f32, f16, bf16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("fmt", tq.KEPT)
-def test_kernel_paths_match_float64_and_twin(fmt, dtype, quant_launches, monkeypatch):
+def test_kernel_paths_match_float64_and_twin(fmt, dtype, launches, monkeypatch):
     from modeldeploy.kernels import quant_cuda
 
     n, k = 333, 1280  # N odd, K = a 1024-weight chunk + 8 groups
@@ -121,7 +105,7 @@ def test_kernel_paths_match_float64_and_twin(fmt, dtype, quant_launches, monkeyp
         x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
         e64, etwin = errors(quant_cuda.linear(x, w), x, w)
         assert e64 <= TOL64[dtype] and etwin <= TOL_TWIN[dtype], (rows, e64, etwin)
-    assert quant_launches == {"quant_gemv_kernel": 6, "quant_dequant_kernel": 1}
+    assert launches == {"quant_gemv_kernel": 6, "quant_dequant_kernel": 1}
     assert torch.equal(quant_cuda.dequantize(w, dtype), w.dequantize(dtype))
 
 
@@ -139,7 +123,7 @@ def random_weight(bits: int, n: int, k: int):
 
 
 @pytest.mark.parametrize("bits,n,k", [(4, 4096, 4096), (4, 28672, 4096), (8, 4096, 14336)], ids=str)
-def test_8b_shapes_at_decode_batches(bits, n, k, quant_launches):
+def test_8b_shapes_at_decode_batches(bits, n, k, launches):
     from modeldeploy.kernels import quant_cuda
 
     w = random_weight(bits, n, k)
@@ -147,10 +131,10 @@ def test_8b_shapes_at_decode_batches(bits, n, k, quant_launches):
         x = torch.randn(rows, k, device="cuda").to(bf16)
         e64, etwin = errors(quant_cuda.linear(x, w), x, w)
         assert e64 <= TOL64[bf16] and etwin <= TOL_TWIN[bf16], (rows, e64, etwin)
-    assert quant_launches == {"quant_gemv_kernel": 3}
+    assert launches == {"quant_gemv_kernel": 3}
 
 
-def test_tiny_gguf_greedy_on_cuda_equals_its_dequantized_float32_model(tiny_model, tmp_path, quant_launches):
+def test_tiny_gguf_greedy_on_cuda_equals_its_dequantized_float32_model(tiny_model, tmp_path, launches):
     from modeldeploy.runtime import LLM, SamplingParams
 
     hf_dir = tiny_model("llama", hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2)
@@ -167,4 +151,4 @@ def test_tiny_gguf_greedy_on_cuda_equals_its_dequantized_float32_model(tiny_mode
     assert runs["gguf"][0] == runs["ref"][0]
     assert runs["gguf"][1]["quantization"]["kept_quantized"] == {"Q4_0": 2, "Q4_1": 5, "Q4_K": 5, "Q8_0": 3}
     assert runs["gguf"][1]["kernels"]["quantized_linear"].startswith("cuda")
-    assert quant_launches.get("quant_gemv_kernel"), quant_launches  # decode steps ran the GEMV
+    assert launches.get("quant_gemv_kernel"), launches  # decode steps ran the GEMV
