@@ -2,7 +2,8 @@
 in the middle of a rollout's analysis, and the rollout must still end as its policy says.
 
   .venv/bin/python bench/chaos.py
-      [--cases apiserver,etcd,metrics-hold,metrics-rollback,stable-pod,node-lost]
+      [--cases apiserver,etcd,metrics-hold,metrics-rollback,partition-prometheus,partition-operator,
+               stable-pod,node-lost]
       [--out bench/results/chaos.json]
 
 Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
@@ -19,6 +20,12 @@ canary is being analysed, then:
   is promoted.
 - metrics-rollback: the same with Prometheus frozen until the decision; onInconclusive Rollback:
   rolled back with reason AnalysisInconclusive.
+- partition-prometheus: the Prometheus→canary path cut for 30 s (an iptables rule drops what the
+  Prometheus process sends to the canary pods; the load still reaches them): its scrapes time out,
+  the canary's series go stale, the analysis is Inconclusive; onInconclusive Hold: held, then
+  promoted once the path is back.
+- partition-operator: no Prometheus; the operator scrapes the pods itself, and the operator→canary
+  path is cut until the decision; onInconclusive Rollback: rolled back, AnalysisInconclusive.
 - stable-pod: one of the two stable pods' serving process SIGKILLed (an OOM kill); the node
   restarts it; the canary must not be blamed: promoted.
 - node-lost: the canary alone on a second process node (`proc-1`, its own agent, bridge and pod
@@ -77,7 +84,18 @@ from modeldeploy_dev.rollout_scenario import (
 from modeldeploy_dev.wait import wait_until
 
 NAME = "chaos"
-CASES = ("apiserver", "etcd", "metrics-hold", "metrics-rollback", "stable-pod", "node-lost")
+CASES = (
+    "apiserver",
+    "etcd",
+    "metrics-hold",
+    "metrics-rollback",
+    "partition-prometheus",
+    "partition-operator",
+    "stable-pod",
+    "node-lost",
+)
+# the cases whose policy (onInconclusive Rollback) ends in a rollback
+ROLLBACK = ("metrics-rollback", "partition-operator")
 BUNDLE = "modeldeploy.dev/bundle"
 # node-lost: NotReady after up to 225 s, the lost pods' 300 s toleration, their replacements loading and
 # analysed: within the case's progress deadline; bounded by it, so a rollout that never decides fails
@@ -173,8 +191,8 @@ def control_plane_fault(
 
 
 def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor) -> Outcome:
-    metrics = case.startswith("metrics")
-    expected = "RolledBack" if case == "metrics-rollback" else "Promoted"
+    metrics = case.startswith("metrics") or case == "partition-prometheus"
+    expected = "RolledBack" if case in ROLLBACK else "Promoted"
     out = Outcome(case, expected)
     ns = namespace(cluster, case)
     op = OperatorProcess(cluster.kubeconfig, ns, work / f"operator-{case}.log")
@@ -192,8 +210,10 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
             prom.wait_ready()
             analysis |= {
                 "prometheus": {"address": prom.url},
-                "onInconclusive": "Rollback" if case == "metrics-rollback" else "Hold",
+                "onInconclusive": "Rollback" if case in ROLLBACK else "Hold",
             }
+        elif case == "partition-operator":
+            analysis["onInconclusive"] = "Rollback"
         obj = tiny_spec(
             NAME,
             tiny_model_pv(cluster, ns, work / case),
@@ -225,6 +245,10 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 control_plane_fault(
                     cluster, op, clock, sup, "kube-apiserver" if case == "apiserver" else "etcd"
                 )
+            elif case.startswith("partition"):
+                assert op.proc is not None
+                who = prom.proc.pid if prom is not None else op.proc.pid
+                partition(cluster, ns, clock, who, 30.0 if prom is not None else 400.0, out)
             elif metrics:
                 assert prom is not None
                 hold = 30.0 if case == "metrics-hold" else 400.0
@@ -276,6 +300,18 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
             targets.__exit__()
         cluster.kubectl("delete", "ns", ns, "--wait=false", check=False, timeout=60)
         cluster.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False, timeout=60)
+
+
+def partition(cluster: E2ECluster, ns: str, clock: Clock, pid: int, hold: float, out: Outcome) -> None:
+    """Cut process `pid`'s path to the canary pods for `hold` seconds or until the rollout decides
+    (faults.Partition); the load, from another process, still reaches them."""
+    canary = get_md(cluster, ns, NAME)["status"]["canary"]["bundle"]
+    ips = wait_until(lambda: pods_of(cluster, ns, canary), 120, 0.5, "the canary pods running")
+    out.notes.append(f"cut off from process {pid}: canary pods {ips}")
+    with faults.Partition(pid, ips.values()):
+        clock.mark("fault")
+        inconclusive_or_decided(cluster, ns, NAME, clock, hold)
+    clock.mark("recovered")
 
 
 def node_lost(
@@ -393,7 +429,7 @@ def judge(
         out.notes.append(f"load's EndpointSlice reads failed {sum(load.api_errors.values())}x (API down)")
     once = all(n == 1 for n in out.decisions.values())
     out.passed = out.decision == out.expected and out.phase == "Stable" and once and out.stable_failed == 0
-    if out.case == "metrics-rollback":
+    if out.case in ROLLBACK:
         out.passed = out.passed and out.reason == "AnalysisInconclusive"
 
 

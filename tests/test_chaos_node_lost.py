@@ -132,3 +132,26 @@ def test_a_cohort_without_ready_pods_says_so_in_the_analysis() -> None:
         result, problems = analyze_interval(source, window, Analysis(), step=0, time="t")
         assert result.verdict == "Inconclusive"
         assert "bundle c: no Ready pods to scrape" in problems
+
+
+def test_the_partition_cases_are_known_and_operator_one_must_roll_back_as_inconclusive() -> None:
+    assert {"partition-prometheus", "partition-operator"} <= set(chaos.CASES)
+    assert "partition-operator" in chaos.ROLLBACK and "partition-prometheus" not in chaos.ROLLBACK
+    events = [
+        NS(involved_object=NS(name=chaos.NAME), metadata=NS(creation_timestamp=i), reason=r, message="")
+        for i, r in enumerate(["NewBundle", "CanaryReady", "ConformancePassed", "RolledBack"])
+    ]
+    cluster = NS(core=NS(list_namespaced_event=lambda ns: NS(items=events)))
+    load = NS(by_ip=lambda: {"10.244.0.2": Counter({200: 20})}, api_errors=Counter())
+    for reason, passed in (("AnalysisInconclusive", True), ("AnalysisFailed", False)):
+        out = chaos.Outcome("partition-operator", "RolledBack")
+        done = {
+            "status": {
+                "phase": "Stable",
+                "stable": {"bundle": "old"},
+                "failedBundles": [{"bundle": "new"}],
+                "rollout": {"reason": reason},
+            }
+        }
+        chaos.judge(out, cluster, "ns", done, "old", {"s-1": "10.244.0.2"}, None, load)
+        assert out.passed is passed, reason

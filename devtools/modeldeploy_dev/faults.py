@@ -1,10 +1,11 @@
 """Faults for chaos runs on the local cluster: control-plane processes SIGKILLed and restarted, a
-pod's serving process SIGKILLed, a Prometheus frozen, a whole node lost.
+pod's serving process SIGKILLed, a Prometheus frozen, a whole node lost, a network path cut.
 
 Test infrastructure only: the product has no fault switch. Every fault here is what an operator
 meets in a real cluster (a crashed kube-apiserver or etcd that its supervisor restarts, a container
 killed by the OOM killer, a metrics backend that stops answering, a node that loses power), made
-with signals on the processes kwokctl and the process nodes started.
+with signals on the processes kwokctl and the process nodes started, or (a partition) with an
+iptables rule that drops one process's packets to the pods.
 """
 
 from __future__ import annotations
@@ -140,6 +141,60 @@ class Frozen:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)
+
+
+def cgroup2_root(mounts: str | None = None) -> Path:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup on a v2-only host,
+    /sys/fs/cgroup/unified on a hybrid one), from /proc/mounts."""
+    text = mounts if mounts is not None else Path("/proc/mounts").read_text()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    raise RuntimeError("no cgroup2 hierarchy is mounted (see /proc/mounts): iptables' cgroup match needs one")
+
+
+class Partition:
+    """Every packet process `pid` sends to `ips` dropped, while everyone else still reaches them:
+    the process moves into a cgroup v2 of its own and one iptables OUTPUT rule per address drops
+    what that cgroup sends (`-m cgroup --path`). Connects time out, as across a partitioned network
+    link; the pods keep serving the load. On exit the rules go, the process returns to its cgroup
+    (when it still runs) and the cgroup is removed."""
+
+    def __init__(self, pid: int, ips: Iterable[str], name: str = "") -> None:
+        self.pid, self.ips = pid, sorted(set(ips))
+        self.name = name or f"modeldeploy-partition-{pid}"
+        self.cgroup = cgroup2_root() / self.name
+        self._home = Path("/proc") / str(pid) / "cgroup"
+        self._was = ""
+        self._rules: list[list[str]] = []
+
+    def _rule(self, ip: str) -> list[str]:
+        return ["OUTPUT", "-d", ip, "-m", "cgroup", "--path", self.name, "-j", "DROP"]
+
+    def __enter__(self) -> Partition:
+        if not self.ips:
+            raise ValueError("Partition: no addresses to cut off")
+        # "0::/path" is the process's cgroup v2 membership
+        self._was = next(
+            (line[3:] for line in self._home.read_text().splitlines() if line.startswith("0::")), "/"
+        )
+        self.cgroup.mkdir(exist_ok=True)
+        (self.cgroup / "cgroup.procs").write_text(str(self.pid))
+        for ip in self.ips:
+            subprocess.run(["iptables", "-I", *self._rule(ip)], check=True, capture_output=True, timeout=30)
+            self._rules.append(self._rule(ip))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for rule in self._rules:
+            subprocess.run(["iptables", "-D", *rule], check=False, capture_output=True, timeout=30)
+        self._rules.clear()
+        home = cgroup2_root() / self._was.lstrip("/")
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError, OSError):
+            (home / "cgroup.procs").write_text(str(self.pid))
+        with contextlib.suppress(OSError):
+            self.cgroup.rmdir()
 
 
 # --- a node lost ---------------------------------------------------------------------------------
