@@ -8,6 +8,9 @@ config and tokenizer (chat template included) from the file's metadata through t
 `gguf_file=` support, weights read with the `gguf` package's GGUFReader (gguf_import.py), the
 Q4_0/Q4_1/Q4_K/Q8_0 GEMM weights and embedding kept quantized (`kernels.quant.QuantLinear`).
 The digest covers the .gguf file like any other file.
+
+A directory whose config.json has a GPTQ or AWQ `quantization_config` (4-bit) keeps its GEMM
+weights quantized too (int4_checkpoint.py); one rank, like GGUF.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from modeldeploy.digest import dir_digest, verify
 from modeldeploy.kernels.quant import QuantLinear
 from modeldeploy.runtime.config import EngineConfig
+from modeldeploy.runtime.int4_checkpoint import read_int4_weights, served_config
 from modeldeploy.runtime.models.llama import ModelArgs, expected_weight_shapes
 from modeldeploy.runtime.models.shard import Shard
 
@@ -41,7 +45,8 @@ class Loaded:
     tokenizer_digest: str
     eos_token_ids: list[int]
     shard: Shard = Shard()
-    # what a GGUF model keeps quantized and what it de-quantized (gguf_import.GGUFWeights.summary);
+    # what a GGUF model keeps quantized and what it de-quantized (gguf_import.GGUFWeights.summary),
+    # or a GPTQ/AWQ model's format, bits and group size (int4_checkpoint.Int4Weights.summary);
     # None for a float model directory
     quantization: dict[str, Any] | None = None
 
@@ -109,14 +114,19 @@ def load(
     if gguf is not None:
         return _load_gguf(config, gguf, tok_dir, model_digest, tokenizer_digest, progress)
     hf = hf_config(model_dir, config.hf_overrides)
+    int4 = served_config(model_dir, config.tensor_parallel_size, config.load_format)  # GPTQ/AWQ, or None
     shard = Shard(0, config.tensor_parallel_size)
     args, device, dtype, max_len = _model_setup(config, hf, shard)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     before_weights(args, device)
     progress("loading weights", 0.05)
-    weights: dict[str, torch.Tensor | QuantLinear] = dict(
-        load_weights(config, args, dtype, device, shard, progress)
-    )
+    quantization = None
+    if int4 is not None:
+        read = read_int4_weights(model_dir, args, dtype, int4, progress)
+        weights: dict[str, torch.Tensor | QuantLinear] = {k: v.to(device) for k, v in read.weights.items()}
+        quantization = read.summary()
+    else:
+        weights = dict(load_weights(config, args, dtype, device, shard, progress))
     eos = getattr(hf, "eos_token_id", None)
     gen_cfg = model_dir / "generation_config.json"
     if gen_cfg.is_file():
@@ -125,7 +135,17 @@ def load(
         eos = json.loads(gen_cfg.read_text()).get("eos_token_id", eos)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return Loaded(
-        args, weights, tokenizer, dtype, device, max_len, model_digest, tokenizer_digest, eos_ids, shard
+        args,
+        weights,
+        tokenizer,
+        dtype,
+        device,
+        max_len,
+        model_digest,
+        tokenizer_digest,
+        eos_ids,
+        shard,
+        quantization=quantization,
     )
 
 
