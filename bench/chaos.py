@@ -3,7 +3,7 @@ in the middle of a rollout's analysis, and the rollout must still end as its pol
 
   .venv/bin/python bench/chaos.py
       [--cases apiserver,etcd,metrics-hold,metrics-rollback,partition-prometheus,partition-operator,
-               stable-pod,node-lost]
+               stable-pod,node-lost,node-lost-rollback]
       [--out bench/results/chaos.json]
 
 Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
@@ -37,6 +37,8 @@ canary is being analysed, then:
   meanwhile (Inconclusive), so with onInconclusive Hold the step holds, then judges the
   replacements: promoted. The case's progress deadline is 1200 s (the others': 600 s), since
   Kubernetes alone takes ~9 minutes to replace the pods; with less, ProgressDeadlineExceeded.
+- node-lost-rollback: the same loss with onInconclusive Rollback: rolled back, AnalysisInconclusive,
+  when the step's pause ends, without waiting for Kubernetes to notice the node.
 
 Each case passes when: the final phase and decision are the policy's; each decision Event is
 posted once; no stable request failed (stable-pod: none on the stable pod that was not killed; the
@@ -93,9 +95,10 @@ CASES = (
     "partition-operator",
     "stable-pod",
     "node-lost",
+    "node-lost-rollback",
 )
 # the cases whose policy (onInconclusive Rollback) ends in a rollback
-ROLLBACK = ("metrics-rollback", "partition-operator")
+ROLLBACK = ("metrics-rollback", "partition-operator", "node-lost-rollback")
 BUNDLE = "modeldeploy.dev/bundle"
 # node-lost: NotReady after up to 225 s, the lost pods' 300 s toleration, their replacements loading and
 # analysed: within the case's progress deadline; bounded by it, so a rollout that never decides fails
@@ -212,7 +215,7 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 "prometheus": {"address": prom.url},
                 "onInconclusive": "Rollback" if case in ROLLBACK else "Hold",
             }
-        elif case == "partition-operator":
+        elif case in ROLLBACK:  # partition-operator, node-lost-rollback: the operator's own scrape
             analysis["onInconclusive"] = "Rollback"
         obj = tiny_spec(
             NAME,
@@ -221,13 +224,13 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
             analysis=analysis,
         )
         obj["spec"]["replicas"] = 2
-        if case == "node-lost":
+        if case.startswith("node-lost"):
             obj["spec"]["rollout"]["progressDeadlineSeconds"] = NODE_LOST_DEADLINE_S
         create(cluster, ns, obj)
         md = wait_md(cluster, ns, NAME, stable_and_ready, 300, f"{NAME} Stable and Ready")
         old = md["status"]["stable"]["bundle"]
         stable_pods = pods_of(cluster, ns, old)
-        if case == "node-lost":
+        if case.startswith("node-lost"):
             spare = node = faults.SpareNode(cluster, work / "proc-1")
             node.start()
             out.notes.append(f"spare node {node.name}: bridge {node.bridge}, pods on {node.cidr}")
@@ -500,7 +503,7 @@ def table(outcomes: list[Outcome]) -> str:
         failed = f"{o.stable_failed} of {o.requests}"
         if o.case == "stable-pod":
             failed += f" (+{o.killed_pod_failed} on the killed pod)"
-        if o.case == "node-lost":
+        if o.case.startswith("node-lost"):
             failed += f" (+{o.lost_canary_failed} on the lost canary pods)"
         rows.append(
             f"| {o.case} | {t.get('fault', '-')} | {t.get('detected', '-')} | {t.get('recovered', '-')} | "

@@ -135,7 +135,7 @@ def test_a_cohort_without_ready_pods_says_so_in_the_analysis() -> None:
 
 
 def test_the_partition_cases_are_known_and_operator_one_must_roll_back_as_inconclusive() -> None:
-    assert {"partition-prometheus", "partition-operator"} <= set(chaos.CASES)
+    assert {"partition-prometheus", "partition-operator", "node-lost-rollback"} <= set(chaos.CASES)
     assert "partition-operator" in chaos.ROLLBACK and "partition-prometheus" not in chaos.ROLLBACK
     events = [
         NS(involved_object=NS(name=chaos.NAME), metadata=NS(creation_timestamp=i), reason=r, message="")
