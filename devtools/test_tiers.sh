@@ -3,7 +3,8 @@
 # binaries share the wall clock (on a cold machine the builds take ~15 min of it).
 #   tier 1: tests/ not marked cluster_bins, while `make $BUILD` compiles (output to a log);
 #   tier 2: the cluster_bins tests in tests/ and all of e2e/, in two lanes, once tier 1 and the first
-#           build target (the cluster) are done; the real node's modules wait for the rest.
+#           build target (the cluster) are done; the node_bins tests (the real node, the registry)
+#           wait for the rest.
 # usage: test_tiers.sh PYTHON "MAKE TARGETS" [pytest args...]
 set -uo pipefail
 py=$1
@@ -42,9 +43,10 @@ echo "test_tiers: make $first done $(( $(date +%s) - start )) s after tier 1 sta
 # Tier 2 in two lanes at once, each with its own local cluster (conftest: $MODELDEPLOY_CLUSTER_*):
 # an e2e lane waits on rollout steps, analysis windows and pod starts, which leaves about a quarter
 # of the two cores idle (bench/results/ci.md), and the second lane fills it. Lane 2 takes the
-# cluster_bins tests in tests/ and the e2e modules below (the real node has its own cluster anyway,
-# and its modules run last, once every build target is done); lane 1 the rest of e2e/ on the
-# default cluster. Lane 2's output follows lane 1's.
+# cluster_bins tests in tests/ and the e2e modules below, then the node_bins tests (what `make
+# real-node-build` compiles: the real node, which has its own cluster anyway, and the registry) once
+# every build target is done; lane 1 the rest of e2e/ on the default cluster. Lane 2's output
+# follows lane 1's.
 lane2_e2e=(e2e/test_rollout_quality.py e2e/test_rollout_lora.py)
 lane2_node=(e2e/test_real_node.py e2e/test_real_node_oci.py)
 lane1_skip=()
@@ -54,16 +56,16 @@ start=$(date +%s)
 (
   export MODELDEPLOY_CLUSTER_NAME=modeldeploy-lane2 MODELDEPLOY_CLUSTER_BRIDGE=mdbr2 \
     MODELDEPLOY_CLUSTER_POD_CIDR=10.244.2.0/24
-  "$py" -m pytest -q -ra -m cluster_bins "$@" tests "${lane2_e2e[@]}"
+  "$py" -m pytest -q -ra -m "cluster_bins and not node_bins" "$@" tests "${lane2_e2e[@]}"
   rc=$?
   for t in $build; do built "$t" || { echo "test_tiers: make $t failed (see the build log below)"; exit 1; }; done
-  "$py" -m pytest -q -ra -m cluster_bins "$@" "${lane2_node[@]}"
+  "$py" -m pytest -q -ra -m node_bins "$@" tests "${lane2_node[@]}"
   node_rc=$?
   exit $(( rc != 0 || node_rc != 0 ))
 ) >"$lane2_log" 2>&1 &
 lane2=$!
 trap 'kill "$builder" "$lane2" 2>/dev/null || true' EXIT
-"$py" -m pytest -q -ra -m cluster_bins "$@" "${lane1_skip[@]}" e2e
+"$py" -m pytest -q -ra -m "cluster_bins and not node_bins" "$@" "${lane1_skip[@]}" e2e
 lane1_rc=$?
 echo "test_tiers: tier 2 lane 1 (e2e on the default cluster) rc=$lane1_rc in $(( $(date +%s) - start )) s"
 wait "$lane2"

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 G, V, P = "serving.modeldeploy.dev", "v1alpha1", "modeldeployments"
 STREAMS = 4
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.node_bins]
 
 
 def local_real_node_cluster(kubeconfig: str) -> LocalCluster | None:

@@ -33,7 +33,7 @@ rn, ns, images, operator_release = real.rn, real.ns, real.images, real.operator_
 
 G, V, P = "serving.modeldeploy.dev", "v1alpha1", "modeldeployments"
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.node_bins]
 
 
 def push(model: Path, registry: str, repo: str) -> str:

@@ -1,9 +1,10 @@
 """Shared fixtures: tiny random-weight models written to disk once per test session.
 
 Also the `cluster_bins` marker: a test whose skip condition names `make cluster-build` needs a binary
-that build compiles (helm, promtool, prometheus). `make test` runs every other test while the build
-runs and these after it (devtools/test_tiers.sh); a test that skips for a missing
-binary in the first tier fails instead, so none is silently dropped.
+that build compiles (helm, promtool, prometheus), and `node_bins` (with `cluster_bins`) one whose
+condition names `make real-node-build` (the registry, kubelet, containerd). `make test` runs every
+other test while the builds run and these after them (devtools/test_tiers.sh); a test that skips
+for a missing binary in a tier that runs before its build fails instead, so none is silently dropped.
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from pathlib import Path
 import pytest
 
 BUILD_HINT = "make cluster-build"
+NODE_HINT = "make real-node-build"
+# the build a skip reason names -> the marker of the tests that wait for it
+HINTS = {BUILD_HINT: "cluster_bins", NODE_HINT: "node_bins"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if any(BUILD_HINT in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+        reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+        if BUILD_HINT in reasons or NODE_HINT in reasons:
             item.add_marker(pytest.mark.cluster_bins)
+        if NODE_HINT in reasons:
+            item.add_marker(pytest.mark.node_bins)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -27,12 +34,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     rep = outcome.get_result()
     markexpr = item.config.getoption("markexpr", "") or ""
-    if rep.skipped and "not cluster_bins" in markexpr and BUILD_HINT in str(rep.longrepr):
-        rep.outcome = "failed"
-        rep.longrepr = (
-            f"{item.nodeid} skipped for a binary `{BUILD_HINT}` builds, in the tier that runs before the "
-            f"build: give its skip condition a skipif marker whose reason names `{BUILD_HINT}`"
-        )
+    for hint, marker in HINTS.items():
+        if rep.skipped and f"not {marker}" in markexpr and hint in str(rep.longrepr):
+            rep.outcome = "failed"
+            rep.longrepr = (
+                f"{item.nodeid} skipped for a binary `{hint}` builds, in a tier that runs before that "
+                f"build: give its skip condition a skipif marker whose reason names `{hint}`"
+            )
 
 
 @pytest.fixture(scope="session")

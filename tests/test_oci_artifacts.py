@@ -43,7 +43,7 @@ from modeldeploy_dev.cluster.realnode.registry import Registry
 
 REGISTRY_BIN = NodeBinaries(cache_root(), pinned_versions()).registry
 pytestmark = pytest.mark.skipif(
-    not REGISTRY_BIN.exists(), reason=f"no registry binary at {REGISTRY_BIN}: run make cluster-build"
+    not REGISTRY_BIN.exists(), reason=f"no registry binary at {REGISTRY_BIN}: run make real-node-build"
 )
 
 
