@@ -187,3 +187,23 @@ def test_conformance_never_imports_torch_or_the_engine():
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_bounded_load_names_its_transport_errors() -> None:
+    """A status 0 under load is named (the gate's message said only `{0: 1}` when a cold CI run's
+    demo failed, which left a timeout and a dropped connection indistinguishable)."""
+    from modeldeploy.conformance.http import Server
+    from modeldeploy.conformance.load import bounded_load
+    from modeldeploy.conformance.result import Target
+
+    mute = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), never answers
+    try:
+        server = Server(f"http://127.0.0.1:{mute.getsockname()[1]}", timeout_s=0.5)
+        res = bounded_load(Target(server, "m"), n=2, c=2)
+        assert res.observations["statuses"] == {0: 2}
+        assert res.observations["transport_errors"] == {"ReadTimeout": 2}
+        assert not res.ok
+        assert any("transport errors: {'ReadTimeout': 2}, client timeout 0.5 s" in f for f in res.failures)
+        server.close()
+    finally:
+        mute.close()

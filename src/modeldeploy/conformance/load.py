@@ -38,7 +38,7 @@ def run_load(
                 )
             time.sleep(0.01)
 
-    def one(i: int) -> tuple[int, float]:
+    def one(i: int) -> tuple[int, float, str]:
         body = {
             "model": t.model,
             "prompt": f"{PROMPT} #{i}",
@@ -53,11 +53,11 @@ def run_load(
                 with t.server.client.stream("POST", "/v1/completions", json=body) as r:
                     for _ in r.iter_lines():
                         pass
-                    return r.status_code, time.monotonic() - s
+                    return r.status_code, time.monotonic() - s, ""
             r = t.server.post("/v1/completions", body)
-            return r.status_code, time.monotonic() - s
-        except Exception:  # noqa: BLE001 - a transport failure is an outcome, recorded as status 0
-            return 0, time.monotonic() - s
+            return r.status_code, time.monotonic() - s, ""
+        except Exception as e:  # noqa: BLE001 - a transport failure is an outcome: status 0, named
+            return 0, time.monotonic() - s, type(e).__name__
 
     poller = threading.Thread(target=poll, daemon=True)
     if t.has_metrics:
@@ -69,13 +69,16 @@ def run_load(
         stop.set()
         if poller.is_alive():
             poller.join(5)
-    lat = sorted(d for s, d in results if s == 200)
+    lat = sorted(d for s, d, _ in results if s == 200)
     return {
         "requests": n,
         "concurrency": c,
         "max_tokens": max_tokens,
         "stream": stream,
-        "statuses": dict(Counter(s for s, _ in results)),
+        "statuses": dict(Counter(s for s, _, _ in results)),
+        # what each status 0 was (ReadTimeout, ConnectError, RemoteProtocolError...): a timeout under
+        # load and a dropped connection are different findings
+        "transport_errors": dict(Counter(e for s, _, e in results if s == 0)),
         "latency_p50_s": round(statistics.median(lat), 4) if lat else None,
         "latency_max_s": round(lat[-1], 4) if lat else None,
         "metric_samples": len(samples),
@@ -91,7 +94,9 @@ def bounded_load(t: Target, n: int = 8, c: int = 4) -> CheckResult:
     obs = run_load(t, n, c)
     res.observations.update(obs, limit=t.limit)
     st = obs["statuses"]
-    res.expect(not any(s >= 500 or s == 0 for s in st), f"5xx or transport errors under load: {st}")
+    te = obs["transport_errors"]
+    named = f" (transport errors: {te}, client timeout {t.server.timeout_s:g} s)" if te else ""
+    res.expect(not any(s >= 500 or s == 0 for s in st), f"5xx or transport errors under load: {st}{named}")
     res.expect(st.get(200, 0) >= 1, f"no request succeeded under load: {st}")
     res.expect(set(st) <= {200, 429}, f"unexpected statuses under load: {st}")
     if not t.has_metrics:
