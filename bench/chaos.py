@@ -257,7 +257,7 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 hold = 30.0 if case == "metrics-hold" else 400.0
                 with faults.Frozen(prom.proc.pid):
                     clock.mark("fault")
-                    inconclusive_or_decided(cluster, ns, NAME, clock, hold)
+                    inconclusive_or_decided(cluster, ns, NAME, clock, hold, out)
                 clock.mark("recovered")
             elif spare is not None:
                 lost = node_lost(cluster, ns, clock, spare, home, out)
@@ -313,7 +313,7 @@ def partition(cluster: E2ECluster, ns: str, clock: Clock, pid: int, hold: float,
     out.notes.append(f"cut off from process {pid}: canary pods {ips}")
     with faults.Partition(pid, ips.values()):
         clock.mark("fault")
-        inconclusive_or_decided(cluster, ns, NAME, clock, hold)
+        inconclusive_or_decided(cluster, ns, NAME, clock, hold, out)
     clock.mark("recovered")
 
 
@@ -436,17 +436,25 @@ def judge(
         out.passed = out.passed and out.reason == "AnalysisInconclusive"
 
 
-def inconclusive_or_decided(cluster: E2ECluster, ns: str, name: str, clock: Clock, hold: float) -> None:
-    """While the metrics are frozen: mark when the operator first says Inconclusive (an Analysis
-    Event, or the rollback naming it); return after `hold` seconds or once the rollout decided."""
+def inconclusive_or_decided(
+    cluster: E2ECluster, ns: str, name: str, clock: Clock, hold: float, out: Outcome | None = None
+) -> None:
+    """While the metrics are cut off: note every analysis the operator posts (its verdict and
+    message, in `out.notes`), mark `detected` at the first Inconclusive one made after the fault (or
+    a rollback naming Inconclusive); return after `hold` seconds or once the rollout decided."""
+    seen = {(get_md(cluster, ns, name).get("status", {}).get("lastAnalysis") or {}).get("time")}
     deadline = time.monotonic() + hold
     while time.monotonic() < deadline:
         st = get_md(cluster, ns, name).get("status", {})
-        msgs = [m for r, m in events(cluster, ns, name) if r in ("Analysis", "RolledBack")]
-        seen = (st.get("lastAnalysis") or {}).get("verdict") == "Inconclusive" or any(
-            "Inconclusive" in m for m in msgs
-        )
-        if seen:
+        la = st.get("lastAnalysis") or {}
+        if la.get("time") not in seen:
+            seen.add(la.get("time"))
+            if out is not None:
+                at, msg = time.monotonic() - clock.t0, (la.get("message") or "")[:240]
+                out.notes.append(f"analysis at {at:.1f} s: {la.get('verdict')}: {msg!r}")
+            if la.get("verdict") == "Inconclusive":
+                clock.mark("detected")
+        if any("Inconclusive" in m for r, m in events(cluster, ns, name) if r == "RolledBack"):
             clock.mark("detected")
         if st.get("phase") == "Stable":
             return
