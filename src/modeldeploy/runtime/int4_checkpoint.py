@@ -73,6 +73,10 @@ GPTQ_FORMATS = ("gptq", "gptq_v2")
 AWQ_FORMATS = ("gemm",)
 # AWQ's packing order: nibble i of a word holds output column 8c + AWQ_ORDER[i] (AutoAWQ's order_map)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+_AMBIGUOUS = (
+    "a v1 zero nibble of 15, read as zero 0 (GPTQModel's word-wise reading, the inverse of its "
+    "writer); AutoGPTQ's and vLLM's kernels read it as 16"
+)
 _PARTS = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales")}
 
 
@@ -273,9 +277,17 @@ def _groups(cfg: Int4Config, k: int, name: str) -> int:
     return k // group
 
 
-def gptq_linear(name: str, parts: dict[str, torch.Tensor], n: int, k: int, cfg: Int4Config) -> QuantLinear:
+def gptq_linear(
+    name: str,
+    parts: dict[str, torch.Tensor],
+    n: int,
+    k: int,
+    cfg: Int4Config,
+    ambiguous: list[str] | None = None,
+) -> QuantLinear:
     """One GPTQ module (`parts`: its qweight, qzeros, scales and, when stored, g_idx) as a QuantLinear
-    of [n, k]."""
+    of [n, k]. A v1 module with a stored zero nibble of 15 (module docstring) is appended to
+    `ambiguous` for the caller's one log line, or logged here when no list is given."""
     import torch
 
     if n % 8 or k % 32:
@@ -293,11 +305,10 @@ def gptq_linear(name: str, parts: dict[str, torch.Tensor], n: int, k: int, cfg: 
     words = parts["qzeros"].to(torch.int64) & 0xFFFFFFFF
     if cfg.checkpoint_format == "gptq":  # v1: zero - 1 stored; undone word-wise (module docstring)
         if bool((_nibbles(words) == 15).any()):
-            log.warning(
-                "GPTQ %s: a v1 zero nibble of 15 (ambiguous: read as zero 0, as GPTQModel writes "
-                "and reads it; AutoGPTQ and vLLM read 16)",
-                name,
-            )
+            if ambiguous is None:
+                log.warning("GPTQ %s: %s", name, _AMBIGUOUS)
+            else:
+                ambiguous.append(name)
         words = (words + 0x11111111) & 0xFFFFFFFF
     z = _nibbles(words).reshape(g, n)
     s = parts["scales"].to(torch.float32)
@@ -360,7 +371,7 @@ def read_int4_weights(
     want = expected_weight_shapes(args)
     raw = _gather(model_dir, want, cfg, progress)
     out = Int4Weights({}, cfg)
-    build = gptq_linear if cfg.method == "gptq" else awq_linear
+    ambiguous: list[str] = []
     for name, shape in want.items():
         base = name[: -len(".weight")] if name.endswith(".weight") else None
         if len(shape) == 2 and base is not None and f"{base}.qweight" in raw:
@@ -368,7 +379,10 @@ def read_int4_weights(
             missing = [p for p in ("qzeros", "scales") if p not in parts]
             if missing:
                 raise ValueError(f"model: {base}.qweight has no {' or '.join(missing)} in {model_dir}")
-            out.weights[name] = build(base, parts, shape[0], shape[1], cfg)
+            if cfg.method == "gptq":
+                out.weights[name] = gptq_linear(base, parts, shape[0], shape[1], cfg, ambiguous)
+            else:
+                out.weights[name] = awq_linear(base, parts, shape[0], shape[1], cfg)
             out.kept += 1
         elif name in raw:
             t = raw[name]
@@ -382,6 +396,8 @@ def read_int4_weights(
             f"model: weights missing from {model_dir}: {', '.join(missing[:5])}"
             + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         )
+    if ambiguous:
+        log.warning("GPTQ: %d modules (%s...) have %s", len(ambiguous), ", ".join(ambiguous[:3]), _AMBIGUOUS)
     log.info(
         "%s int4 (group %d, %s): %d GEMM weights kept quantized; float %s",
         cfg.name,
