@@ -200,6 +200,10 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
     ns = namespace(cluster, case)
     op = OperatorProcess(cluster.kubeconfig, ns, work / f"operator-{case}.log")
     op.start()
+    cut: faults.Partition | None = None  # the process a partition case cuts off, in its cgroup from its start
+    if case == "partition-operator":
+        assert op.proc is not None
+        cut = faults.Partition(op.proc.pid)
     prom: Prom | None = None
     targets: PodTargets | None = None
     spare: faults.SpareNode | None = None
@@ -210,6 +214,8 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
             targets = PodTargets(cluster, ns, NAME, work / f"targets-{case}.json").__enter__()
             (work / case).mkdir(parents=True, exist_ok=True)
             prom = Prom(work / case, {}, file_sd=targets.path)
+            if case == "partition-prometheus":  # before its first scrape connection (no targets yet)
+                cut = faults.Partition(prom.proc.pid)
             prom.wait_ready()
             analysis |= {
                 "prometheus": {"address": prom.url},
@@ -248,10 +254,8 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 control_plane_fault(
                     cluster, op, clock, sup, "kube-apiserver" if case == "apiserver" else "etcd"
                 )
-            elif case.startswith("partition"):
-                assert op.proc is not None
-                who = prom.proc.pid if prom is not None else op.proc.pid
-                partition(cluster, ns, clock, who, 30.0 if prom is not None else 400.0, out)
+            elif cut is not None:
+                partition(cluster, ns, clock, cut, 30.0 if prom is not None else 400.0, out)
             elif metrics:
                 assert prom is not None
                 hold = 30.0 if case == "metrics-hold" else 400.0
@@ -291,6 +295,8 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
         ]
         return out
     finally:
+        if cut is not None:
+            cut.close()
         op.stop()
         if spare is not None:
             try:
@@ -305,15 +311,19 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
         cluster.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False, timeout=60)
 
 
-def partition(cluster: E2ECluster, ns: str, clock: Clock, pid: int, hold: float, out: Outcome) -> None:
-    """Cut process `pid`'s path to the canary pods for `hold` seconds or until the rollout decides
+def partition(
+    cluster: E2ECluster, ns: str, clock: Clock, cut: faults.Partition, hold: float, out: Outcome
+) -> None:
+    """Cut the process's path to the canary pods for `hold` seconds or until the rollout decides
     (faults.Partition); the load, from another process, still reaches them."""
     canary = get_md(cluster, ns, NAME)["status"]["canary"]["bundle"]
     ips = wait_until(lambda: pods_of(cluster, ns, canary), 120, 0.5, "the canary pods running")
-    out.notes.append(f"cut off from process {pid}: canary pods {ips}")
-    with faults.Partition(pid, ips.values()):
-        clock.mark("fault")
+    out.notes.append(f"cut off from process {cut.pid}: canary pods {ips}")
+    clock.mark("fault", cut.cut(ips.values()))
+    try:
         inconclusive_or_decided(cluster, ns, NAME, clock, hold, out)
+    finally:
+        cut.heal()
     clock.mark("recovered")
 
 

@@ -155,46 +155,60 @@ def cgroup2_root(mounts: str | None = None) -> Path:
 
 
 class Partition:
-    """Every packet process `pid` sends to `ips` dropped, while everyone else still reaches them:
-    the process moves into a cgroup v2 of its own and one iptables OUTPUT rule per address drops
-    what that cgroup sends (`-m cgroup --path`). Connects time out, as across a partitioned network
-    link; the pods keep serving the load. On exit the rules go, the process returns to its cgroup
-    (when it still runs) and the cgroup is removed."""
+    """A process whose packets to chosen addresses can be dropped while everyone else still reaches
+    them. The process moves into a cgroup v2 of its own when this is made; `cut(ips)` adds one
+    iptables OUTPUT rule per address dropping what that cgroup sends (`-m cgroup --path`): connects
+    and established connections time out, as across a partitioned link, and the pods keep serving
+    the load. `heal()` removes the rules; `close()` (or leaving the `with`) also returns the process
+    to its cgroup and removes this one.
 
-    def __init__(self, pid: int, ips: Iterable[str], name: str = "") -> None:
-        self.pid, self.ips = pid, sorted(set(ips))
+    Make it right after the process starts, before it opens the connections to cut: a socket keeps
+    the cgroup it was created in, so a keep-alive connection opened before the move (Prometheus'
+    scrapes) would never match. Found by the first partition-prometheus run, whose analyses kept
+    passing on scrapes that went on over such connections."""
+
+    def __init__(self, pid: int, name: str = "") -> None:
+        self.pid = pid
         self.name = name or f"modeldeploy-partition-{pid}"
         self.cgroup = cgroup2_root() / self.name
-        self._home = Path("/proc") / str(pid) / "cgroup"
-        self._was = ""
         self._rules: list[list[str]] = []
+        # "0::/path" is the process's cgroup v2 membership
+        home = (Path("/proc") / str(pid) / "cgroup").read_text().splitlines()
+        self._was = next((line[3:] for line in home if line.startswith("0::")), "/")
+        self.cgroup.mkdir(exist_ok=True)
+        (self.cgroup / "cgroup.procs").write_text(str(pid))
 
     def _rule(self, ip: str) -> list[str]:
         return ["OUTPUT", "-d", ip, "-m", "cgroup", "--path", self.name, "-j", "DROP"]
 
-    def __enter__(self) -> Partition:
-        if not self.ips:
-            raise ValueError("Partition: no addresses to cut off")
-        # "0::/path" is the process's cgroup v2 membership
-        self._was = next(
-            (line[3:] for line in self._home.read_text().splitlines() if line.startswith("0::")), "/"
-        )
-        self.cgroup.mkdir(exist_ok=True)
-        (self.cgroup / "cgroup.procs").write_text(str(self.pid))
-        for ip in self.ips:
+    def cut(self, ips: Iterable[str]) -> float:
+        """Drop what the process sends to `ips` from now on; returns the time of the cut."""
+        todo = sorted(set(ips))
+        if not todo:
+            raise ValueError("Partition.cut: no addresses to cut off")
+        for ip in todo:
             subprocess.run(["iptables", "-I", *self._rule(ip)], check=True, capture_output=True, timeout=30)
             self._rules.append(self._rule(ip))
-        return self
+        return time.monotonic()
 
-    def __exit__(self, *exc: object) -> None:
+    def heal(self) -> None:
         for rule in self._rules:
             subprocess.run(["iptables", "-D", *rule], check=False, capture_output=True, timeout=30)
         self._rules.clear()
+
+    def close(self) -> None:
+        self.heal()
         home = cgroup2_root() / self._was.lstrip("/")
         with contextlib.suppress(ProcessLookupError, FileNotFoundError, OSError):
             (home / "cgroup.procs").write_text(str(self.pid))
         with contextlib.suppress(OSError):
             self.cgroup.rmdir()
+
+    def __enter__(self) -> Partition:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # --- a node lost ---------------------------------------------------------------------------------
