@@ -268,7 +268,10 @@ def _check_shapes(name: str, parts: dict[str, torch.Tensor], want: dict[str, tup
             raise ValueError(f"model: {name}.{part} has shape {tuple(t.shape)}, config implies {shape}")
 
 
-def _groups(cfg: Int4Config, k: int, name: str) -> int:
+def _groups(cfg: Int4Config, n: int, k: int, name: str) -> int:
+    """The module's group count along `in`, once its [n, k] suits 4-bit words and groups of 32."""
+    if n % 8 or k % 32:
+        raise ValueError(f"model: {name} is [{n}, {k}]; {cfg.name} int4 needs out % 8 == 0 and in % 32 == 0")
     group = k if cfg.group_size == -1 else cfg.group_size
     if k % group:
         raise ValueError(
@@ -290,9 +293,7 @@ def gptq_linear(
     `ambiguous` for the caller's one log line, or logged here when no list is given."""
     import torch
 
-    if n % 8 or k % 32:
-        raise ValueError(f"model: {name} is [{n}, {k}]; GPTQ int4 needs out % 8 == 0 and in % 32 == 0")
-    g = _groups(cfg, k, name)
+    g = _groups(cfg, n, k, name)
     _check_shapes(name, parts, {"qweight": (k // 8, n), "qzeros": (g, n // 8), "scales": (g, n)})
     if "g_idx" in parts:
         trivial = torch.arange(k, dtype=torch.int64) // (k // g)
@@ -319,9 +320,7 @@ def awq_linear(name: str, parts: dict[str, torch.Tensor], n: int, k: int, cfg: I
     """One AWQ (gemm) module (`parts`: its qweight, qzeros, scales) as a QuantLinear of [n, k]."""
     import torch
 
-    if n % 8 or k % 32:
-        raise ValueError(f"model: {name} is [{n}, {k}]; AWQ int4 needs out % 8 == 0 and in % 32 == 0")
-    g = _groups(cfg, k, name)
+    g = _groups(cfg, n, k, name)
     _check_shapes(name, parts, {"qweight": (k, n // 8), "qzeros": (g, n // 8), "scales": (g, n)})
     # nibble i holds column AWQ_ORDER[i] of its 8: column j is nibble AWQ_ORDER.index(j)
     unorder = torch.tensor([AWQ_ORDER.index(j) for j in range(8)])
