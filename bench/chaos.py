@@ -447,7 +447,7 @@ def judge(
 
 
 def inconclusive_or_decided(
-    cluster: E2ECluster, ns: str, name: str, clock: Clock, hold: float, out: Outcome | None = None
+    cluster: E2ECluster, ns: str, name: str, clock: Clock, hold: float, out: Outcome
 ) -> None:
     """While the metrics are cut off: note every analysis the operator posts (its verdict and
     message, in `out.notes`), mark `detected` at the first Inconclusive one made after the fault (or
@@ -459,9 +459,8 @@ def inconclusive_or_decided(
         la = st.get("lastAnalysis") or {}
         if la.get("time") not in seen:
             seen.add(la.get("time"))
-            if out is not None:
-                at, msg = time.monotonic() - clock.t0, (la.get("message") or "")[:240]
-                out.notes.append(f"analysis at {at:.1f} s: {la.get('verdict')}: {msg!r}")
+            at, msg = time.monotonic() - clock.t0, (la.get("message") or "")[:240]
+            out.notes.append(f"analysis at {at:.1f} s: {la.get('verdict')}: {msg!r}")
             if la.get("verdict") == "Inconclusive":
                 clock.mark("detected")
         if any("Inconclusive" in m for r, m in events(cluster, ns, name) if r == "RolledBack"):
