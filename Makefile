@@ -79,15 +79,15 @@ example-model: real-model ## Copy the model the examples pin to /var/lib/modelde
 ##@ Local cluster
 
 # One Go build at a time on a machine: a second `make cluster-build` waits for the first, then finds
-# everything cached.
+# everything cached. -o: the lock stays with flock, not with whatever the build leaves running.
 BUILD_LOCK ?= /tmp/modeldeploy-go-build.lock
 cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
-	flock $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build.sh
+	flock -o $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build.sh
 
 # The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
 # README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
 real-node-build: ## Build the real worker node: kubelet, kube-proxy, containerd v2, registry, pause (cached).
-	flock $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build-node.sh
+	flock -o $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build-node.sh
 
 # The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
 # the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.

@@ -5,6 +5,11 @@
 #   tier 2: the cluster_bins tests in tests/ and all of e2e/, in two lanes, once tier 1 and the first
 #           build target (the cluster) are done; the node_bins tests (the real node, the registry)
 #           wait for the rest.
+# Everything is bounded, so that a hang ends as a failure that says where it was, well inside CI's
+# 90 minutes, and never as a silent timeout (as stop 44's CI did, after lane 1 passed): a test
+# fails after pytest-timeout's limit (pyproject), each pytest run gets SIGINT when it outlives its
+# budget below (pytest then prints where it was and its summary, and tears its clusters down), and
+# the waits for a build give up at theirs. Lane 2's output is shown live once lane 1 is done.
 # usage: test_tiers.sh PYTHON "MAKE TARGETS" [pytest args...]
 set -uo pipefail
 py=$1
@@ -12,26 +17,39 @@ build=$2
 shift 2
 log=$(mktemp)
 marks=$(mktemp -d)
-# The build targets in order, a mark after each: lane 1 needs only the first (the local cluster), and
-# lane 2 needs the rest (the real node) only for its last modules, so neither waits for more.
-(
-  for t in $build; do
-    make --no-print-directory "$t" || { touch "$marks/failed"; exit 1; }
-    touch "$marks/$t"
-  done
-) >"$log" 2>&1 &
-builder=$!
-trap 'kill "$builder" 2>/dev/null || true' EXIT
-# built TARGET: wait for TARGET's mark; 1 when the build failed first.
+# Budgets in seconds. Cold, on 2 cores (bench/results/ci.md): tier 1 26 min, lane 1 30, lane 2 14
+# + 20, the builds 31 + 13. Whatever the parts' budgets, no part runs past TIERS_S after the start
+# (CI stops at 90 minutes; setup and lint take ~3 before this).
+TIERS_S=${TIERS_S:-4800}
+TIER1_S=${TIER1_S:-2400}
+LANE_S=${LANE_S:-2400}
+NODE_S=${NODE_S:-2100}
+t0=$(date +%s)
+# bounded SECONDS CMD...: CMD, sent SIGINT after SECONDS (or when TIERS_S is up, if sooner) and
+# SIGKILL 120 s later (rc 124 or 137).
+bounded() {
+  local budget=$1 left=$(( TIERS_S - ($(date +%s) - t0) ))
+  shift
+  (( left < budget )) && budget=$(( left > 60 ? left : 60 ))
+  timeout --signal=INT --kill-after=120 "$budget" "$@"
+  local rc=$?
+  [[ $rc -eq 124 || $rc -eq 137 ]] && echo "test_tiers: over its ${budget} s budget, interrupted: $*"
+  return $rc
+}
+# built TARGET: wait for TARGET's mark; 1 when the build failed first, or is not done by TIERS_S.
 built() {
   until [[ -e "$marks/$1" ]]; do
     [[ -e "$marks/failed" ]] && return 1
+    if (( $(date +%s) - t0 > TIERS_S )); then
+      echo "test_tiers: make $1 not done ${TIERS_S} s after the start; giving up on it" >&2
+      return 1
+    fi
     sleep 2
   done
 }
 first=${build%% *}
 start=$(date +%s)
-"$py" -m pytest -q -ra -m "not cluster_bins" "$@" tests
+bounded "$TIER1_S" "$py" -m pytest -q -ra -m "not cluster_bins" "$@" tests
 tier1=$?
 echo "test_tiers: tier 1 (no built binaries) rc=$tier1 in $(( $(date +%s) - start )) s"
 if ! built "$first"; then
@@ -56,25 +74,29 @@ start=$(date +%s)
 (
   export MODELDEPLOY_CLUSTER_NAME=modeldeploy-lane2 MODELDEPLOY_CLUSTER_BRIDGE=mdbr2 \
     MODELDEPLOY_CLUSTER_POD_CIDR=10.244.2.0/24
-  "$py" -m pytest -q -ra -m "cluster_bins and not node_bins" "$@" tests "${lane2_e2e[@]}"
+  bounded "$LANE_S" "$py" -m pytest -q -ra -m "cluster_bins and not node_bins" "$@" tests "${lane2_e2e[@]}"
   rc=$?
   for t in $build; do built "$t" || { echo "test_tiers: make $t failed (see the build log below)"; exit 1; }; done
-  "$py" -m pytest -q -ra -m node_bins "$@" tests "${lane2_node[@]}"
+  bounded "$NODE_S" "$py" -m pytest -q -ra -m node_bins "$@" tests "${lane2_node[@]}"
   node_rc=$?
   exit $(( rc != 0 || node_rc != 0 ))
 ) >"$lane2_log" 2>&1 &
 lane2=$!
 trap 'kill "$builder" "$lane2" 2>/dev/null || true' EXIT
-"$py" -m pytest -q -ra -m "cluster_bins and not node_bins" "$@" "${lane1_skip[@]}" e2e
+bounded "$LANE_S" "$py" -m pytest -q -ra -m "cluster_bins and not node_bins" "$@" "${lane1_skip[@]}" e2e
 lane1_rc=$?
 echo "test_tiers: tier 2 lane 1 (e2e on the default cluster) rc=$lane1_rc in $(( $(date +%s) - start )) s"
+echo "test_tiers: tier 2 lane 2 (tests/ cluster_bins, ${lane2_e2e[*]}, then ${lane2_node[*]}), so far and live:"
+# From its first line, and on as it goes until lane 2 ends (lane 2's own budgets bound that).
+tail -n +1 --pid="$lane2" -f "$lane2_log"
 wait "$lane2"
 lane2_rc=$?
-wait "$builder"
-build_rc=$?
+# Lane 2 waited for every target's mark, so the builder is done unless a target failed or stuck.
+build_rc=0
+for t in $build; do [[ -e "$marks/$t" ]] || build_rc=1; done
+kill "$builder" 2>/dev/null
+wait "$builder" 2>/dev/null
 trap - EXIT
-echo "test_tiers: tier 2 lane 2 (tests/ cluster_bins, ${lane2_e2e[*]}, then ${lane2_node[*]}) output:"
-cat "$lane2_log"
 echo "test_tiers: tier 2 lane 2 rc=$lane2_rc; tier 2 done in $(( $(date +%s) - start )) s"
 grep -h "^\[.*-build\] built" "$log" || true
 if [[ $build_rc -ne 0 ]]; then
