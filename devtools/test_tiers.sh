@@ -36,6 +36,16 @@ bounded() {
   [[ $rc -eq 124 || $rc -eq 137 ]] && echo "test_tiers: over its ${budget} s budget, interrupted: $*"
   return $rc
 }
+# The build targets in order, a mark after each: lane 1 needs only the first (the local cluster), and
+# lane 2 needs the rest (the real node) only for its last modules, so neither waits for more.
+(
+  for t in $build; do
+    make --no-print-directory "$t" || { touch "$marks/failed"; exit 1; }
+    touch "$marks/$t"
+  done
+) >"$log" 2>&1 &
+builder=$!
+trap 'kill "$builder" 2>/dev/null || true' EXIT
 # built TARGET: wait for TARGET's mark; 1 when the build failed first, or is not done by TIERS_S.
 built() {
   until [[ -e "$marks/$1" ]]; do
