@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import uvicorn
@@ -203,7 +204,32 @@ def test_bounded_load_names_its_transport_errors() -> None:
         assert res.observations["statuses"] == {0: 2}
         assert res.observations["transport_errors"] == {"ReadTimeout": 2}
         assert not res.ok
-        assert any("transport errors: {'ReadTimeout': 2}, client timeout 0.5 s" in f for f in res.failures)
+        assert any("transport errors: {'ReadTimeout': 2}, request timeout 0.5 s" in f for f in res.failures)
+        server.close()
+    finally:
+        mute.close()
+
+
+def test_bounded_load_waits_for_a_queued_request_as_long_as_the_queue_ahead_of_it() -> None:
+    """With a limit of 1 and 3 workers, a request can wait behind two others: its timeout is 3x
+    the client's. Three cold CI runs' demos failed the slow bundle (one sequence at a time) in
+    the gate with ReadTimeouts at 30 s, which a correct, merely slow server gives on a busy node.
+    The mute server still fails, only later."""
+    from modeldeploy.conformance.http import Server
+    from modeldeploy.conformance.load import bounded_load
+    from modeldeploy.conformance.result import Target
+
+    mute = socket.create_server(("127.0.0.1", 0))
+    try:
+        server = Server(f"http://127.0.0.1:{mute.getsockname()[1]}", timeout_s=0.2)
+        t0 = time.monotonic()
+        res = bounded_load(Target(server, "m", limit=1), n=3, c=3)
+        assert res.observations["request_timeout_s"] == pytest.approx(0.6)
+        assert time.monotonic() - t0 >= 0.6
+        assert res.observations["transport_errors"] == {"ReadTimeout": 3} and not res.ok
+        assert any("request timeout 0.6 s" in f for f in res.failures)
+        res = bounded_load(Target(server, "m", limit=4), n=2, c=2)  # no queue: the client's own
+        assert res.observations["request_timeout_s"] == pytest.approx(0.2)
         server.close()
     finally:
         mute.close()

@@ -6,6 +6,7 @@ requests waiting at some point when C exceeds the limit, and both gauges back to
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -18,9 +19,17 @@ from modeldeploy.conformance.result import CheckResult, Target
 
 
 def run_load(
-    t: Target, n: int, c: int, max_tokens: int = 32, stream: bool = False, timeout_s: float = 120.0
+    t: Target,
+    n: int,
+    c: int,
+    max_tokens: int = 32,
+    stream: bool = False,
+    timeout_s: float = 120.0,
+    request_timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """Fire n completions from c workers; sample metrics meanwhile. Returns raw observations."""
+    """Fire n completions from c workers; sample metrics meanwhile. Returns raw observations.
+    Each request may take `request_timeout_s` (default: the server client's timeout)."""
+    rt = request_timeout_s if request_timeout_s is not None else t.server.timeout_s
     samples: list[tuple[float, float, float]] = []  # (t, running, waiting)
     stop = threading.Event()
     t0 = time.monotonic()
@@ -50,11 +59,11 @@ def run_load(
         s = time.monotonic()
         try:
             if stream:
-                with t.server.client.stream("POST", "/v1/completions", json=body) as r:
+                with t.server.client.stream("POST", "/v1/completions", json=body, timeout=rt) as r:
                     for _ in r.iter_lines():
                         pass
                     return r.status_code, time.monotonic() - s, ""
-            r = t.server.post("/v1/completions", body)
+            r = t.server.client.post("/v1/completions", json=body, timeout=rt)
             return r.status_code, time.monotonic() - s, ""
         except Exception as e:  # noqa: BLE001 - a transport failure is an outcome: status 0, named
             return 0, time.monotonic() - s, type(e).__name__
@@ -75,6 +84,7 @@ def run_load(
         "concurrency": c,
         "max_tokens": max_tokens,
         "stream": stream,
+        "request_timeout_s": rt,
         "statuses": dict(Counter(s for s, _, _ in results)),
         # what each status 0 was (ReadTimeout, ConnectError, RemoteProtocolError...): a timeout under
         # load and a dropped connection are different findings
@@ -89,13 +99,21 @@ def run_load(
 
 
 def bounded_load(t: Target, n: int = 8, c: int = 4) -> CheckResult:
+    """c workers against a server that runs at most `limit` at once: each request answers (200),
+    or is refused (429), never a 5xx or a dropped connection, and running stays within the limit.
+
+    A request the server queued is answered after those ahead of it, so its timeout is the
+    client's times ceil(c / limit), the requests it can wait behind plus its own: a correct
+    server that is merely slow (one sequence at a time, on a busy node) must not read as one
+    that hangs. Without a published limit, the client's timeout."""
     res = CheckResult("bounded_load")
     before = t.metrics()
-    obs = run_load(t, n, c)
+    depth = math.ceil(c / t.limit) if t.limit else 1
+    obs = run_load(t, n, c, request_timeout_s=t.server.timeout_s * depth)
     res.observations.update(obs, limit=t.limit)
     st = obs["statuses"]
     te = obs["transport_errors"]
-    named = f" (transport errors: {te}, client timeout {t.server.timeout_s:g} s)" if te else ""
+    named = f" (transport errors: {te}, request timeout {obs['request_timeout_s']:g} s)" if te else ""
     res.expect(not any(s >= 500 or s == 0 for s in st), f"5xx or transport errors under load: {st}{named}")
     res.expect(st.get(200, 0) >= 1, f"no request succeeded under load: {st}")
     res.expect(set(st) <= {200, 429}, f"unexpected statuses under load: {st}")
