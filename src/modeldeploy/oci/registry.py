@@ -172,11 +172,15 @@ class RegistryClient:
         return r
 
     def has_blob(self, repo: str, digest: str) -> bool:
+        return self.blob_size(repo, digest) is not None
+
+    def blob_size(self, repo: str, digest: str) -> int | None:
+        """The blob's size in bytes, or None when `repo` has no such blob."""
         r = self._request("HEAD", self._url(repo, "blobs", digest), repo, "pull,push")
         if r.status_code == 404:
-            return False
+            return None
         self._check(r, f"HEAD blob {digest}")
-        return True
+        return int(r.headers.get("Content-Length", "0"))
 
     def upload_blob(self, repo: str, digest: str, size: int, chunks: Callable[[], Iterable[bytes]]) -> None:
         """Monolithic upload: POST a session, then PUT all `size` bytes with the digest.
