@@ -329,6 +329,23 @@ def test_layers_that_delete_or_are_not_tar_are_refused(registry, tmp_path, capsy
     assert rc == 1 and "media type 'application/vnd.example.weights'" in said
 
 
+def test_a_stream_of_unknown_digest_uploads_hashed_on_the_way(registry) -> None:
+    """upload_stream (what the real-node tests push docker save's layers with): chunks of a size
+    no one knew in advance, committed under the digest computed while sending; the registry
+    stores exactly those bytes, and blob_size and has_blob see them."""
+    data = [os.urandom(1 << 20), os.urandom(12345), b"", os.urandom(3)]
+    whole = b"".join(data)
+    with RegistryClient(registry.host) as rc:
+        rc.authorize("streams/one", "pull,push")
+        digest, size = rc.upload_stream("streams/one", iter(data))
+        assert (digest, size) == ("sha256:" + hashlib.sha256(whole).hexdigest(), len(whole))
+        assert rc.blob_size("streams/one", digest) == len(whole) and rc.has_blob("streams/one", digest)
+        with rc.open_blob("streams/one", digest) as chunks:
+            assert b"".join(chunks) == whole
+        assert rc.blob_size("streams/one", "sha256:" + "2" * 64) is None
+    assert _blob_file(registry, digest).read_bytes() == whole
+
+
 def test_plain_http_only_for_loopback_or_insecure() -> None:
     assert RegistryClient("127.0.0.1:5000").base == "http://127.0.0.1:5000"
     assert RegistryClient("registry.example:5000").base == "https://registry.example:5000"

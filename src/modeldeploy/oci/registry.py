@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -188,15 +189,44 @@ class RegistryClient:
         `chunks` makes the byte stream (called again if the PUT must be resent after a 401)."""
         r = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/", repo, "pull,push", b"")
         self._check(r, f"start upload of {digest}")
-        location = r.headers.get("Location")
-        if not location:
-            raise ArtifactError(f"registry {self.registry}: upload of {digest} gave no Location header")
-        url = urljoin(f"{self.base}/", location)
+        url = self._location(r, f"upload of {digest}")
         # the session's own query (`_state`) stays: httpx's params= would replace it
         url += ("&" if "?" in url else "?") + f"digest={digest}"
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
         r = self._request("PUT", url, repo, "pull,push", chunks, headers)
         self._check(r, f"PUT blob {digest} ({size} bytes)")
+
+    def upload_stream(self, repo: str, chunks: Iterable[bytes]) -> tuple[str, int]:
+        """Upload bytes whose digest is not known before they are read (a tar piped from another
+        program): one PATCH streams them, hashed on the way, and the PUT commits that digest,
+        which the registry checks against what it stored. Returns (digest, size). Call
+        `authorize` first: a stream cannot be resent after a 401."""
+        r = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/", repo, "pull,push", b"")
+        self._check(r, "start a streamed upload")
+        h, size = hashlib.sha256(), 0
+
+        def hashed() -> Iterator[bytes]:
+            nonlocal size
+            for chunk in chunks:
+                h.update(chunk)
+                size += len(chunk)
+                yield chunk
+
+        url = self._location(r, "streamed upload")
+        headers = self._headers({"Content-Type": "application/octet-stream"})
+        r = self.client.patch(url, content=hashed(), headers=headers)
+        self._check(r, f"PATCH streamed upload ({size} bytes)")
+        digest = "sha256:" + h.hexdigest()
+        url = self._location(r, f"streamed upload of {digest}")
+        r = self.client.put(url + ("&" if "?" in url else "?") + f"digest={digest}", headers=self._headers())
+        self._check(r, f"PUT blob {digest} ({size} bytes)")
+        return digest, size
+
+    def _location(self, r: httpx.Response, what: str) -> str:
+        location = r.headers.get("Location")
+        if not location:
+            raise ArtifactError(f"registry {self.registry}: {what} gave no Location header")
+        return urljoin(f"{self.base}/", location)
 
     def put_manifest(self, repo: str, ref: str, body: bytes, media_type: str) -> str:
         url = self._url(repo, "manifests", ref)

@@ -21,7 +21,6 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -132,20 +131,6 @@ OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"  # uncompressed
 
 
-def _member_chunks(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
-    f = tar.extractfile(member)
-    assert f is not None, member.name
-    while chunk := f.read(1 << 20):
-        yield chunk
-
-
-def _read(tar: tarfile.TarFile, name: str) -> bytes:
-    f = tar.extractfile(name)
-    if f is None:
-        raise RuntimeError(f"docker save archive: {name} is not a file")
-    return f.read()
-
-
 def push_uncompressed(tag: str, registry: str, repo: str) -> str:
     """Push the local image `tag` to `registry`/`repo` as an OCI image whose layers are plain tars,
     and return its manifest digest.
@@ -153,17 +138,18 @@ def push_uncompressed(tag: str, registry: str, repo: str) -> str:
     Why: `docker push` gzips each layer on one core, which for the 6.3 GB runtime image took
     ~280 of a cold CI run's seconds (bench/results/ci.md), and containerd gunzips it again. A
     plain-tar layer is a standard OCI layer type whose digest is the layer's diff_id and the
-    config's digest is the image ID, so nothing is compressed or hashed here: `docker save`
-    writes the missing blobs (75 s for all of the runtime image), the registry checks each digest
-    as it stores it, and a push the registry already holds sends only the manifest. `make images`
-    keeps `docker push` (what users run); the tests push the operator image that way too."""
+    config's digest is the image ID: `docker save`'s archive streams into the registry, which
+    checks each digest as it stores it (no copy on disk here), and a push the registry already
+    holds sends only the manifest. `make images` keeps `docker push` (what users run); the tests
+    push the operator image that way too."""
     info = json.loads(docker("image", "inspect", tag))[0]
     cfg_digest, diff_ids = info["Id"], info["RootFS"]["Layers"]
     with RegistryClient(registry) as rc:
         rc.authorize(repo, "pull,push")
-        sizes = {d: rc.blob_size(repo, d) for d in [cfg_digest, *diff_ids]}
-        if None in sizes.values():
-            sizes = _upload_from_save(rc, tag, repo, cfg_digest, diff_ids, sizes)
+        held = {d: rc.blob_size(repo, d) for d in [cfg_digest, *diff_ids]}
+        sizes = {d: n for d, n in held.items() if n is not None}
+        if len(sizes) < len(held):
+            sizes = _upload_from_save(rc, tag, repo, cfg_digest, diff_ids, set(sizes))
         manifest = json.dumps(
             {
                 "schemaVersion": 2,
@@ -178,31 +164,48 @@ def push_uncompressed(tag: str, registry: str, repo: str) -> str:
 
 
 def _upload_from_save(
-    rc: RegistryClient,
-    tag: str,
-    repo: str,
-    cfg_digest: str,
-    diff_ids: list[str],
-    sizes: dict[str, int | None],
+    rc: RegistryClient, tag: str, repo: str, cfg_digest: str, diff_ids: list[str], present: set[str]
 ) -> dict[str, int]:
-    """Upload the blobs `sizes` lacks from `docker save`'s archive; every blob's size."""
-    with tempfile.TemporaryDirectory(prefix="modeldeploy-save-") as d:
-        archive = Path(d) / "image.tar"
-        docker("save", "-o", str(archive), tag, timeout=1800)
-        with tarfile.open(archive) as tar:
-            index = json.loads(_read(tar, "manifest.json"))[0]
-            config = _read(tar, index["Config"])
-            if "sha256:" + hashlib.sha256(config).hexdigest() != cfg_digest:
-                raise RuntimeError(f"docker save {tag}: its config is not the image {cfg_digest}")
-            if sizes[cfg_digest] is None:
-                rc.upload_blob(repo, cfg_digest, len(config), lambda: [config])
-            out = {cfg_digest: len(config)}
-            for name, digest in zip(index["Layers"], diff_ids, strict=True):
-                member = tar.getmember(name)
-                if sizes[digest] is None:  # the registry checks the digest against what it gets
-                    rc.upload_blob(repo, digest, member.size, lambda m=member: _member_chunks(tar, m))
-                out[digest] = member.size
-            return out
+    """Stream `docker save`'s archive (docker 20.10's layout: <id>/layer.tar per layer, the config
+    as <image id>.json) into the registry, and return every blob's size. Each layer is hashed as
+    it is sent, because which <id> is which diff_id is written last, and so every layer is sent
+    again even where the registry has it; only a full hit skips the save (push_uncompressed)."""
+    sizes: dict[str, int] = {}
+    save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert save.stdout is not None
+        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
+            for member in tar:
+                f = tar.extractfile(member) if member.isfile() else None
+                if f is None:
+                    continue  # directories, and a repeated layer's symlink to the first copy
+                if member.name.endswith("/layer.tar"):
+                    digest, size = rc.upload_stream(repo, iter(lambda f=f: f.read(1 << 20), b""))
+                    sizes[digest] = size
+                elif (
+                    "/" not in member.name
+                    and member.name.endswith(".json")
+                    and member.name != "manifest.json"
+                ):
+                    config = f.read()
+                    if "sha256:" + hashlib.sha256(config).hexdigest() != cfg_digest:
+                        raise RuntimeError(
+                            f"docker save {tag}: its config {member.name} is not image {cfg_digest}"
+                        )
+                    if cfg_digest not in present:
+                        rc.upload_blob(repo, cfg_digest, len(config), lambda c=config: [c])
+                    sizes[cfg_digest] = len(config)
+        if save.wait(timeout=60) != 0:
+            raise RuntimeError(
+                f"docker save {tag} failed: {save.stderr.read().decode()[-2000:] if save.stderr else ''}"
+            )
+    finally:
+        if save.poll() is None:
+            save.kill()
+            save.wait()
+    if missing := [d for d in [cfg_digest, *diff_ids] if d not in sizes]:
+        raise RuntimeError(f"docker save {tag}: no layer or config with digest {', '.join(missing)}")
+    return sizes
 
 
 def build_and_push(
