@@ -89,6 +89,27 @@ async def test_under_the_server_budget_a_late_waiter_is_served_not_refused():
     late.release()
 
 
+async def test_a_request_that_finds_every_slot_taken_is_counted_as_a_wait():
+    """modeldeploy_admission_waits_total: the conformance bounded_load check reads it, because a
+    wait shorter than a scrape never shows in the sampled gauge (a tiny model's requests)."""
+    adm = Admission(max_running=2, max_queue=8)
+    first, second = adm.enter(), adm.enter()
+    await first.acquire()
+    await second.acquire()
+    assert adm.waits == 0  # free slots: no wait
+    third = adm.enter()
+    waiting = asyncio.ensure_future(third.acquire())
+    await asyncio.sleep(0)
+    assert adm.waits == 1 and adm.waiting == 1 and not waiting.done()
+    first.release()
+    await asyncio.wait_for(waiting, 5)
+    assert third.state == "running" and adm.waits == 1
+    second.release()
+    fourth = adm.enter()
+    await fourth.acquire()  # a slot was free again
+    assert adm.waits == 1
+
+
 def test_server_refuses_a_hopeless_request_within_50ms_and_counts_the_reason(llama_dir):
     cfg = _cfg(llama_dir, max_num_seqs=1, max_queue=8, queue_budget_s=0.3, step_delay_s=0.02)
     with ThreadedServer(cfg) as s:
@@ -118,6 +139,7 @@ def test_server_refuses_a_hopeless_request_within_50ms_and_counts_the_reason(lla
         m = metrics(s)
         assert m.get("modeldeploy_admission_rejections_total", reason="deadline", bundle=BUNDLE) == 1
         assert m.get("modeldeploy_admission_late_starts_total", bundle=BUNDLE) == 0
+        assert m.get("modeldeploy_admission_waits_total", bundle=BUNDLE) == 0  # refused, never queued
         assert outcome(m, "rejected") == 1
         # with room again, the client's own deadline header is honoured
         ok = httpx.post(s.url + "/v1/completions", json=short, headers={"x-request-deadline-ms": "5000"})

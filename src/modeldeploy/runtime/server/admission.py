@@ -41,6 +41,8 @@ class Ticket:
         self.acquired_at: float | None = None  # monotonic; the request's trace shows the admission wait
 
     async def acquire(self) -> None:
+        if self._adm._sem.locked():  # every slot taken: this request waits (counted, not sampled)
+            self._adm.waits += 1
         try:
             await self._adm._sem.acquire()
         except BaseException:
@@ -104,6 +106,7 @@ class Admission:
         self.slot_seconds: float | None = None  # moving average of how long a request holds a slot
         self.rejections: Counter[str] = Counter()  # by reason
         self.late_starts = 0  # let in under the server's budget, started past it (the estimate was wrong)
+        self.waits = 0  # requests that found every slot taken and waited for one
         self.max_running_seen = 0
         self.draining = False
         self._idle = asyncio.Event()

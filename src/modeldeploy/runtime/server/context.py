@@ -307,6 +307,7 @@ class ServerContext:
             "waiting": self.admission.waiting,
             "rejections": {r: self.admission.rejections[r] for r in REASONS},
             "late_starts": self.admission.late_starts,
+            "waits": self.admission.waits,
             "queued_tokens": self.admission.queued_tokens,
             "kv_usage": getattr(stats, "kv_usage", 0.0),
             "load_progress": self.state.progress,

@@ -87,6 +87,11 @@ class _Live:
             refused.add_metric(values + [reason], n)
         yield refused
         yield counter(
+            "admission_waits",
+            "Requests that found every running slot taken and waited in the admission queue",
+            v.get("waits", 0),
+        )
+        yield counter(
             "admission_late_starts",
             "Requests let in under --queue-budget that started past it (served late, not refused)",
             v.get("late_starts", 0),
