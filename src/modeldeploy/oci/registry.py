@@ -2,7 +2,9 @@
 
 Push: HEAD a blob (skip it when the registry has it), POST an upload session, PUT the blob
 monolithically with `?digest=` (streamed from disk, never held in memory), PUT the manifest by
-digest (and by tag, for people). Pull: GET the manifest by digest, GET each blob as a stream.
+digest (and by tag, for people). Bytes whose digest is not known up front (a piped tar) go as one
+streamed PATCH, hashed on the way, and a PUT with the digest computed. Pull: GET the manifest by
+digest, GET each blob as a stream.
 Plain HTTP for loopback registries (as docker and containerd assume) or with `insecure=True`;
 HTTPS otherwise.
 
@@ -69,6 +71,12 @@ def docker_credentials(registry: str, path: Path | None = None) -> tuple[str, st
         if entry.get("username"):
             return str(entry["username"]), str(entry.get("password", ""))
     return None
+
+
+def _with_digest(url: str, digest: str) -> str:
+    """An upload session URL with `digest=` added (its own `_state` query stays: httpx's params=
+    would replace it)."""
+    return url + ("&" if "?" in url else "?") + f"digest={digest}"
 
 
 class RegistryClient:
@@ -187,11 +195,7 @@ class RegistryClient:
         """Monolithic upload: POST a session, then PUT all `size` bytes with the digest.
 
         `chunks` makes the byte stream (called again if the PUT must be resent after a 401)."""
-        r = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/", repo, "pull,push", b"")
-        self._check(r, f"start upload of {digest}")
-        url = self._location(r, f"upload of {digest}")
-        # the session's own query (`_state`) stays: httpx's params= would replace it
-        url += ("&" if "?" in url else "?") + f"digest={digest}"
+        url = _with_digest(self._start_upload(repo, f"upload of {digest}"), digest)
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
         r = self._request("PUT", url, repo, "pull,push", chunks, headers)
         self._check(r, f"PUT blob {digest} ({size} bytes)")
@@ -201,8 +205,7 @@ class RegistryClient:
         program): one PATCH streams them, hashed on the way, and the PUT commits that digest,
         which the registry checks against what it stored. Returns (digest, size). Call
         `authorize` first: a stream cannot be resent after a 401."""
-        r = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/", repo, "pull,push", b"")
-        self._check(r, "start a streamed upload")
+        url = self._start_upload(repo, "streamed upload")
         h, size = hashlib.sha256(), 0
 
         def hashed() -> Iterator[bytes]:
@@ -212,15 +215,20 @@ class RegistryClient:
                 size += len(chunk)
                 yield chunk
 
-        url = self._location(r, "streamed upload")
         headers = self._headers({"Content-Type": "application/octet-stream"})
         r = self.client.patch(url, content=hashed(), headers=headers)
         self._check(r, f"PATCH streamed upload ({size} bytes)")
         digest = "sha256:" + h.hexdigest()
         url = self._location(r, f"streamed upload of {digest}")
-        r = self.client.put(url + ("&" if "?" in url else "?") + f"digest={digest}", headers=self._headers())
+        r = self.client.put(_with_digest(url, digest), headers=self._headers())
         self._check(r, f"PUT blob {digest} ({size} bytes)")
         return digest, size
+
+    def _start_upload(self, repo: str, what: str) -> str:
+        """POST an upload session; its URL."""
+        r = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/", repo, "pull,push", b"")
+        self._check(r, f"start {what}")
+        return self._location(r, what)
 
     def _location(self, r: httpx.Response, what: str) -> str:
         location = r.headers.get("Location")
