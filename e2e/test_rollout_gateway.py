@@ -11,10 +11,6 @@ canary's weight to 0 (polled every 0.1 s next to the Events).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from modeldeploy_dev import upstream_crds
 from modeldeploy_dev.cluster.local import pinned_versions
 from modeldeploy_dev.load import Load
 
@@ -40,21 +37,11 @@ CRDS = ("gatewayclasses", "gateways", "httproutes", "referencegrants")
 
 
 @pytest.fixture
-def gateway_api_crds(cluster: E2ECluster, tmp_path: Path) -> Iterator[None]:
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    if not Path(go).exists():
+def gateway_api_crds(cluster: E2ECluster) -> Iterator[None]:
+    if upstream_crds.go() is None:
         pytest.skip("Go is needed to fetch the pinned Gateway API module (see .ci/run)")
     version = pinned_versions()["GATEWAY_API_VERSION"]
-    r = subprocess.run(
-        [go, "mod", "download", "-json", f"sigs.k8s.io/gateway-api@{version}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-    )
-    assert r.returncode == 0, r.stderr
-    crd_dir = Path(json.loads(r.stdout)["Dir"]) / "config" / "crd" / "standard"
+    crd_dir = upstream_crds.module_dir("sigs.k8s.io/gateway-api", version) / "config" / "crd" / "standard"
     files = [a for c in CRDS for a in ("-f", str(crd_dir / f"gateway.networking.k8s.io_{c}.yaml"))]
     cluster.kubectl("apply", "--server-side", *files)
     names = [f"crd/{c}.gateway.networking.k8s.io" for c in CRDS]

@@ -2,7 +2,10 @@
 
 The Go module proxy is the one source this project downloads from (no GitHub releases), so a
 CRD a test needs comes from the module that publishes it: `go mod download -json` puts the
-module in the Go module cache (read-only, shared) and names its directory.
+module in a module cache of the tests' own (`GOMODCACHE`, under the project's cache, read-only) and
+names its directory. Not Go's default cache: `.ci/run` drops that one (~/go/pkg/mod) once the Go
+builds are done, while the tests run, and a cold run failed when the drop met a test's download
+there ("unlinkat ~/go/pkg/mod/github.com: directory not empty").
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from modeldeploy_dev.cluster.local import pinned_versions
+from modeldeploy_dev.cluster.local import cache_root, pinned_versions
 
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
 KEDA = "github.com/kedacore/keda/v2"
@@ -33,6 +36,11 @@ def go() -> str | None:
     return found if Path(found).exists() else None
 
 
+def module_cache() -> Path:
+    """The tests' Go module cache (see the module docstring)."""
+    return cache_root() / "go-mod-upstream"
+
+
 def module_dir(module: str, version: str) -> Path:
     """The unpacked module (downloaded through the Go module proxy when not cached)."""
     exe = go()
@@ -45,7 +53,7 @@ def module_dir(module: str, version: str) -> Path:
             capture_output=True,
             text=True,
             timeout=600,
-            env={**os.environ, "GOFLAGS": "-mod=mod"},
+            env={**os.environ, "GOFLAGS": "-mod=mod", "GOMODCACHE": str(module_cache())},
         )
     info = json.loads(r.stdout or "{}")
     if r.returncode != 0 or "Dir" not in info:
