@@ -10,6 +10,8 @@
   type (Q5_0) and llama.cpp's q/k row permutation, served greedy: the same tokens as the engine on
   a float32 directory of the de-quantized weights (written independently: the test permutes and
   un-permutes the rows itself).
+- The same kernel's float32 path (the LM head at few rows) against float64, where it takes a call
+  and where it hands the call on.
 - Errors: two .gguf files, tensor parallelism, a type gguf-py cannot read, a bad shape.
 - Slow: the real model's Q4_1 GGUF (the pinned wheel) served natively against the float32 model
   de-quantized from the same file (the `real_model_dir` import), greedy over chat prompts.
@@ -111,6 +113,81 @@ def test_long_chunks_on_a_big_weight_stay_on_the_fused_kernel(monkeypatch):
     monkeypatch.setattr(cpu_quant, "dequantize", lambda w: pytest.fail("rebuilt a big weight"))
     ref = x.double() @ w.dequantize().double().T
     assert (cpu_quant.linear(x, w).double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item()
+
+
+@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
+@pytest.mark.parametrize("n", [80, 83])  # four weight rows at a time at one row, and a ragged end
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 16])
+def test_float_head_kernel_matches_float64(n, rows):
+    """A plain float32 weight (a tied head) at up to FLOAT_MAX_ROWS rows goes to the streaming kernel
+    (which itself takes any row count)."""
+    w = torch.randn(n, 576) * 0.05
+    x = torch.randn(rows, 576)
+    ref = x.double() @ w.double().T
+    got = cpu_quant.linear_float(x, w)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    assert (got.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item()
+    assert cpu_quant.streams_float(x, w) == (rows <= cpu_quant.FLOAT_MAX_ROWS)
+    if rows <= cpu_quant.FLOAT_MAX_ROWS:
+        assert torch.equal(dispatch.head_linear(x, w), got)
+
+
+@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
+def test_float_head_kernel_hands_on_what_it_does_not_take(monkeypatch):
+    """More rows than FLOAT_MAX_ROWS, a width off 32, bfloat16, a strided weight, or a packed or
+    quantized head all go the way `linear` goes, with the same result."""
+    w = torch.randn(40, 64)
+    x = torch.randn(cpu_quant.FLOAT_MAX_ROWS + 1, 64)
+    cases = [
+        (x, w),
+        (x[:2, :48], w[:, :48].contiguous()),
+        (x[:2].bfloat16(), w.bfloat16()),
+        (x[:2], torch.randn(64, 40).T),
+    ]
+    monkeypatch.setattr(cpu_quant, "linear_float", lambda *a: pytest.fail("took a call it does not cover"))
+    for xi, wi in cases:
+        assert not cpu_quant.streams_float(xi, wi)
+        torch.testing.assert_close(dispatch.head_linear(xi, wi), xi @ wi.T)
+    rng = np.random.default_rng(1)
+    q = quant.from_gguf("Q8_0", gq.quantize(rng.standard_normal((16, 64)).astype(np.float32), QT.Q8_0), 64)
+    ref = x[:2].double() @ q.dequantize().double().T
+    assert (dispatch.head_linear(x[:2], q).double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item()
+    packed = dispatch.pack_linear(w)
+    torch.testing.assert_close(dispatch.head_linear(x[:2], packed), x[:2] @ w.T)
+    with pytest.raises(ValueError, match="input has 63 features, the weight takes 64"):
+        monkeypatch.undo()
+        cpu_quant.linear_float(x[:2, :63], w)
+
+
+@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
+def test_portable_build_matches_float64(tmp_path):
+    """The x86-64-v2 object (no AVX2: the portable loops an image falls back to on older CPUs, which
+    this machine's own -march=native build never runs) on every weight format."""
+    import ctypes
+
+    from modeldeploy.kernels import cpu_build
+
+    if "x86-64-v2" not in cpu_build.levels_of(cpu_build.cpu_flags()):
+        pytest.skip("this CPU cannot run an x86-64-v2 object")
+    (obj,) = cpu_build.build_prebuilt(tmp_path, ["x86-64-v2"], (cpu_build.QUANT_SOURCE,))
+    i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    sig = [i, p, i64, i64, p, p, p, i64, p, i]
+    lib = cpu_build.open_library(obj, "mdq_abi_version", cpu_quant.ABI_VERSION, {"mdq_linear": (sig, None)})
+    rng = np.random.default_rng(3)
+    n, k = 36, 128
+    plain = torch.randn(n, k)
+    cases = [(32, plain, None, None, plain)]
+    for fmt in ("Q8_0", "Q4_1"):
+        q = quant.from_gguf(fmt, gq.quantize(rng.standard_normal((n, k)).astype(np.float32), QT[fmt]), k)
+        cases.append((q.bits, q.qweight, q.scales, q.zeros, q.dequantize()))
+    for bits, qw, scales, zeros, dense in cases:
+        for rows in (1, 5):
+            x = torch.randn(rows, k)
+            out = torch.empty(rows, n)
+            ptr = [None if t is None else t.data_ptr() for t in (x, qw, scales, zeros, out)]
+            lib.mdq_linear(bits, ptr[0], rows, k, ptr[1], ptr[2], ptr[3], n, ptr[4], 2)
+            ref = x.double() @ dense.double().T
+            assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), (bits, rows)
 
 
 def test_the_twin_runs_where_the_kernel_does_not(monkeypatch):

@@ -1,6 +1,7 @@
-"""Quantized linear layers on CPU (cpu/quant_gemm.cpp): float32 activations times a `QuantLinear`
-(4-bit or 8-bit groups of 32, float32 scales) without rebuilding the float weight. Twin:
-`quant.linear` (de-quantize, then F.linear).
+"""Weight-streaming linear layers on CPU (cpu/quant_gemm.cpp): float32 activations times a
+`QuantLinear` (4-bit or 8-bit groups of 32, float32 scales) without rebuilding the float weight,
+and times a plain float32 weight at few rows (`linear_float`, the LM head). Twins: `quant.linear`
+(de-quantize, then F.linear) and F.linear.
 
 Up to `FUSED_MAX_ROWS` rows (decode steps, short chunks) the kernel rebuilds each group of 32
 weights in registers once and multiplies it into every row: it reads 0.75 (4-bit) or 1.125
@@ -12,6 +13,13 @@ batch 1 is 1.8x faster), and 1.7-2.6x slower at 64-256 rows. So longer chunks (p
 the float32 weight once per call (`mdq_dequant`, a transient [N, K] buffer) and multiply with
 torch's BLAS, within 10 % of oneDNN there; except for weights too big for that buffer to pay
 (over `DEQUANT_MAX_WEIGHTS`: the head, 28 M weights, where the fused kernel stays faster).
+
+The float32 path is for the LM head, which the engine applies to one row per sampled sequence:
+a tied head is the embedding table itself, kept unpacked (the lookup needs it, and a packed copy
+would double its 113 MB on the real model), so it ran through torch's `mm`, whose GEMV falls to
+10-15 GB/s at 4-8 rows. Up to `FLOAT_MAX_ROWS` rows it goes through this kernel instead (decode
+steps 9-10 % faster at batch 4-8, equal at 1: bench/results/serving_real_cpu.md, "The head on a
+weight-streaming kernel"); beyond, F.linear, which MKL runs as a GEMM there and wins.
 
 Built and loaded like the paged-attention kernel (kernels/cpu_build.py: prebuilt per x86-64 level
 in the image, else compiled here on first use); without either, or with MODELDEPLOY_CPU_KERNELS=0,
@@ -36,9 +44,10 @@ from modeldeploy.kernels.quant import QuantLinear
 log = logging.getLogger("modeldeploy.kernels")
 
 SOURCE = cpu_build.QUANT_SOURCE
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: bits 32 (float32 weights)
 FUSED_MAX_ROWS = 32  # more rows: de-quantize once, then BLAS (see the docstring)
 DEQUANT_MAX_WEIGHTS = 1 << 22  # ... for weights up to this many (a 16 MB float32 buffer)
+FLOAT_MAX_ROWS = 8  # a plain float32 weight: this kernel up to here, F.linear beyond
 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
@@ -154,3 +163,35 @@ def linear(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) ->
     if bias is not None:
         out += bias
     return out.reshape(*lead, w.out_features)
+
+
+def streams_float(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `linear_float` takes this call: CPU float32 [T, K] activations and a contiguous
+    float32 [N, K] weight, K a multiple of 32, at most FLOAT_MAX_ROWS rows, a loaded kernel."""
+    return (
+        x.device.type == "cpu"
+        and w.device.type == "cpu"
+        and x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and x.dim() == 2
+        and w.dim() == 2
+        and w.shape[1] == x.shape[1]
+        and w.shape[1] % 32 == 0
+        and w.is_contiguous()
+        and 0 < x.shape[0] <= FLOAT_MAX_ROWS
+        and available()
+    )
+
+
+def linear_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, K] float32 @ w.T -> [T, N] for a plain float32 weight (callers check `streams_float`)."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"CPU weight-streaming kernel unavailable: {_why}")
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: input has {x.shape[-1]} features, the weight takes {w.shape[1]}")
+    x2 = x.contiguous()
+    out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.float32)
+    rows, threads = x2.shape[0], torch.get_num_threads()
+    lib.mdq_linear(32, _ptr(x2), rows, w.shape[1], _ptr(w), None, None, w.shape[0], _ptr(out), threads)
+    return out

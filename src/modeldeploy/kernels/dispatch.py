@@ -73,6 +73,11 @@ def describe(device: str) -> dict[str, object]:
         "attention": cpu_attention.build(),
         "linear": cpu_gemm.path_in_use(),
         "quantized_linear": cpu_quant.path_in_use(),
+        "head": (
+            f"{cpu_quant.path_in_use()} up to {cpu_quant.FLOAT_MAX_ROWS} rows of a float32 head"
+            if cpu_quant.available()
+            else "as linear"
+        ),
     }
 
 
@@ -116,6 +121,15 @@ def linear(x, weight, bias=None):
             return cpu_quant.linear(x, weight, bias)
         return _quant_impl(x)(x, weight, bias)
     return cpu_gemm.linear(x, weight, bias)
+
+
+def head_linear(x, weight):
+    """The LM head's logits x @ weight.T: a plain CPU float32 weight (a tied head is the embedding
+    table, never packed) at few rows goes to the C++ streaming kernel (`cpu_quant.linear_float`),
+    which holds the memory rate where torch's `mm` GEMV drops to half of it; the rest as `linear`."""
+    if isinstance(weight, torch.Tensor) and cpu_quant.streams_float(x, weight):
+        return cpu_quant.linear_float(x, weight)
+    return linear(x, weight)
 
 
 def _quant_impl(x: torch.Tensor) -> Callable[..., Any]:

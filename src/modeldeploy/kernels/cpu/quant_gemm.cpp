@@ -1,7 +1,9 @@
-// Weight-only quantized linear layers on CPU: float32 activations times weights kept as 4-bit or
-// 8-bit integers in groups of 32 along the input dimension, each group with a float32 scale (and,
-// for 4-bit, a float32 zero): w = q * scale + zero. GGUF's Q4_0, Q4_1 and Q4_K and Q8_0 map onto
-// this exactly (kernels/quant.py). Twin: `quant.QuantLinear.dequantize` then F.linear.
+// Weight-streaming linear layers on CPU for few rows: float32 activations times weights read once
+// from memory, either kept as 4-bit or 8-bit integers in groups of 32 along the input dimension, each
+// group with a float32 scale (and, for 4-bit, a float32 zero): w = q * scale + zero; or float32 as
+// they are (the tied head's embedding table, which is never packed for oneDNN). GGUF's Q4_0, Q4_1
+// and Q4_K and Q8_0 map onto the integer layouts exactly (kernels/quant.py). Twins:
+// `quant.QuantLinear.dequantize` then F.linear; F.linear for float32.
 //
 // Plain C ABI (loaded with ctypes by kernels/cpu_quant.py), OpenMP over output rows with the
 // thread count the caller passes (torch.get_num_threads()).
@@ -12,12 +14,19 @@
 //   4-bit: qw uint8 [N, K/2]; group g is 16 bytes, byte j holds q[j] (low nibble) and q[j+16]
 //          (high nibble), q in 0..15 (GGUF's Q4_0/Q4_1 block layout).
 //   8-bit: qw int8 [N, K], q in -128..127, no zero.
+//   32-bit: qw float32 [N, K], no scales or zeros.
 //   scales, zeros: float32 [N, G].
 // The weight is rebuilt as q * scale + zero in float32: q * scale is exact for the GGUF formats
 // (an 11-bit or 17-bit scale times a 4-bit or 8-bit integer fits float32's 24 bits), so the
 // rebuilt weights are bit-identical to gguf-py's (and transformers') de-quantized float32 ones
 // whether or not the compiler fuses the multiply-add. Only the summation order of the dot
 // products differs from a float32 GEMM.
+//
+// Why a float32 path: at one to a few rows a GEMM is a GEMV, bound by reading the weight once.
+// torch's BLAS `mm` read the 49152 x 576 head at 10-15 GB/s at 4-8 rows on a 2-core machine that
+// streams 21-26 GB/s (and at 13-14 GB/s even at one row on another); this loop keeps two FMA chains
+// per activation row, so that loads, not FMA latency, bound it: 9-10 % off a decode step at batch
+// 4-8 (bench/results/serving_real_cpu.md, "The head on a weight-streaming kernel").
 
 #include <cstdint>
 #include <cstring>
@@ -63,6 +72,12 @@ inline W group8(const int8_t* row, const float* sc, int64_t g) {
   w.v[2] = _mm256_mul_ps(cvt8(b, true), s);
   w.v[3] = _mm256_mul_ps(cvt8(_mm_srli_si128(b, 8), true), s);
   return w;
+}
+
+// x[0:16] . w[0:16] into two accumulators (two FMA chains in flight per activation row).
+inline void dot16_f32(__m256* acc, const float* x, const float* w) {
+  acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(w), acc[0]);
+  acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), _mm256_loadu_ps(w + 8), acc[1]);
 }
 
 typedef __m256 Acc;
@@ -126,6 +141,73 @@ inline float acc_sum(Acc a) {
 inline void store_w(float* out, const W& w) { std::memcpy(out, w.v, sizeof(w.v)); }
 #endif
 
+// out[t, n] for TT rows of x (row stride K) and the float32 weight row w[n] (K % 32 == 0).
+template <int TT>
+inline void row_dot_f32(const float* x, int64_t K, const float* w, int64_t n, int64_t N, float* out) {
+  const float* wr = w + n * K;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[TT][2];
+  for (int t = 0; t < TT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    for (int t = 0; t < TT; ++t) dot16_f32(acc[t], x + t * K + k, wr + k);
+  }
+  for (int t = 0; t < TT; ++t) out[t * N + n] = acc_sum(_mm256_add_ps(acc[t][0], acc[t][1]));
+#else
+  float acc[TT][16] = {};
+  for (int64_t k = 0; k < K; k += 16) {
+    for (int t = 0; t < TT; ++t)
+      for (int j = 0; j < 16; ++j) acc[t][j] += x[t * K + k + j] * wr[k + j];
+  }
+  for (int t = 0; t < TT; ++t) {
+    float s = 0.0f;
+    for (float v : acc[t]) s += v;
+    out[t * N + n] = s;
+  }
+#endif
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// One activation row against four weight rows n..n+3 (four streams in flight, eight FMA chains).
+inline void gemv4_f32(const float* x, int64_t K, const float* w, int64_t n, int64_t N, float* out) {
+  const float* r[4] = {w + n * K, w + (n + 1) * K, w + (n + 2) * K, w + (n + 3) * K};
+  __m256 acc[4][2];
+  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+  // the next block of four rows (contiguous after these) is fetched while these are read: one line of
+  // it per 16 floats of each row here, i.e. all of it by the end
+  const char* next = reinterpret_cast<const char*>(w + (n + 4) * K);
+  const char* end = reinterpret_cast<const char*>(w + N * K);
+  for (int64_t k = 0; k < K; k += 16) {
+    for (int i = 0; i < 4; ++i) {
+      const char* line = next + (k / 16 * 4 + i) * 64;
+      if (line < end) _mm_prefetch(line, _MM_HINT_T0);
+      dot16_f32(acc[i], x + k, r[i] + k);
+    }
+  }
+  for (int i = 0; i < 4; ++i) out[n + i] = acc_sum(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+#endif
+
+void linear_f32(const float* x, int64_t T, int64_t K, const float* w, int64_t N, float* out, int threads) {
+  const bool par = N * K * (T < 8 ? T : 8) >= (1 << 16) && threads > 1;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (T == 1 && N % 4 == 0) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+    for (int64_t n = 0; n < N; n += 4) gemv4_f32(x, K, w, n, N, out);
+    return;
+  }
+#endif
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t t = 0;
+    for (; t + 4 <= T; t += 4) row_dot_f32<4>(x + t * K, K, w, n, N, out + t * N);
+    if (T - t >= 2) {
+      row_dot_f32<2>(x + t * K, K, w, n, N, out + t * N);
+      t += 2;
+    }
+    if (T - t >= 1) row_dot_f32<1>(x + t * K, K, w, n, N, out + t * N);
+  }
+}
+
 template <int BITS>
 inline W group(const void* qw, const float* sc, const float* zr, int64_t n, int64_t K, int64_t g) {
   const int64_t G = K / GROUP;
@@ -186,16 +268,18 @@ void dequant(const void* qw, const float* sc, const float* zr, int64_t N, int64_
 
 extern "C" {
 
-int mdq_abi_version() { return 1; }
+int mdq_abi_version() { return 2; }
 
-// out [T, N] = x [T, K] @ W.T for the quantized W; bits 4 or 8 (zeros ignored for 8). K % 32 == 0,
-// x and out contiguous float32 (the wrapper checks).
+// out [T, N] = x [T, K] @ W.T; bits 4 or 8 for a quantized W (zeros ignored for 8), 32 for a
+// float32 W (scales and zeros ignored). K % 32 == 0, x and out contiguous float32 (the wrapper checks).
 void mdq_linear(int bits, const float* x, int64_t T, int64_t K, const void* qw, const float* scales,
                 const float* zeros, int64_t N, float* out, int threads) {
   if (bits == 4)
     linear<4>(x, T, K, qw, scales, zeros, N, out, threads);
-  else
+  else if (bits == 8)
     linear<8>(x, T, K, qw, scales, zeros, N, out, threads);
+  else
+    linear_f32(x, T, K, static_cast<const float*>(qw), N, out, threads);
 }
 
 // out [N, K] float32 = the de-quantized weight (for long prefill chunks: one rebuild, then a GEMM).

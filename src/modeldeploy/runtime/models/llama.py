@@ -270,7 +270,7 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, E] -> [B, V] float32."""
-        return dispatch.linear(hidden, self.lm_head).float()
+        return dispatch.head_linear(hidden, self.lm_head).float()
 
 
 def _layer_weights(
