@@ -462,18 +462,23 @@ def serve(lm: FakeLM) -> tuple[ThreadingHTTPServer, str]:
                 busy, lm.refuse = lm.refuse > 0, max(lm.refuse - 1, 0)
                 lm.inflight += 1
                 lm.most_inflight = max(lm.most_inflight, lm.inflight)
+            # The request stops counting before its answer is written: counted after, a client that
+            # sends its next request as soon as it reads this answer could be seen twice at once
+            # (a cold CI run on a loaded machine saw most_inflight 2 at one slot).
             try:
-                if busy:
-                    self.send_response(429)
-                    self.send_header("retry-after", "0")
-                    self.send_header("content-length", "0")
-                    self.end_headers()
-                    return
-                time.sleep(0.01)  # long enough for concurrent requests to overlap
-                self._send(200, lm.chat(body))
+                if not busy:
+                    time.sleep(0.01)  # long enough for concurrent requests to overlap
+                    answer = lm.chat(body)
             finally:
                 with lm.lock:
                     lm.inflight -= 1
+            if busy:
+                self.send_response(429)
+                self.send_header("retry-after", "0")
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            self._send(200, answer)
 
         def log_message(self, *a: Any) -> None:
             pass
