@@ -159,37 +159,6 @@ def test_float_head_kernel_hands_on_what_it_does_not_take(monkeypatch):
         cpu_quant.linear_float(x[:2, :63], w)
 
 
-@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
-def test_portable_build_matches_float64(tmp_path):
-    """The x86-64-v2 object (no AVX2: the portable loops an image falls back to on older CPUs, which
-    this machine's own -march=native build never runs) on every weight format."""
-    import ctypes
-
-    from modeldeploy.kernels import cpu_build
-
-    if "x86-64-v2" not in cpu_build.levels_of(cpu_build.cpu_flags()):
-        pytest.skip("this CPU cannot run an x86-64-v2 object")
-    (obj,) = cpu_build.build_prebuilt(tmp_path, ["x86-64-v2"], (cpu_build.QUANT_SOURCE,))
-    i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    sig = [i, p, i64, i64, p, p, p, i64, p, i]
-    lib = cpu_build.open_library(obj, "mdq_abi_version", cpu_quant.ABI_VERSION, {"mdq_linear": (sig, None)})
-    rng = np.random.default_rng(3)
-    n, k = 36, 128
-    plain = torch.randn(n, k)
-    cases = [(32, plain, None, None, plain)]
-    for fmt in ("Q8_0", "Q4_1"):
-        q = quant.from_gguf(fmt, gq.quantize(rng.standard_normal((n, k)).astype(np.float32), QT[fmt]), k)
-        cases.append((q.bits, q.qweight, q.scales, q.zeros, q.dequantize()))
-    for bits, qw, scales, zeros, dense in cases:
-        for rows in (1, 5):
-            x = torch.randn(rows, k)
-            out = torch.empty(rows, n)
-            ptr = [None if t is None else t.data_ptr() for t in (x, qw, scales, zeros, out)]
-            lib.mdq_linear(bits, ptr[0], rows, k, ptr[1], ptr[2], ptr[3], n, ptr[4], 2)
-            ref = x.double() @ dense.double().T
-            assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), (bits, rows)
-
-
 def test_the_twin_runs_where_the_kernel_does_not(monkeypatch):
     """bfloat16 activations (a GPU's dtype) and the kernel switched off both go to the twin."""
     rng = np.random.default_rng(0)
@@ -480,7 +449,7 @@ def test_real_model_q4_1_served_natively_equals_its_float32_import(real_gguf_dir
 
 def test_prebuilt_objects_per_level_include_the_quantized_gemm_and_its_portable_fallback(tmp_path):
     """The image prebuilds both CPU kernels per x86-64 level (cpu_build.SOURCES); the x86-64-v2
-    object (no AVX2: the portable code path) computes what the twin does."""
+    object (no AVX2: the portable code path) computes what the twin does, float32 weights included."""
     import ctypes
     import platform
 
@@ -505,3 +474,10 @@ def test_prebuilt_objects_per_level_include_the_quantized_gemm_and_its_portable_
         )
         ref = x.double() @ w.dequantize().double().T
         assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), fmt
+    w32 = torch.randn(64, 256)  # the float32 path (the head): one row (four weight rows at a time), five
+    for rows in (1, 5):
+        x = torch.randn(rows, 256)
+        out = torch.empty(rows, 64)
+        lib.mdq_linear(32, x.data_ptr(), rows, 256, w32.data_ptr(), None, None, 64, out.data_ptr(), 2)
+        ref = x.double() @ w32.double().T
+        assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), rows

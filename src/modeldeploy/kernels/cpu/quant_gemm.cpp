@@ -174,12 +174,11 @@ inline void gemv4_f32(const float* x, int64_t K, const float* w, int64_t n, int6
   for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
   // the next block of four rows (contiguous after these) is fetched while these are read: one line of
   // it per 16 floats of each row here, i.e. all of it by the end
-  const char* next = reinterpret_cast<const char*>(w + (n + 4) * K);
-  const char* end = reinterpret_cast<const char*>(w + N * K);
+  const int64_t next = (n + 4) * K, end = N * K;  // in floats; a 64-byte line holds 16
   for (int64_t k = 0; k < K; k += 16) {
     for (int i = 0; i < 4; ++i) {
-      const char* line = next + (k / 16 * 4 + i) * 64;
-      if (line < end) _mm_prefetch(line, _MM_HINT_T0);
+      const int64_t line = next + (k / 16 * 4 + i) * 16;
+      if (line < end) _mm_prefetch(reinterpret_cast<const char*>(w + line), _MM_HINT_T0);
       dot16_f32(acc[i], x + k, r[i] + k);
     }
   }
