@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import io
+from collections import Counter
 
 from rich.console import Console
 
@@ -62,7 +63,7 @@ CANARY = status(
 )
 COHORTS = [
     demo.Cohort("base", "base000000000000", "stable", ok=812, errors=0),
-    demo.Cohort("slow", "slow000000000000", "canary", ok=95, errors=3),
+    demo.Cohort("slow", "slow000000000000", "canary", ok=95, errors=3, kinds=Counter({429: 1, 0: 2})),
 ]
 
 
@@ -183,7 +184,8 @@ def test_summary_passes_only_when_promoted_and_rolled_back_by_analysis_and_quali
     )
     assert "QualityFailed: rolling back" in lines[3]
     assert "  mean_logprob      stable -0.200 canary -3.100 threshold -0.300 Fail" in lines
-    assert "requests slow  slow000000000000: 95 ok, 3 failed" in lines
+    assert "requests slow  slow000000000000: 95 ok, 3 failed (transport: 2, 429: 1)" in lines
+    assert "requests base  base000000000000: 812 ok, 0 failed" in lines
     assert "time good rollout: 40.0s" in lines
     for broken in (
         {"promoted": False},

@@ -25,6 +25,7 @@ from modeldeploy.operator.analysis.quality import (
     actual_logprob,
     resolve,
     run_quality,
+    stable_share,
 )
 from modeldeploy.operator.analysis.quality_checks import (
     Answer,
@@ -549,7 +550,18 @@ def test_client_asks_a_pod_no_more_at_once_than_its_slots_and_waits_out_429s(coh
     r = run_quality(Quality(), es, *cohorts(stable, canary), parallel=8)
     assert r.verdict == "Pass", r.message
     assert canary.most_inflight == 1 and canary.refuse == 0
-    assert stable.most_inflight <= 4
+    assert stable.most_inflight <= 2  # half the stable pod's slots: production traffic keeps the rest
+
+
+def test_the_gate_leaves_the_stable_pod_half_its_slots_for_production_traffic(cohorts) -> None:
+    """The demo's base cohort saw a 429 during a good bundle's gate: 8 gate requests plus 4 production
+    ones at a maxNumSeqs 8 stable pod with a queue budget. The canary takes no traffic yet: all its slots."""
+    assert [stable_share(n) for n in (1, 2, 3, 8)] == [1, 1, 1, 4]
+    stable, canary = FakeLM(GOOD, -0.5, slots=8), FakeLM(GOOD, -0.5, slots=8)
+    es = resolve(Quality.model_validate({"evalSet": {"inline": ITEMS * 3}}))
+    r = run_quality(Quality(), es, *cohorts(stable, canary), parallel=8)
+    assert r.verdict == "Pass", r.message
+    assert 1 <= stable.most_inflight <= 4 and 1 <= canary.most_inflight <= 8
 
 
 def test_actual_logprob() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ class Cohort:
     role: str  # stable, canary, prior (kept warm), failed, or "" (gone)
     ok: int = 0
     errors: int = 0  # non-200 answers and transport errors
+    kinds: Counter[int] = field(default_factory=Counter)  # failed answers by HTTP status (0: transport)
 
 
 @dataclass
@@ -236,6 +238,13 @@ def view(s: Snapshot) -> Group:
     return Group(*parts)
 
 
+def failed_kinds(c: Cohort) -> str:
+    """` (429: 1, transport: 2)`: the failures by kind, so a failed request says what it was."""
+    if not c.kinds:
+        return ""
+    return " (" + ", ".join(f"{k or 'transport'}: {n}" for k, n in sorted(c.kinds.items())) + ")"
+
+
 def summary(o: Outcome) -> list[str]:
     """What was promoted, what was rolled back and why, traffic per cohort, how long each part took."""
     b = o.bundles
@@ -256,7 +265,9 @@ def summary(o: Outcome) -> list[str]:
         + (f"rolled back, {o.quality_reason}: {o.quality_message}" if o.quality_reason else "NOT rolled back")
     )
     out += quality_lines(o.quality)
-    out += [f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed" for c in o.cohorts]
+    out += [
+        f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed{failed_kinds(c)}" for c in o.cohorts
+    ]
     if o.base_during_slow >= 0:
         out.append(
             f"requests the retired base bundle answered during the slow canary step: {o.base_during_slow}"
@@ -391,6 +402,8 @@ class _Story:
                 c = rows.setdefault(b, Cohort(label.get(b, b), b, role_of(status, b)))
                 c.ok += code == 200
                 c.errors += code != 200
+                if code != 200:
+                    c.kinds[code] += 1
         return sorted(rows.values(), key=lambda c: list(label).index(c.bundle) if c.bundle in label else 99)
 
     def tick(self, md: dict[str, Any]) -> None:

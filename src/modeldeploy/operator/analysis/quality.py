@@ -172,6 +172,11 @@ def actual_logprob(entry: dict[str, Any]) -> float:
     return float(first["logprob"] if isinstance(first, dict) else first)
 
 
+def stable_share(slots: int) -> int:
+    """Requests the gate keeps in flight at the stable pod: half its running slots, at least one."""
+    return max(1, slots // 2)
+
+
 def run_quality(
     q: Quality,
     es: EvalSetRef,
@@ -187,8 +192,11 @@ def run_quality(
     try:
         items = list(es.items)
         n = range(len(items))
-        # both pods at once, up to `parallel` requests each but never more than the pod's slots
-        s_n, c_n = min(parallel, s.slots), min(parallel, c.slots)
+        # Both pods at once, up to `parallel` requests each but never more than the pod's slots. The
+        # stable pod serves all production traffic meanwhile: the gate takes at most half its slots,
+        # so production requests still find a free slot instead of queueing behind the gate until
+        # the pod's queue budget refuses them (429) during a rollout.
+        s_n, c_n = min(parallel, stable_share(s.slots)), min(parallel, c.slots)
         with ThreadPoolExecutor(s_n) as sp, ThreadPoolExecutor(c_n) as cp:
             s_fut, c_fut = sp.map(s.answer, items), cp.map(c.answer, items)
             s_ans, c_ans = list(s_fut), list(c_fut)
