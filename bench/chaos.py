@@ -4,14 +4,20 @@ in the middle of a rollout's analysis, and the rollout must still end as its pol
   .venv/bin/python bench/chaos.py
       [--cases apiserver,etcd,metrics-hold,metrics-rollback,partition-prometheus,partition-operator,
                stable-pod,node-lost,node-lost-rollback]
-      [--out bench/results/chaos.json]
+      [--node process|real] [--out bench/results/chaos.json]
 
 Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
 taken down again then). Each case, in a fresh Pod-Security-restricted namespace with its own
-`modeldeploy operator` process: the tiny model on the process node (2 stable replicas), a bounded
-closed-loop load on the Service's endpoints (modeldeploy_dev.load), a harmless bundle change
-(maxNumSeqs 8 -> 6) whose one step (50 %) pauses long enough for the fault to land while the
-canary is being analysed, then:
+`modeldeploy operator` process: the tiny model (2 stable replicas), a bounded closed-loop load on
+the Service's endpoints (modeldeploy_dev.load), a harmless bundle change (maxNumSeqs 8 -> 6) whose
+one step (50 %) pauses long enough for the fault to land while the canary is being analysed.
+
+`--node process` (the default): the pods are processes on the process node. `--node real`: the
+real-node cluster (`modeldeploy cluster up --real-node`: kubelet, containerd, runc, CNI; its own
+cluster, brought up and taken down the same way), the pods are containers of the runtime image,
+built here and pulled by digest from the node's registry, the model on a `local` volume of
+`real-0`. Every case but node-lost runs there: the real-node cluster has one node, which holds both
+cohorts, so there is no node to lose the canary alone with. The cases:
 
 - apiserver: kube-apiserver SIGKILLed, down 10 s, restarted (`kwokctl start cluster`): promoted.
 - etcd: etcd SIGKILLed, down 10 s, restarted: promoted.
@@ -26,8 +32,9 @@ canary is being analysed, then:
   promoted once the path is back.
 - partition-operator: no Prometheus; the operator scrapes the pods itself, and the operator→canary
   path is cut until the decision; onInconclusive Rollback: rolled back, AnalysisInconclusive.
-- stable-pod: one of the two stable pods' serving process SIGKILLed (an OOM kill); the node
-  restarts it; the canary must not be blamed: promoted.
+- stable-pod: one of the two stable pods' serving process SIGKILLed (an OOM kill; on the real node
+  the container's main process, so containerd sees its task exit and kubelet restarts the
+  container); the canary must not be blamed: promoted.
 - node-lost: the canary alone on a second process node (`proc-1`, its own agent, bridge and pod
   CIDR: the home node is cordoned from the bundle change to the fault), which loses power (agent
   and pod processes SIGKILLed, the pods' network gone: their IPs answer nothing). The node goes
@@ -66,7 +73,8 @@ from typing import Any
 from kubernetes import client
 
 from modeldeploy_dev import faults
-from modeldeploy_dev.cluster.local import LocalCluster
+from modeldeploy_dev.cluster.local import LocalCluster, real_node_settings
+from modeldeploy_dev.cluster.realnode import images
 from modeldeploy_dev.crd_install import apply_crd
 from modeldeploy_dev.e2e_cluster import E2ECluster
 from modeldeploy_dev.load import Load
@@ -79,6 +87,7 @@ from modeldeploy_dev.rollout_scenario import (
     events,
     get_md,
     stable_and_ready,
+    tiny_model_local_pv,
     tiny_model_pv,
     tiny_spec,
     wait_md,
@@ -104,6 +113,11 @@ BUNDLE = "modeldeploy.dev/bundle"
 # analysed: within the case's progress deadline; bounded by it, so a rollout that never decides fails
 NODE_LOST_WAIT_S = 1200
 NODE_LOST_DEADLINE_S = 1200
+# node-lost needs a second node that holds the canary alone: the real-node cluster has one
+NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback")
+REAL_NODE = "real-0"
+# the first pods on the real node pull the 6.3 GB runtime image from the node's registry
+REAL_READY_S = 900
 # how a failed API call shows in the operator's log (urllib3 / kubernetes client / kopf wording)
 API_ERROR = re.compile(
     r"Connection refused|NewConnectionError|MaxRetryError|Max retries|timed out|ReadTimeout|"
@@ -111,10 +125,31 @@ API_ERROR = re.compile(
 )
 
 
+@dataclass(frozen=True)
+class Node:
+    """Where a case's pods run: `process` (the process node; the image field is a placeholder there)
+    or `real` (containers of `image`, the runtime by digest, on the real node)."""
+
+    kind: str = "process"
+    image: str = ""
+
+    def spec(self, obj: dict[str, Any]) -> None:
+        """Point a tiny_spec at the real node: the runtime image, its node, the example's resources
+        (two processes importing torch need more than the process node's 1 GiB limit)."""
+        if self.kind != "real":
+            return
+        spec = obj["spec"]
+        spec["bundle"]["engine"]["image"] = self.image
+        spec["topology"] = {"gpusPerReplica": 0, "nodeSelector": {"modeldeploy.dev/node-kind": "real"}}
+        spec["resources"] = {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
+        spec["readiness"] = {"loadTimeoutSeconds": 300}
+
+
 @dataclass
 class Outcome:
     case: str
     expected: str
+    node: str = "process"
     timeline: dict[str, float] = field(default_factory=dict)  # seconds from the bundle change
     phase: str = ""
     decision: str = ""
@@ -193,10 +228,13 @@ def control_plane_fault(
         clock.mark("detected")
 
 
-def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor) -> Outcome:
+def run_case(
+    cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor, node: Node | None = None
+) -> Outcome:
+    node = node or Node()
     metrics = case.startswith("metrics") or case == "partition-prometheus"
     expected = "RolledBack" if case in ROLLBACK else "Promoted"
-    out = Outcome(case, expected)
+    out = Outcome(case, expected, node.kind)
     ns = namespace(cluster, case)
     op = OperatorProcess(cluster.kubeconfig, ns, work / f"operator-{case}.log")
     op.start()
@@ -223,17 +261,16 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
             }
         elif case in ROLLBACK:  # partition-operator, node-lost-rollback: the operator's own scrape
             analysis["onInconclusive"] = "Rollback"
-        obj = tiny_spec(
-            NAME,
-            tiny_model_pv(cluster, ns, work / case),
-            steps=[{"weight": 50, "pauseSeconds": 30}],
-            analysis=analysis,
-        )
+        real = node.kind == "real"
+        digest = (tiny_model_local_pv if real else tiny_model_pv)(cluster, ns, work / case)
+        obj = tiny_spec(NAME, digest, steps=[{"weight": 50, "pauseSeconds": 30}], analysis=analysis)
         obj["spec"]["replicas"] = 2
+        node.spec(obj)
         if case.startswith("node-lost"):
             obj["spec"]["rollout"]["progressDeadlineSeconds"] = NODE_LOST_DEADLINE_S
         create(cluster, ns, obj)
-        md = wait_md(cluster, ns, NAME, stable_and_ready, 300, f"{NAME} Stable and Ready")
+        ready_s = REAL_READY_S if real else 300
+        md = wait_md(cluster, ns, NAME, stable_and_ready, ready_s, f"{NAME} Stable and Ready")
         old = md["status"]["stable"]["bundle"]
         stable_pods = pods_of(cluster, ns, old)
         if case.startswith("node-lost"):
@@ -246,7 +283,7 @@ def run_case(cluster: E2ECluster, case: str, work: Path, sup: faults.Supervisor)
                 faults.cordon(cluster, home)  # the canary's pods can go to the spare node only
             clock = Clock()
             change_bundle(cluster, ns, NAME, lambda b: b["config"].update(maxNumSeqs=6))
-            wait_md(cluster, ns, NAME, phase_is("Canary"), 420, "the canary in its analysed step")
+            wait_md(cluster, ns, NAME, phase_is("Canary"), ready_s + 120, "the canary in its analysed step")
             clock.mark("canary")
             killed: str | None = None
             lost: set[str] = set()
@@ -516,6 +553,7 @@ def table(outcomes: list[Outcome]) -> str:
     ]
     for o in outcomes:
         t = o.timeline
+        case = o.case if o.node == "process" else f"{o.case} ({o.node} node)"
         posted = ", ".join(f"{r} {n}" for r, n in o.decisions.items())
         failed = f"{o.stable_failed} of {o.requests}"
         if o.case == "stable-pod":
@@ -523,38 +561,76 @@ def table(outcomes: list[Outcome]) -> str:
         if o.case.startswith("node-lost"):
             failed += f" (+{o.lost_canary_failed} on the lost canary pods)"
         rows.append(
-            f"| {o.case} | {t.get('fault', '-')} | {t.get('detected', '-')} | {t.get('recovered', '-')} | "
+            f"| {case} | {t.get('fault', '-')} | {t.get('detected', '-')} | {t.get('recovered', '-')} | "
             f"{t.get('decided', '-')} | {o.decision} ({o.reason or '-'}) | {posted} | {failed} | {o.phase} | "
             f"{'yes' if o.passed else 'NO'} |"
         )
     return "\n".join(rows)
 
 
+def cluster_for(kind: str) -> tuple[LocalCluster, Node]:
+    """The local cluster a run uses (as `up` recorded it when it runs) and a Node without its image."""
+    if kind == "real":
+        s = real_node_settings()
+        existing = LocalCluster.existing(s.name)
+        return (existing if existing.s.real_node else LocalCluster(s)), Node("real")
+    return LocalCluster.existing(), Node()
+
+
+def real_node(local: LocalCluster) -> Node:
+    """The runtime image built and pushed to the real node's registry (Docker's layer cache makes a
+    rebuild cheap); a Docker engine is started for the build when none answers."""
+    with images.docker_engine() as why:
+        if why:
+            raise SystemExit(f"--node real: cannot build the runtime image: {why}")
+        return Node("real", images.build_runtime_or_operator(local.registry().host, "runtime"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument(
+        "--node",
+        choices=("process", "real"),
+        default="process",
+        help="process: pods as processes on the process node; real: containers on the real node "
+        "(kubelet + containerd), the runtime image built here (default: %(default)s)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write every outcome as JSON here")
     a = p.parse_args(argv)
     cases = [c for c in a.cases.split(",") if c]
     if bad := sorted(set(cases) - set(CASES)):
         p.error(f"--cases: unknown {', '.join(bad)} (known: {', '.join(CASES)})")
-    if any(c.startswith("metrics") for c in cases) and not PROMETHEUS.exists():
+    if a.node == "real" and (bad := [c for c in cases if c in NOT_ON_REAL_NODE]):
+        p.error(
+            f"--cases: {', '.join(bad)}: losing a node needs a second one holding the canary alone, and "
+            "the real-node cluster has one (real-0, holding both cohorts): run them with --node process"
+        )
+    if any(c.startswith("metrics") or c == "partition-prometheus" for c in cases) and not PROMETHEUS.exists():
         p.error(f"--cases: the metrics cases need {PROMETHEUS} (make cluster-build)")
-    local = LocalCluster.existing()
-    was_running = local.cluster_running() and local.procnode_pid() is not None
+    local, node = cluster_for(a.node)
+    was_running = (
+        local.cluster_running()
+        and (local.real_node().pid("kubelet") if a.node == "real" else local.procnode_pid()) is not None
+    )
+    local.build()
     local.up()
     cluster = E2ECluster(str(local.kubeconfig), local)
-    apply_crd(client.ApiextensionsV1Api(cluster.api))
     outcomes: list[Outcome] = []
     try:
+        if a.node == "real":
+            node = real_node(local)
+        apply_crd(client.ApiextensionsV1Api(cluster.api))
         with faults.Supervisor(cluster) as sup:
             for case in cases:
                 t = time.monotonic()
                 try:
-                    o = run_case(cluster, case, Path(tempfile.mkdtemp(prefix=f"chaos-{case}-")), sup)
+                    o = run_case(cluster, case, Path(tempfile.mkdtemp(prefix=f"chaos-{case}-")), sup, node)
                 except Exception as e:  # noqa: BLE001 - a case that errs is a failed case, the rest still run
                     ours = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
-                    o = Outcome(case, "?", notes=[f"{type(e).__name__} at chaos.py:{ours[-1:]}: {e}"[:600]])
+                    o = Outcome(
+                        case, "?", node.kind, notes=[f"{type(e).__name__} at chaos.py:{ours[-1:]}: {e}"[:600]]
+                    )
                     sup.held.clear()  # a case that died mid-fault: the next one needs the control plane
                 o.notes.append(f"case wall time {time.monotonic() - t:.0f} s")
                 print(f"[chaos] {case}: {'pass' if o.passed else 'FAIL'} {asdict(o)}", flush=True)

@@ -32,7 +32,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
@@ -46,11 +45,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from modeldeploy.operator.rollout.children import RUN_AS
-from modeldeploy_dev.cluster.local import LocalCluster, Settings, cache_root
+from modeldeploy_dev.cluster.local import LocalCluster, cache_root, real_node_settings
 from modeldeploy_dev.cluster.realnode import cleanup
 from modeldeploy_dev.cluster.realnode.config import SERVICE_CIDR, SERVICE_IP
 from modeldeploy_dev.cluster.realnode.oci import push_layout
-from modeldeploy_dev.wait import wait_until
+from modeldeploy_dev.faults import container_pid
+from modeldeploy_dev.rollout_scenario import tiny_model_local_pv
 
 from .conftest import E2ECluster, restricted_security_context
 from .test_rollout import ANALYSIS
@@ -108,13 +108,6 @@ def _why_not() -> str | None:
     return None
 
 
-def settings() -> Settings:
-    s = Settings(gpu_nodes=0, process_node="", real_node=True)
-    s.name = f"{s.name}-rn"
-    s.bridge, s.pod_cidr = s.node_bridge, s.node_pod_cidr  # no process node: its fields are unused
-    return s
-
-
 def host_state() -> dict[str, set[str]]:
     """Host state only the node writes (other engineers' clusters and Docker builds change the
     rest of this shared machine meanwhile): kube-proxy/CNI iptables rules, CNI network
@@ -137,7 +130,7 @@ def rn() -> Iterator[tuple[LocalCluster, E2ECluster, dict[str, set[str]]]]:
         c = local_real_node_cluster(kc)
         yield c, E2ECluster(kc, c), host_state()
         return
-    c = LocalCluster(settings())
+    c = LocalCluster(real_node_settings())
     c.down()  # a leftover of an interrupted run
     c.build()  # build-node.sh: cached after the first run
     before = host_state()
@@ -291,43 +284,22 @@ def test_a_digest_the_registry_lacks_never_runs(rn, ns, probe_ref) -> None:
 def images(rn) -> Iterator[Callable[[str], str]]:
     """images(name) -> the reference by digest of the operator or runtime image, built on the
     debootstrapped base and pushed to the node's registry on first use (Docker's layer cache and
-    the registry make later builds cheap). Starts dockerd when none answers and docker.io is
-    installed (as tests/test_server_docker.py does; `make test` in CI has no engine running), and
-    stops only the one it started."""
+    the registry make later builds cheap). A Docker engine is started for the module when none
+    answers (images.docker_engine)."""
     from modeldeploy_dev.cluster.realnode import images as img
 
-    started = None
-    dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
-    if img.engine_ready() and shutil.which("docker") and Path(dockerd).exists():
-        log = open(Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log", "ab")  # noqa: SIM115
-        started = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT)
+    with img.docker_engine() as why:
+        if why:
+            pytest.skip(f"cannot build the images: {why}")
+        c, _, _ = rn
+        refs: dict[str, str] = {}
 
-        def up() -> bool:
-            assert started.poll() is None, f"dockerd exited (see {log.name})"
-            return img.engine_ready() is None
+        def get(name: str) -> str:
+            if name not in refs:
+                refs[name] = img.build_runtime_or_operator(c.registry().host, name)
+            return refs[name]
 
-        wait_until(up, 60, 1, "dockerd to start")
-    if why := img.engine_ready():
-        pytest.skip(f"cannot build the images: {why}")
-    c, _, _ = rn
-    refs: dict[str, str] = {}
-
-    def get(name: str) -> str:
-        if name not in refs:
-            # the runtime image (6.3 GB) as plain tars: gzip on one core was minutes of a cold run;
-            # the operator image takes `docker push`, as `make images` does
-            (b,) = img.build_all(c.registry().host, [name], uncompressed=("runtime",))
-            print(
-                f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s "
-                f"size {b.size_bytes / 1e6:.0f} MB"
-            )
-            refs[name] = b.ref
-        return refs[name]
-
-    yield get
-    if started is not None:
-        started.terminate()
-        started.wait(60)
+        yield get
 
 
 def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
@@ -358,60 +330,6 @@ def test_operator_image_carries_no_torch_and_no_test_code(images) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["[]", "False", "['modeldeploy']"], r.stdout
-
-
-def local_pv_with_tiny_model(k: E2ECluster, ns: str, root: Path) -> str:
-    """A `local` PersistentVolume on real-0 holding a tiny model, claimed as `models` in ns;
-    returns the model digest."""
-    from modeldeploy.digest import dir_digest
-    from modeldeploy.runtime.tiny_model import make_tiny_model
-
-    (root / "models").mkdir(parents=True, exist_ok=True)
-    (root / "models").chmod(0o755)
-    model = make_tiny_model(root / "models" / "tiny-llama")
-    # readable by the pod's user: kubelet applies no fsGroup ownership to a read-only volume
-    # (seen here: PermissionError on model.safetensors, written 0600)
-    for f in [model, *model.rglob("*")]:
-        f.chmod(0o755 if f.is_dir() else 0o644)
-    pv = f"{ns}-models"
-    affinity = {
-        "required": {
-            "nodeSelectorTerms": [
-                {
-                    "matchExpressions": [
-                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["real-0"]}
-                    ]
-                }
-            ]
-        }
-    }
-    k.core.create_persistent_volume(
-        {
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "local": {"path": str(root / "models")},
-                "nodeAffinity": affinity,
-                "claimRef": {"namespace": ns, "name": "models"},
-            },
-        }
-    )
-    k.core.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": "models"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-    return dir_digest(model)
 
 
 def tiny_md(name: str, engine: str, model_digest: str) -> dict:
@@ -510,7 +428,7 @@ def test_runtime_image_by_digest_serves_a_chat_through_the_cluster_ip(
     import httpx
 
     c, k, _ = rn
-    model_digest = local_pv_with_tiny_model(k, ns, tmp_path)
+    model_digest = tiny_model_local_pv(k, ns, tmp_path)
     runtime = images("runtime")
     try:
         t0 = time.monotonic()
@@ -721,7 +639,7 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
     leader = max(pods, key=lambda n: live[n]["priority"])
     (standby,) = set(pods) - {leader}
 
-    digest = local_pv_with_tiny_model(k, ns, tmp_path)
+    digest = tiny_model_local_pv(k, ns, tmp_path)
     doc = tiny_md("ha", images("runtime"), digest)
     doc["spec"]["bundle"]["config"] = {
         "maxNumSeqs": 8,
@@ -762,7 +680,7 @@ def test_operator_leader_killed_mid_canary_under_load_then_a_slow_bundle_rolled_
             set_config(maxNumSeqs=6)
             k.wait(lambda: phase("Canary"), 600, "ha in its canary step")
             op = k.core.read_namespaced_pod(leader, op_ns)
-            os.kill(_container_pid(c, op.status.container_statuses[0].container_id), signal.SIGKILL)
+            os.kill(container_pid(c, op.status.container_statuses[0].container_id), signal.SIGKILL)
             killed = time.monotonic()
             done = k.wait(lambda: phase("Stable"), 600, "ha Stable after the leader's kill")
             good_s = time.monotonic() - t0
@@ -869,7 +787,7 @@ def assert_runs_restricted(c: LocalCluster, container_id: str, uid: int) -> None
     is `uid` (non-root), no effective or permitted capability, no_new_privs, seccomp in filter
     mode (RuntimeDefault), `/` mounted read-only, and `lo` UP in its network namespace."""
     assert uid != 0
-    pid = _container_pid(c, container_id)
+    pid = container_pid(c, container_id)
     status = Path(f"/proc/{pid}/status").read_text()
     assert re.search(rf"^Uid:\s+{uid}\s+{uid}\s+{uid}\s+{uid}$", status, re.M), status
     assert re.search(r"^CapEff:\s+0+$", status, re.M), status
@@ -886,13 +804,3 @@ def assert_runs_restricted(c: LocalCluster, container_id: str, uid: int) -> None
         check=True,
     ).stdout
     assert re.search(r"<[^>]*\bUP\b", lo), lo
-
-
-def _container_pid(c: LocalCluster, container_id: str) -> int:
-    cid = container_id.split("://", 1)[1]
-    out = c.real_node().ctr("tasks", "ls").stdout
-    for line in out.splitlines()[1:]:
-        f = line.split()
-        if f and f[0] == cid:
-            return int(f[1])
-    raise AssertionError(f"container {cid} not in `ctr tasks ls`:\n{out}")

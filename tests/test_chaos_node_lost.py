@@ -155,3 +155,52 @@ def test_the_partition_cases_are_known_and_operator_one_must_roll_back_as_inconc
         }
         chaos.judge(out, cluster, "ns", done, "old", {"s-1": "10.244.0.2"}, None, load)
         assert out.passed is passed, reason
+
+
+def test_real_node_refuses_the_node_lost_cases_and_points_a_spec_at_the_runtime_image() -> None:
+    with pytest.raises(SystemExit):
+        chaos.main(["--node", "real", "--cases", "apiserver,node-lost"])
+    from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+    from modeldeploy_dev.rollout_scenario import tiny_spec
+
+    image = "127.0.0.1:5000/modeldeploy/runtime@sha256:" + "a" * 64
+    obj = tiny_spec("chaos", "sha256:" + "b" * 64)
+    chaos.Node().spec(obj)  # the process node: unchanged
+    assert obj["spec"]["topology"]["nodeSelector"] == {"modeldeploy.dev/node-kind": "process"}
+    chaos.Node("real", image).spec(obj)
+    spec = ModelDeploymentSpec.model_validate(obj["spec"])  # still a valid spec
+    assert spec.bundle.engine.image == image and obj["spec"]["topology"]["gpusPerReplica"] == 0
+    assert obj["spec"]["topology"]["nodeSelector"] == {"modeldeploy.dev/node-kind": "real"}
+    assert "(real node)" in chaos.table([chaos.Outcome("stable-pod", "Promoted", "real")])
+
+
+def test_kill_pod_process_knows_the_process_and_the_real_node_and_refuses_anything_else() -> None:
+    from modeldeploy_dev import faults
+
+    def cluster(container_id: str, real: bool) -> NS:
+        status = NS(container_statuses=[NS(container_id=container_id)])
+        core = NS(read_namespaced_pod=lambda pod, ns: NS(status=status))
+        return NS(core=core, local=NS(s=NS(real_node=real)))
+
+    with pytest.raises(ValueError, match="no running container"):
+        faults.kill_pod_process(cluster("docker://abc", True), "ns", "p")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no running container"):  # a real-node ID on a cluster without one
+        faults.kill_pod_process(cluster("containerd://abc", False), "ns", "p")  # type: ignore[arg-type]
+
+
+def test_models_pv_is_a_host_path_on_the_process_node_and_local_on_a_real_one(tmp_path: Path) -> None:
+    from modeldeploy_dev.rollout_scenario import models_pv
+
+    made: list[dict] = []
+    core = NS(
+        create_persistent_volume=made.append,
+        create_namespaced_persistent_volume_claim=lambda ns, body: made.append(body),
+    )
+    models_pv(core, "ns", tmp_path)
+    models_pv(core, "ns", tmp_path, node="real-0")
+    host, local = made[0]["spec"], made[2]["spec"]
+    assert host["hostPath"]["path"] == str(tmp_path) and "local" not in host
+    assert local["local"]["path"] == str(tmp_path) and "hostPath" not in local
+    (term,) = local["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == ["real-0"]
+    assert made[1]["spec"]["volumeName"] == made[3]["spec"]["volumeName"] == "ns-models"

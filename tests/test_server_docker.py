@@ -45,21 +45,9 @@ def engine():
         and not Path("/usr/sbin/dockerd").exists()
     ):
         pytest.skip("no Docker engine installed (.ci/run installs docker.io)")
-    started = None
-    if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
-        dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
-        log = open(Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log", "ab")
-        started = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT)
-
-        def up() -> bool:
-            assert started.poll() is None, "dockerd exited (see its log)"
-            return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-
-        wait_until(up, 60, 1, "dockerd to start")
-    yield
-    if started is not None:
-        started.terminate()
-        started.wait(60)
+    with images.docker_engine() as why:  # starts dockerd when none answers, stops only that one
+        assert why is None, why
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -114,17 +114,34 @@ def api_down(cluster: E2ECluster) -> bool:
     return r.stdout.strip() != "ok"
 
 
+def container_pid(local: LocalCluster, container_id: str) -> int:
+    """The host pid of a real-node container's main process (`containerd://<id>`), from `ctr tasks ls`."""
+    cid = container_id.split("://", 1)[1]
+    out = local.real_node().ctr("tasks", "ls").stdout
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if f and f[0] == cid:
+            return int(f[1])
+    raise AssertionError(f"container {cid} not in `ctr tasks ls`:\n{out}")
+
+
 def kill_pod_process(cluster: E2ECluster, ns: str, pod: str) -> int:
-    """SIGKILL the process group of a process-node pod's first container (its container ID is
-    `process://<pid>`), as the OOM killer would; the node restarts it per restartPolicy. Returns
-    the pid killed."""
+    """SIGKILL a pod's first container as the OOM killer would; its node restarts it per
+    restartPolicy. On the process node (container ID `process://<pid>`) the process group; on the
+    real node (`containerd://<id>`) the container's main process, so the runtime sees its task exit.
+    Returns the pid killed."""
     p = cluster.core.read_namespaced_pod(pod, ns)
     cid = (p.status.container_statuses or [None])[0]
-    if cid is None or not (cid.container_id or "").startswith("process://"):
-        raise ValueError(f"pod {ns}/{pod}: not a running process-node container ({cid})")
-    pid = int(cid.container_id.removeprefix("process://"))
-    os.killpg(pid, signal.SIGKILL)
-    return pid
+    ref = (cid.container_id or "") if cid is not None else ""
+    if ref.startswith("process://"):
+        pid = int(ref.removeprefix("process://"))
+        os.killpg(pid, signal.SIGKILL)
+        return pid
+    if ref.startswith("containerd://") and cluster.local is not None and cluster.local.s.real_node:
+        pid = container_pid(cluster.local, ref)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+    raise ValueError(f"pod {ns}/{pod}: no running container of this machine's nodes ({cid})")
 
 
 class Frozen:

@@ -121,11 +121,23 @@ ANALYSIS: dict[str, Any] = {
 
 
 def models_pv(
-    core: Any, ns: str, host_dir: Path, size: str = "1Gi", labels: dict[str, str] | None = None
+    core: Any,
+    ns: str,
+    host_dir: Path,
+    size: str = "1Gi",
+    labels: dict[str, str] | None = None,
+    node: str | None = None,
 ) -> None:
     """PV `<ns>-models` + PVC `models` in `ns` (`core`: a CoreV1Api): `host_dir` (model directories,
-    or symlinks to them) read-only, so a bundle names a model as `pvc://models/<dir>`."""
+    or symlinks to them) read-only, so a bundle names a model as `pvc://models/<dir>`. A hostPath
+    volume for the process node; with `node`, a `local` volume bound to that real node (kubelet
+    mounts it into the container)."""
     pv = f"{ns}-models"
+    source: dict[str, Any] = {"hostPath": {"path": str(host_dir), "type": "Directory"}}
+    if node is not None:
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+        affinity = {"required": {"nodeSelectorTerms": [term]}}
+        source = {"local": {"path": str(host_dir)}, "nodeAffinity": affinity}
     core.create_persistent_volume(
         {
             "metadata": {"name": pv, "labels": labels or {}},
@@ -134,7 +146,7 @@ def models_pv(
                 "accessModes": ["ReadOnlyMany"],
                 "storageClassName": "",
                 "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                **source,
                 "claimRef": {"namespace": ns, "name": "models"},
             },
         }
@@ -161,6 +173,22 @@ def tiny_model_pv(cluster: E2ECluster, ns: str, tmp: Path) -> str:
 
     model = make_tiny_model(tmp / "models" / "tiny-llama")
     models_pv(cluster.core, ns, tmp / "models")
+    return dir_digest(model)
+
+
+def tiny_model_local_pv(cluster: E2ECluster, ns: str, root: Path, node: str = "real-0") -> str:
+    """The tiny model under root/models/tiny-llama behind the `models` PVC as a `local` volume on the
+    real node `node`; returns its digest. Readable by the pod's user: kubelet applies no fsGroup
+    ownership to a read-only volume (seen: PermissionError on model.safetensors, written 0600)."""
+    from modeldeploy.digest import dir_digest
+    from modeldeploy.runtime.tiny_model import make_tiny_model
+
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    (root / "models").chmod(0o755)
+    model = make_tiny_model(root / "models" / "tiny-llama")
+    for f in [model, *model.rglob("*")]:
+        f.chmod(0o755 if f.is_dir() else 0o644)
+    models_pv(cluster.core, ns, root / "models", node=node)
     return dir_digest(model)
 
 

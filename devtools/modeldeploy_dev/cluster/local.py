@@ -138,6 +138,15 @@ class Settings:
     )
 
 
+def real_node_settings() -> Settings:
+    """A cluster of its own with the real node `real-0` only (no process node, no kwok nodes): the
+    real-node e2e and `bench/chaos.py --node real`. Its name is the default one plus `-rn`."""
+    s = Settings(gpu_nodes=0, process_node="", real_node=True)
+    s.name = f"{s.name}-rn"
+    s.bridge, s.pod_cidr = s.node_bridge, s.node_pod_cidr  # no process node: its fields are unused
+    return s
+
+
 class LocalCluster:
     def __init__(self, settings: Settings | None = None) -> None:
         self.s = settings or Settings()

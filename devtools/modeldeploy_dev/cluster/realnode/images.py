@@ -12,6 +12,7 @@ Build times and sizes go to stdout as JSON (bench/results/real_node.md records t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import re
@@ -21,6 +22,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,6 +71,32 @@ def engine_ready() -> str | None:
     if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
         return "no Docker engine answers `docker info` (start dockerd)"
     return None
+
+
+@contextlib.contextmanager
+def docker_engine(timeout: float = 60) -> Iterator[str | None]:
+    """A Docker engine for the duration: yields None once one answers, else why none can (no CLI
+    or no dockerd installed; the caller skips or reports). Starts dockerd when none answers (CI's
+    `make test` has none running) and stops only the one it started."""
+    dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
+    log = Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log"
+    started: subprocess.Popen[bytes] | None = None
+    if engine_ready() and shutil.which("docker") and Path(dockerd).exists():
+        with open(log, "ab") as out:
+            started = subprocess.Popen([dockerd], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while engine_ready() and started.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+    why = engine_ready()
+    if why and started is not None:
+        state = f"exited with {started.returncode}" if started.poll() is not None else "not answering"
+        why = f"the dockerd started here {state} after up to {timeout:.0f}s (see {log}): {why}"
+    try:
+        yield why
+    finally:
+        if started is not None:
+            started.terminate()
+            started.wait(60)
 
 
 def base_image() -> str:
@@ -243,6 +271,15 @@ def build_all(
         for n, (df, a) in todo.items()
         if not only or n in only
     ]
+
+
+def build_runtime_or_operator(registry: str, name: str) -> str:
+    """`name`'s (runtime or operator) reference by digest, built and pushed as the real-node e2e and
+    chaos runs want it: the runtime (6.3 GB) as plain tars, since gzip on one core was minutes of a
+    cold run; the operator by `docker push`, as `make images` does. Prints the build's figures."""
+    (b,) = build_all(registry, [name], uncompressed=("runtime",))
+    print(f"[images] {b.ref} build {b.build_s:.0f}s push {b.push_s:.0f}s size {b.size_bytes / 1e6:.0f} MB")
+    return b.ref
 
 
 ENGINE_LINE = re.compile(r"^(\s*image:\s*)\S+@sha256:[0-9a-f]{64}\s*$", re.M)
