@@ -25,7 +25,7 @@ from modeldeploy.operator.analysis.quality import (
     actual_logprob,
     resolve,
     run_quality,
-    stable_share,
+    serving_share,
 )
 from modeldeploy.operator.analysis.quality_checks import (
     Answer,
@@ -553,15 +553,17 @@ def test_client_asks_a_pod_no_more_at_once_than_its_slots_and_waits_out_429s(coh
     assert stable.most_inflight <= 2  # half the stable pod's slots: production traffic keeps the rest
 
 
-def test_the_gate_leaves_the_stable_pod_half_its_slots_for_production_traffic(cohorts) -> None:
+def test_the_gate_leaves_a_serving_pod_half_its_slots_for_production_traffic(cohorts) -> None:
     """The demo's base cohort saw a 429 during a good bundle's gate: 8 gate requests plus 4 production
-    ones at a maxNumSeqs 8 stable pod with a queue budget. The canary takes no traffic yet: all its slots."""
-    assert [stable_share(n) for n in (1, 2, 3, 8)] == [1, 1, 1, 4]
-    stable, canary = FakeLM(GOOD, -0.5, slots=8), FakeLM(GOOD, -0.5, slots=8)
+    ones at a maxNumSeqs 8 stable pod with a queue budget. In Verifying the canary takes no traffic
+    and the gate may use all its slots; at a step (atEachStep) it serves too and gets the same half."""
+    assert [serving_share(n) for n in (1, 2, 3, 8)] == [1, 1, 1, 4]
     es = resolve(Quality.model_validate({"evalSet": {"inline": ITEMS * 3}}))
-    r = run_quality(Quality(), es, *cohorts(stable, canary), parallel=8)
-    assert r.verdict == "Pass", r.message
-    assert 1 <= stable.most_inflight <= 4 and 1 <= canary.most_inflight <= 8
+    for canary_serving, canary_bound in ((False, 8), (True, 4)):  # Verifying, then a gate at a step
+        stable, canary = FakeLM(GOOD, -0.5, slots=8), FakeLM(GOOD, -0.5, slots=8)
+        r = run_quality(Quality(), es, *cohorts(stable, canary), parallel=8, canary_serving=canary_serving)
+        assert r.verdict == "Pass", r.message
+        assert 1 <= stable.most_inflight <= 4 and 1 <= canary.most_inflight <= canary_bound
 
 
 def test_actual_logprob() -> None:
@@ -785,7 +787,16 @@ def test_at_each_step_holds_each_step_for_its_own_gate() -> None:
     assert progression.policy(spec).quality_each_step
 
 
-def test_observe_runs_a_gate_per_canary_step_with_at_each_step(cohorts) -> None:
+def test_observe_runs_a_gate_per_canary_step_with_at_each_step(cohorts, monkeypatch) -> None:
+    from modeldeploy.operator.controller import observe
+
+    serving: list[bool] = []  # a step's gate tells run_quality the canary serves production traffic too
+
+    def spy(*a, canary_serving: bool = False, **k):  # noqa: ANN002, ANN003, ANN202
+        serving.append(canary_serving)
+        return run_quality(*a, canary_serving=canary_serving, **k)
+
+    monkeypatch.setattr(observe, "run_quality", spy)
     s, c = cohorts(FakeLM(GOOD, -0.5), FakeLM(GOOD, -0.5))
     observer, runner, obj = _observer_world(
         {"evalSet": {"inline": ITEMS}, "atEachStep": True}, s.url, c.url, None
@@ -796,3 +807,4 @@ def test_observe_runs_a_gate_per_canary_step_with_at_each_step(cohorts) -> None:
     r = observer.observe(obj).quality
     assert r is not None and (r.verdict, r.step) == ("Pass", 1)
     assert not runner.has(("uid-1", "new", -1))  # the Verifying gate is not rerun in Canary
+    assert serving == [True]

@@ -172,8 +172,9 @@ def actual_logprob(entry: dict[str, Any]) -> float:
     return float(first["logprob"] if isinstance(first, dict) else first)
 
 
-def stable_share(slots: int) -> int:
-    """Requests the gate keeps in flight at the stable pod: half its running slots, at least one."""
+def serving_share(slots: int) -> int:
+    """Requests the gate keeps in flight at a pod that serves production traffic meanwhile: half its
+    running slots, at least one."""
     return max(1, slots // 2)
 
 
@@ -185,18 +186,21 @@ def run_quality(
     timeout_s: float = 60.0,
     parallel: int = 8,
     clock: Callable[[], float] = time.monotonic,
+    canary_serving: bool = False,
 ) -> QualityResult:
-    """Ask both pods, compute the figures and the verdict (no Kubernetes: the caller found the pods)."""
+    """Ask both pods, compute the figures and the verdict (no Kubernetes: the caller found the pods).
+    `canary_serving`: the canary takes production traffic too (a gate at a canary step)."""
     t0 = clock()
     s, c = _Client(stable, timeout_s), _Client(canary, timeout_s)
     try:
         items = list(es.items)
         n = range(len(items))
-        # Both pods at once, up to `parallel` requests each but never more than the pod's slots. The
-        # stable pod serves all production traffic meanwhile: the gate takes at most half its slots,
-        # so production requests still find a free slot instead of queueing behind the gate until
-        # the pod's queue budget refuses them (429) during a rollout.
-        s_n, c_n = min(parallel, stable_share(s.slots)), min(parallel, c.slots)
+        # Both pods at once, up to `parallel` requests each but never more than the pod's slots. A pod
+        # that serves production traffic meanwhile (stable always, the canary at a step) gives the
+        # gate at most half its slots, so production requests still find a free slot instead of
+        # queueing behind the gate until the pod's queue budget refuses them (429).
+        s_n = min(parallel, serving_share(s.slots))
+        c_n = min(parallel, serving_share(c.slots) if canary_serving else c.slots)
         with ThreadPoolExecutor(s_n) as sp, ThreadPoolExecutor(c_n) as cp:
             s_fut, c_fut = sp.map(s.answer, items), cp.map(c.answer, items)
             s_ans, c_ans = list(s_fut), list(c_fut)

@@ -372,7 +372,9 @@ class Observer:
                 cohorts = Cohort(pod_url(stable_ips[0])), Cohort(pod_url(canary_ips[0]))
                 # per request as long as the whole gate may take: a slow pod is the machine's timeout
                 # (QualityTimeout), not a read timeout misread as a failed gate
-                out = run_quality(q, es, *cohorts, timeout_s=q.timeout_seconds)
+                out = run_quality(
+                    q, es, *cohorts, timeout_s=q.timeout_seconds, canary_serving=step is not None
+                )
             metrics.QUALITY_GATES.labels(out.verdict, out.reason).inc()
             if out.seconds is not None:
                 metrics.QUALITY_SECONDS.observe(out.seconds)
