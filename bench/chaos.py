@@ -3,7 +3,7 @@ in the middle of a rollout's analysis, and the rollout must still end as its pol
 
   .venv/bin/python bench/chaos.py
       [--cases apiserver,etcd,metrics-hold,metrics-rollback,partition-prometheus,partition-operator,
-               stable-pod,node-lost,node-lost-rollback]
+               stable-pod,node-lost,node-lost-rollback,node-partition]
       [--node process|real] [--out bench/results/chaos.json]
 
 Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
@@ -16,7 +16,7 @@ one step (50 %) pauses long enough for the fault to land while the canary is bei
 real-node cluster (`modeldeploy cluster up --real-node`: kubelet, containerd, runc, CNI; its own
 cluster, brought up and taken down the same way), the pods are containers of the runtime image,
 built here and pulled by digest from the node's registry, the model on a `local` volume of
-`real-0`. Every case but node-lost runs there: the real-node cluster has one node, which holds both
+`real-0`. Every case but the node-lost ones runs there: the real-node cluster has one node, which holds both
 cohorts, so there is no node to lose the canary alone with. The cases:
 
 - apiserver: kube-apiserver SIGKILLed, down 10 s, restarted (`kwokctl start cluster`): promoted.
@@ -46,6 +46,13 @@ cohorts, so there is no node to lose the canary alone with. The cases:
   Kubernetes alone takes ~9 minutes to replace the pods; with less, ProgressDeadlineExceeded.
 - node-lost-rollback: the same loss with onInconclusive Rollback: rolled back, AnalysisInconclusive,
   when the step's pause ends, without waiting for Kubernetes to notice the node.
+- node-partition: the same node, but only its agent (kubelet and container runtime) is SIGKILLed:
+  the canary pods keep running and answering (a node cut off from the control plane only). Nothing
+  changes for the clients until the node controller marks the node NotReady and its pods unready
+  (out of the endpoints and of the analysis), then evicts them; the step's pause (400 s) is long
+  enough for that to happen inside it. onInconclusive Hold: held, then the replacements on the home
+  node are judged: promoted. (The unreachable variant, the pods running but cut off from everyone,
+  is node-lost to every client and to the operator.)
 
 Each case passes when: the final phase and decision are the policy's; each decision Event is
 posted once; no stable request failed (stable-pod: none on the stable pod that was not killed; the
@@ -105,6 +112,7 @@ CASES = (
     "stable-pod",
     "node-lost",
     "node-lost-rollback",
+    "node-partition",
 )
 # the cases whose policy (onInconclusive Rollback) ends in a rollback
 ROLLBACK = ("metrics-rollback", "partition-operator", "node-lost-rollback")
@@ -114,7 +122,10 @@ BUNDLE = "modeldeploy.dev/bundle"
 NODE_LOST_WAIT_S = 1200
 NODE_LOST_DEADLINE_S = 1200
 # node-lost needs a second node that holds the canary alone: the real-node cluster has one
-NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback")
+NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback", "node-partition")
+# node-partition: the pods still serve, so the step must outlast the node controller's grace period
+# (kwokctl's 3m20s) for the fault to show inside it
+PARTITION_PAUSE_S = 400
 REAL_NODE = "real-0"
 # the first pods on the real node pull the 6.3 GB runtime image from the node's registry
 REAL_READY_S = 900
@@ -157,7 +168,7 @@ class Outcome:
     decisions: dict[str, int] = field(default_factory=dict)
     stable_failed: int = 0
     killed_pod_failed: int = 0
-    lost_canary_failed: int = 0  # node-lost: requests on the lost node's canary pods
+    lost_canary_failed: int = 0  # node-lost, node-partition: requests on the lost node's canary pods
     requests: int = 0
     notes: list[str] = field(default_factory=list)
     passed: bool = False
@@ -263,20 +274,21 @@ def run_case(
             analysis["onInconclusive"] = "Rollback"
         real = node.kind == "real"
         digest = (tiny_model_local_pv if real else tiny_model_pv)(cluster, ns, work / case)
-        obj = tiny_spec(NAME, digest, steps=[{"weight": 50, "pauseSeconds": 30}], analysis=analysis)
+        pause = PARTITION_PAUSE_S if case == "node-partition" else 30
+        obj = tiny_spec(NAME, digest, steps=[{"weight": 50, "pauseSeconds": pause}], analysis=analysis)
         obj["spec"]["replicas"] = 2
         node.spec(obj)
-        if case.startswith("node-lost"):
+        if case.startswith("node-"):
             obj["spec"]["rollout"]["progressDeadlineSeconds"] = NODE_LOST_DEADLINE_S
         create(cluster, ns, obj)
         ready_s = REAL_READY_S if real else 300
         md = wait_md(cluster, ns, NAME, stable_and_ready, ready_s, f"{NAME} Stable and Ready")
         old = md["status"]["stable"]["bundle"]
         stable_pods = pods_of(cluster, ns, old)
-        if case.startswith("node-lost"):
-            spare = node = faults.SpareNode(cluster, work / "proc-1")
-            node.start()
-            out.notes.append(f"spare node {node.name}: bridge {node.bridge}, pods on {node.cidr}")
+        if case.startswith("node-"):
+            spare = faults.SpareNode(cluster, work / "proc-1")
+            spare.start()
+            out.notes.append(f"spare node {spare.name}: bridge {spare.bridge}, pods on {spare.cidr}")
         with Load(cluster.api, ns, NAME, workers=3, max_seconds=900 if spare is None else 1800) as load:
             time.sleep(3)  # both cohorts' load established before the change
             if spare is not None:
@@ -301,7 +313,7 @@ def run_case(
                     inconclusive_or_decided(cluster, ns, NAME, clock, hold, out)
                 clock.mark("recovered")
             elif spare is not None:
-                lost = node_lost(cluster, ns, clock, spare, home, out)
+                lost = node_lost(cluster, ns, clock, spare, home, out, pods_too=case != "node-partition")
             else:
                 now_stable = wait_until(  # the step scales stable down (Replace): wait until it has
                     lambda: settled(cluster, ns, old), 120, 0.5, "the stable cohort at its step's size"
@@ -365,12 +377,19 @@ def partition(
 
 
 def node_lost(
-    cluster: E2ECluster, ns: str, clock: Clock, spare: faults.SpareNode, home: str, out: Outcome
+    cluster: E2ECluster,
+    ns: str,
+    clock: Clock,
+    spare: faults.SpareNode,
+    home: str,
+    out: Outcome,
+    pods_too: bool = True,
 ) -> set[str]:
-    """The spare node, holding every canary pod, loses power; watch until the rollout decides and
-    return the lost pods' IPs. Marks: fault; detected (the operator's first analysis after the
-    fault without canary figures); node NotReady, pods unready, evicted (the node and taint-eviction
-    controllers); recovered (a replacement canary pod Ready on another node)."""
+    """The spare node, holding every canary pod, loses power (`pods_too`; else only its agent dies
+    and the pods keep serving); watch until the rollout decides and return the lost pods' IPs.
+    Marks: fault; detected (the operator's first analysis after the fault without canary figures);
+    node NotReady, pods unready, evicted (the node and taint-eviction controllers); recovered (a
+    replacement canary pod Ready on another node)."""
     canary = get_md(cluster, ns, NAME)["status"]["canary"]["bundle"]
     placed = wait_until(lambda: canary_placed(cluster, ns, canary), 120, 0.5, "every canary pod bound")
     off = sorted(n for n, node in placed.items() if node != spare.name)
@@ -379,7 +398,7 @@ def node_lost(
     ips = pods_of(cluster, ns, canary)
     lost_pods = {p: ips.get(p, "") for p in placed}  # "": bound, not started yet
     before = (get_md(cluster, ns, NAME)["status"].get("lastAnalysis") or {}).get("time")
-    clock.mark("fault", spare.lose())
+    clock.mark("fault", spare.lose(pods=pods_too))
     faults.cordon(cluster, home, False)  # the healthy node takes the replacements
     out.notes.append(f"lost with {spare.name}: canary pods {lost_pods}")
     deadline = time.monotonic() + NODE_LOST_WAIT_S
@@ -558,7 +577,7 @@ def table(outcomes: list[Outcome]) -> str:
         failed = f"{o.stable_failed} of {o.requests}"
         if o.case == "stable-pod":
             failed += f" (+{o.killed_pod_failed} on the killed pod)"
-        if o.case.startswith("node-lost"):
+        if o.case.startswith("node-"):
             failed += f" (+{o.lost_canary_failed} on the lost canary pods)"
         rows.append(
             f"| {case} | {t.get('fault', '-')} | {t.get('detected', '-')} | {t.get('recovered', '-')} | "

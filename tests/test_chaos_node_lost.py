@@ -204,3 +204,33 @@ def test_models_pv_is_a_host_path_on_the_process_node_and_local_on_a_real_one(tm
     (term,) = local["nodeAffinity"]["required"]["nodeSelectorTerms"]
     assert term["matchExpressions"][0]["values"] == ["real-0"]
     assert made[1]["spec"]["volumeName"] == made[3]["spec"]["volumeName"] == "ns-models"
+
+
+def test_a_partitioned_node_loses_its_agent_only_and_a_lost_one_its_pods_too(tmp_path: Path) -> None:
+    """node-partition: the agent SIGKILLed, the pod processes (their own process groups, recorded
+    under <state>/pods) still running; node-lost: those killed as well. Real processes, no cluster."""
+    import subprocess
+
+    from modeldeploy_dev.faults import SpareNode
+    from modeldeploy_dev.procnode.pids import alive, proc_start_time
+
+    assert "node-partition" in chaos.CASES and "node-partition" in chaos.NOT_ON_REAL_NODE
+    for pods_too in (False, True):
+        state = tmp_path / f"state-{pods_too}"
+        (state / "pods" / "p").mkdir(parents=True)
+        pod = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        agent = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        try:
+            (state / "pods" / "p" / "c.pid").write_text(f"{pod.pid} {proc_start_time(pod.pid)}")
+            node = SpareNode.__new__(SpareNode)  # no cluster: lose() touches processes only
+            node.state, node.proc, node.lost = state, agent, False
+            node.bridge, node.cidr = "mdlost-none", "10.244.159.0/24"
+            node.lose(pods=pods_too)
+            assert agent.poll() is not None and node.lost
+            pod_alive = pod.poll() is None and alive(pod.pid)
+            assert pod_alive is not pods_too, (pods_too, pod.poll())
+        finally:
+            for p in (pod, agent):
+                if p.poll() is None:
+                    p.kill()
+                p.wait(10)

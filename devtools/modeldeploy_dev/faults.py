@@ -308,12 +308,16 @@ class SpareNode:
                 return False
             raise
 
-    def lose(self) -> float:
-        """The power loss (see the class); returns the time.monotonic() when it is complete."""
+    def lose(self, pods: bool = True) -> float:
+        """The power loss (see the class); returns the time.monotonic() when it is complete. With
+        `pods=False` only the agent dies (a node cut off from the control plane): the pods' processes,
+        in process groups of their own, keep running and answering on their addresses."""
         assert self.proc is not None, "lose() before start()"
         self.lost = True
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
+        if not pods:
+            return time.monotonic()
         kill_leftovers(self.state)  # the pods' processes: their own process groups, not the agent's
         net = Network(self.bridge, self.cidr)
         for ns in net.existing():
