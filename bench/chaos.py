@@ -3,7 +3,7 @@ in the middle of a rollout's analysis, and the rollout must still end as its pol
 
   .venv/bin/python bench/chaos.py
       [--cases apiserver,etcd,metrics-hold,metrics-rollback,partition-prometheus,partition-operator,
-               stable-pod,node-lost,node-lost-rollback,node-partition]
+               stable-pod,node-lost,node-lost-rollback,node-lost-replace,node-partition]
       [--node process|real] [--out bench/results/chaos.json]
 
 Against the local cluster (`modeldeploy cluster up`; brought up here if it is not running, and
@@ -46,6 +46,10 @@ cohorts, so there is no node to lose the canary alone with. The cases:
   Kubernetes alone takes ~9 minutes to replace the pods; with less, ProgressDeadlineExceeded.
 - node-lost-rollback: the same loss with onInconclusive Rollback: rolled back, AnalysisInconclusive,
   when the step's pause ends, without waiting for Kubernetes to notice the node.
+- node-lost-replace: node-lost-rollback under capacity Replace (minAvailable 1): the step scales
+  stable down to one pod to make room for the canary's one, the canary's node is lost, the rollback
+  (AnalysisInconclusive) brings stable back to two Ready pods on the home node; the stable cohort
+  must not fail a request while it runs on one pod, nor while it grows back.
 - node-partition: the same node, but only its agent (kubelet and container runtime) is SIGKILLed:
   the canary pods keep running and answering (a node cut off from the control plane only). Nothing
   changes for the clients until the node controller marks the node NotReady and its pods unready
@@ -112,17 +116,18 @@ CASES = (
     "stable-pod",
     "node-lost",
     "node-lost-rollback",
+    "node-lost-replace",
     "node-partition",
 )
 # the cases whose policy (onInconclusive Rollback) ends in a rollback
-ROLLBACK = ("metrics-rollback", "partition-operator", "node-lost-rollback")
+ROLLBACK = ("metrics-rollback", "partition-operator", "node-lost-rollback", "node-lost-replace")
 BUNDLE = "modeldeploy.dev/bundle"
 # node-lost: NotReady after up to 225 s, the lost pods' 300 s toleration, their replacements loading and
 # analysed: within the case's progress deadline; bounded by it, so a rollout that never decides fails
 NODE_LOST_WAIT_S = 1200
 NODE_LOST_DEADLINE_S = 1200
 # node-lost needs a second node that holds the canary alone: the real-node cluster has one
-NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback", "node-partition")
+NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback", "node-lost-replace", "node-partition")
 # node-partition: the pods still serve, so the step must outlast the node controller's grace period
 # (kwokctl's 3m20s) for the fault to show inside it
 PARTITION_PAUSE_S = 400
@@ -270,7 +275,7 @@ def run_case(
                 "prometheus": {"address": prom.url},
                 "onInconclusive": "Rollback" if case in ROLLBACK else "Hold",
             }
-        elif case in ROLLBACK:  # partition-operator, node-lost-rollback: the operator's own scrape
+        elif case in ROLLBACK:  # partition-operator, node-lost-*: the operator's own scrape
             analysis["onInconclusive"] = "Rollback"
         real = node.kind == "real"
         digest = (tiny_model_local_pv if real else tiny_model_pv)(cluster, ns, work / case)
@@ -280,6 +285,8 @@ def run_case(
         node.spec(obj)
         if case.startswith("node-"):
             obj["spec"]["rollout"]["progressDeadlineSeconds"] = NODE_LOST_DEADLINE_S
+        if case == "node-lost-replace":  # one of the two stable pods makes room for the canary's one
+            obj["spec"]["rollout"] |= {"capacity": "Replace", "minAvailable": 1}
         create(cluster, ns, obj)
         ready_s = REAL_READY_S if real else 300
         md = wait_md(cluster, ns, NAME, stable_and_ready, ready_s, f"{NAME} Stable and Ready")
@@ -332,11 +339,19 @@ def run_case(
             wait = 600 if spare is None else 30  # node-lost: node_lost() waited for the decision
             done = wait_md(cluster, ns, NAME, phase_is("Stable"), wait, "the rollout decided")
             clock.mark("decided")
+            if case == "node-lost-replace":  # the rollback grows stable back: its new pod is stable too
+                back = wait_until(
+                    lambda: ready_pods_of(cluster, ns, old, 2), 300, 0.5, "stable back to 2 Ready pods"
+                )
+                clock.mark("stable restored")
+                out.notes.append(f"stable back to 2 Ready pods at {clock.marks['stable restored']} s: {back}")
+                stable_pods |= back
+                time.sleep(5)  # the restored pod in the endpoints and under load
         out.notes.append(f"work dir (operator log, Prometheus data): {work}")
+        out.timeline = clock.marks
         judge(out, cluster, ns, done, old, stable_pods, killed, load, lost)
         tracebacks = op.log.read_text(errors="replace").count("Traceback") if op.log.exists() else 0
         out.notes.append(f"operator log: {tracebacks} traceback(s)")
-        out.timeline = clock.marks
         out.notes += [
             f"supervisor restarted {', '.join(cs)} at {t - clock.t0:.1f} s"
             for t, cs in sup.restarts
@@ -500,6 +515,8 @@ def judge(
     out.passed = out.decision == out.expected and out.phase == "Stable" and once and out.stable_failed == 0
     if out.case in ROLLBACK:
         out.passed = out.passed and out.reason == "AnalysisInconclusive"
+    if out.case == "node-lost-replace":
+        out.passed = out.passed and "stable restored" in out.timeline
 
 
 def inconclusive_or_decided(
@@ -534,6 +551,14 @@ def pods_of(cluster: E2ECluster, ns: str, bundle: str) -> dict[str, str]:
         for p in pods
         if p.status.pod_ip and p.metadata.deletion_timestamp is None and p.status.phase == "Running"
     }
+
+
+def ready_pods_of(cluster: E2ECluster, ns: str, bundle: str, want: int) -> dict[str, str] | None:
+    """The bundle's pods by name -> IP once `want` of them are Ready and none is terminating."""
+    pods = cluster.core.list_namespaced_pod(ns, label_selector=f"{BUNDLE}={bundle}").items
+    live = [p for p in pods if p.metadata.deletion_timestamp is None and p.spec.node_name]
+    ok = {p.metadata.name: p.status.pod_ip for p in live if pod_is_ready(p) and p.status.pod_ip}
+    return ok if len(ok) == want else None
 
 
 def settled(cluster: E2ECluster, ns: str, bundle: str) -> dict[str, str] | None:

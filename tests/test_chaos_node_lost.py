@@ -234,3 +234,39 @@ def test_a_partitioned_node_loses_its_agent_only_and_a_lost_one_its_pods_too(tmp
                 if p.poll() is None:
                     p.kill()
                 p.wait(10)
+
+
+def test_node_lost_replace_passes_only_once_stable_is_back_to_full_size() -> None:
+    """Under Replace the rollback must grow stable back (its new pod's requests count as stable)."""
+    assert "node-lost-replace" in chaos.ROLLBACK and "node-lost-replace" in chaos.NOT_ON_REAL_NODE
+    reasons = ["NewBundle", "CanaryReady", "ConformancePassed", "RolledBack"]
+    events = [
+        NS(involved_object=NS(name=chaos.NAME), metadata=NS(creation_timestamp=i), reason=r, message="")
+        for i, r in enumerate(reasons)
+    ]
+    cluster = NS(core=NS(list_namespaced_event=lambda ns: NS(items=events)))
+    done = {
+        "status": {
+            "phase": "Stable",
+            "stable": {"bundle": "old"},
+            "failedBundles": ["new"],
+            "rollout": {"reason": "AnalysisInconclusive"},
+        }
+    }
+    stable = {"s-1": "10.244.0.2", "s-3": "10.244.0.4"}  # s-3: the pod the rollback brought back
+    for marks, restored_fail, passed in (
+        ({}, 0, False),
+        ({"stable restored": 70.0}, 0, True),
+        ({"stable restored": 70.0}, 1, False),
+    ):
+        load = NS(
+            by_ip=lambda f=restored_fail: {
+                "10.244.0.2": Counter({200: 40}),
+                "10.244.0.4": Counter({200: 5, 503: f}),
+                "10.244.150.2": Counter({0: 3}),
+            },
+            api_errors=Counter(),
+        )
+        out = chaos.Outcome("node-lost-replace", "RolledBack", timeline=dict(marks))
+        chaos.judge(out, cluster, "ns", done, "old", stable, None, load, {"10.244.150.2"})
+        assert (out.passed, out.stable_failed, out.lost_canary_failed) == (passed, restored_fail, 3), out
