@@ -16,8 +16,8 @@ one step (50 %) pauses long enough for the fault to land while the canary is bei
 real-node cluster (`modeldeploy cluster up --real-node`: kubelet, containerd, runc, CNI; its own
 cluster, brought up and taken down the same way), the pods are containers of the runtime image,
 built here and pulled by digest from the node's registry, the model on a `local` volume of
-`real-0`. Every case but the node-lost ones runs there: the real-node cluster has one node, which holds both
-cohorts, so there is no node to lose the canary alone with. The cases:
+`real-0`. Every case runs there but the node ones (node-lost*, node-partition): the real-node cluster
+has one node, which holds both cohorts, so there is no node to lose the canary alone with. The cases:
 
 - apiserver: kube-apiserver SIGKILLed, down 10 s, restarted (`kwokctl start cluster`): promoted.
 - etcd: etcd SIGKILLed, down 10 s, restarted: promoted.
@@ -278,7 +278,10 @@ def run_case(
         elif case in ROLLBACK:  # partition-operator, node-lost-*: the operator's own scrape
             analysis["onInconclusive"] = "Rollback"
         real = node.kind == "real"
-        digest = (tiny_model_local_pv if real else tiny_model_pv)(cluster, ns, work / case)
+        if real:
+            digest = tiny_model_local_pv(cluster, ns, work / case, REAL_NODE)
+        else:
+            digest = tiny_model_pv(cluster, ns, work / case)
         pause = PARTITION_PAUSE_S if case == "node-partition" else 30
         obj = tiny_spec(NAME, digest, steps=[{"weight": 50, "pauseSeconds": pause}], analysis=analysis)
         obj["spec"]["replicas"] = 2
