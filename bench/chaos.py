@@ -343,10 +343,8 @@ def run_case(
             done = wait_md(cluster, ns, NAME, phase_is("Stable"), wait, "the rollout decided")
             clock.mark("decided")
             if case == "node-lost-replace":  # the rollback grows stable back: its new pod is stable too
-                back = wait_until(
-                    lambda: ready_pods_of(cluster, ns, old, 2), 300, 0.5, "stable back to 2 Ready pods"
-                )
-                clock.mark("stable restored")
+                assert spare is not None
+                back = stable_restored(cluster, ns, old, spare.name, clock, out)
                 out.notes.append(f"stable back to 2 Ready pods at {clock.marks['stable restored']} s: {back}")
                 stable_pods |= back
                 time.sleep(5)  # the restored pod in the endpoints and under load
@@ -554,6 +552,30 @@ def pods_of(cluster: E2ECluster, ns: str, bundle: str) -> dict[str, str]:
         for p in pods
         if p.status.pod_ip and p.metadata.deletion_timestamp is None and p.status.phase == "Running"
     }
+
+
+def stable_restored(
+    cluster: E2ECluster, ns: str, old: str, lost: str, clock: Clock, out: Outcome
+) -> dict[str, str]:
+    """Wait (up to NODE_LOST_WAIT_S) until the rolled-back stable has its 2 Ready pods again and mark
+    `stable restored`. Until the node controller's grace period ends the lost node is Ready in the
+    API, so the scheduler may bind the rollback's new pod there: it then waits for the node to go
+    NotReady and for the taint-eviction controller, as the lost canary pods do. Noted when it happens."""
+    deadline, seen = time.monotonic() + NODE_LOST_WAIT_S, False
+    while time.monotonic() < deadline:
+        pods = cluster.core.list_namespaced_pod(ns, label_selector=f"{BUNDLE}={old}").items
+        if not seen and any(p.spec.node_name == lost for p in pods):
+            seen = True
+            clock.mark("stable pod bound to the lost node")
+            out.notes.append(
+                f"the rollback's new stable pod was bound to the lost node {lost} at "
+                f"{clock.marks['stable pod bound to the lost node']} s (still Ready in the API)"
+            )
+        if back := ready_pods_of(cluster, ns, old, 2):
+            clock.mark("stable restored")
+            return back
+        time.sleep(1)
+    raise TimeoutError(f"stable {old} not back to 2 Ready pods within {NODE_LOST_WAIT_S} s")
 
 
 def ready_pods_of(cluster: E2ECluster, ns: str, bundle: str, want: int) -> dict[str, str] | None:
