@@ -444,6 +444,8 @@ def node_lost(
         if fresh and "recovered" not in clock.marks:
             clock.mark("recovered")
             out.notes.append(f"replacement canary pods Ready on {sorted({p.spec.node_name for p in fresh})}")
+        if st.get("phase") == "RollingBack":  # decided; Replace's StableFirst restore may hold it there
+            clock.mark("rolling back")
         if st.get("phase") == "Stable":
             break
         time.sleep(1)
