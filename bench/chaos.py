@@ -299,7 +299,11 @@ def run_case(
             spare = faults.SpareNode(cluster, work / "proc-1")
             spare.start()
             out.notes.append(f"spare node {spare.name}: bridge {spare.bridge}, pods on {spare.cidr}")
-        with Load(cluster.api, ns, NAME, workers=3, max_seconds=900 if spare is None else 1800) as load:
+        # bounded in time and count; the count so that it never ends a case early: the node cases run
+        # ~10 minutes at up to ~90 requests/s here (the default 50,000 stopped node-partition's load
+        # before its replacements took any traffic, so its analysis had no canary sample)
+        seconds, count = (900, 200_000) if spare is None else (1800, 400_000)
+        with Load(cluster.api, ns, NAME, workers=3, max_requests=count, max_seconds=seconds) as load:
             time.sleep(3)  # both cohorts' load established before the change
             if spare is not None:
                 faults.cordon(cluster, home)  # the canary's pods can go to the spare node only
@@ -509,6 +513,8 @@ def judge(
         return sum(n for ip in ips for code, n in by_ip.get(ip, Counter()).items() if code != 200)
 
     out.requests = sum(sum(c.values()) for c in by_ip.values())
+    if out.requests >= load.max_requests:
+        out.notes.append(f"the load reached its bound of {load.max_requests} requests before the case ended")
     out.stable_failed = failed(set(stable_pods.values()) - {killed_ip or ""})
     out.killed_pod_failed = failed({killed_ip}) if killed_ip else 0
     out.lost_canary_failed = failed(lost or set())

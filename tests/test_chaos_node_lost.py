@@ -71,7 +71,7 @@ def _judge(by_ip: dict[str, Counter], reasons: list[str]) -> chaos.Outcome:
     ]
     cluster = NS(core=NS(list_namespaced_event=lambda ns: NS(items=events)))
     done = {"status": {"phase": "Stable", "stable": {"bundle": "new"}, "rollout": {"reason": "Promoted"}}}
-    load = NS(by_ip=lambda: by_ip, api_errors=Counter())
+    load = NS(by_ip=lambda: by_ip, api_errors=Counter(), max_requests=50_000)
     stable = {"s-1": "10.244.0.2", "s-2": "10.244.0.3"}
     chaos.judge(out, cluster, "ns", done, "old", stable, None, load, {"10.244.150.2"})
     return out
@@ -142,7 +142,7 @@ def test_the_partition_cases_are_known_and_operator_one_must_roll_back_as_inconc
         for i, r in enumerate(["NewBundle", "CanaryReady", "ConformancePassed", "RolledBack"])
     ]
     cluster = NS(core=NS(list_namespaced_event=lambda ns: NS(items=events)))
-    load = NS(by_ip=lambda: {"10.244.0.2": Counter({200: 20})}, api_errors=Counter())
+    load = NS(by_ip=lambda: {"10.244.0.2": Counter({200: 20})}, api_errors=Counter(), max_requests=50_000)
     for reason, passed in (("AnalysisInconclusive", True), ("AnalysisFailed", False)):
         out = chaos.Outcome("partition-operator", "RolledBack")
         done = {
@@ -266,6 +266,7 @@ def test_node_lost_replace_passes_only_once_stable_is_back_to_full_size() -> Non
                 "10.244.150.2": Counter({0: 3}),
             },
             api_errors=Counter(),
+            max_requests=50_000,
         )
         out = chaos.Outcome("node-lost-replace", "RolledBack", timeline=dict(marks))
         chaos.judge(out, cluster, "ns", done, "old", stable, None, load, {"10.244.150.2"})
