@@ -111,3 +111,35 @@ def test_examples_are_pinned_to_the_pushed_images(tmp_path: Path) -> None:
     values = yaml.safe_load((tmp_path / "operator-values.yaml").read_text())
     assert values["image"] == {"repository": op.split("@")[0], "digest": "sha256:" + "b" * 64}
     assert len(written) >= 3
+
+
+def _fake_bin(d: Path, name: str, body: str) -> None:
+    f = d / name
+    f.write_text(f"#!/bin/sh\n{body}\n")
+    f.chmod(0o755)
+
+
+def test_docker_engine_uses_a_running_one_skips_without_one_and_fails_a_broken_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """images.docker_engine with stand-in `docker` and `dockerd` executables on PATH (real processes):
+    an engine that answers is used as is; no dockerd installed is a reason (callers skip); a dockerd
+    started here that never answers raises (installed but broken must fail, not skip)."""
+    from modeldeploy_dev.cluster.realnode import images
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    monkeypatch.setenv("PATH", str(bins))
+    dockerd = str(bins / "dockerd")
+    _fake_bin(bins, "docker", "exit 0")  # `docker info` answers
+    with images.docker_engine(timeout=3, dockerd=dockerd) as why:
+        assert why is None
+    _fake_bin(bins, "docker", "exit 1")  # no engine answers, and no dockerd installed
+    with images.docker_engine(timeout=3, dockerd=dockerd) as why:
+        assert why is not None and "docker info" in why
+    _fake_bin(bins, "dockerd", "exit 3")  # installed, exits at once
+    with pytest.raises(RuntimeError, match="exited with 3"), images.docker_engine(timeout=3, dockerd=dockerd):
+        pass
+    _fake_bin(bins, "dockerd", "exec /bin/sleep 30")  # installed, never answers: stopped again, then raised
+    with pytest.raises(RuntimeError, match="not answering"), images.docker_engine(timeout=2, dockerd=dockerd):
+        pass

@@ -74,11 +74,13 @@ def engine_ready() -> str | None:
 
 
 @contextlib.contextmanager
-def docker_engine(timeout: float = 60) -> Iterator[str | None]:
-    """A Docker engine for the duration: yields None once one answers, else why none can (no CLI
-    or no dockerd installed; the caller skips or reports). Starts dockerd when none answers (CI's
-    `make test` has none running) and stops only the one it started."""
-    dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
+def docker_engine(timeout: float = 60, dockerd: str | None = None) -> Iterator[str | None]:
+    """A Docker engine for the duration: yields None once one answers, else why none can be had (no
+    CLI or no dockerd installed: the caller skips or reports). Starts dockerd when none answers
+    (CI's `make test` has none running) and stops only the one it started; one that it started and
+    that does not answer within `timeout` raises RuntimeError (installed but broken is a failure,
+    never a skip)."""
+    dockerd = dockerd or shutil.which("dockerd") or "/usr/sbin/dockerd"
     log = Path(tempfile.gettempdir()) / "modeldeploy-dockerd.log"
     started: subprocess.Popen[bytes] | None = None
     if engine_ready() and shutil.which("docker") and Path(dockerd).exists():
@@ -90,7 +92,10 @@ def docker_engine(timeout: float = 60) -> Iterator[str | None]:
     why = engine_ready()
     if why and started is not None:
         state = f"exited with {started.returncode}" if started.poll() is not None else "not answering"
-        why = f"the dockerd started here {state} after up to {timeout:.0f}s (see {log}): {why}"
+        if started.poll() is None:
+            started.terminate()
+            started.wait(60)
+        raise RuntimeError(f"the dockerd started here {state} after up to {timeout:.0f}s (see {log}): {why}")
     try:
         yield why
     finally:
