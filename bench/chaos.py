@@ -81,6 +81,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 
 from modeldeploy_dev import faults
@@ -132,6 +133,7 @@ NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback", "node-lost-replace", "nod
 # (kwokctl's 3m20s) for the fault to show inside it
 PARTITION_PAUSE_S = 400
 REAL_NODE = "real-0"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "modeldeployment-tiny.yaml"
 # the first pods on the real node pull the 6.3 GB runtime image from the node's registry
 REAL_READY_S = 900
 # how a failed API call shows in the operator's log (urllib3 / kubernetes client / kopf wording)
@@ -150,14 +152,15 @@ class Node:
     image: str = ""
 
     def spec(self, obj: dict[str, Any]) -> None:
-        """Point a tiny_spec at the real node: the runtime image, its node, the example's resources
-        (two processes importing torch need more than the process node's 1 GiB limit)."""
+        """Point a tiny_spec at the real node: the runtime image, its node, the resources of
+        examples/modeldeployment-tiny.yaml (two processes importing torch need more than the
+        process node's 1 GiB limit)."""
         if self.kind != "real":
             return
         spec = obj["spec"]
         spec["bundle"]["engine"]["image"] = self.image
         spec["topology"] = {"gpusPerReplica": 0, "nodeSelector": {"modeldeploy.dev/node-kind": "real"}}
-        spec["resources"] = {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
+        spec["resources"] = yaml.safe_load(EXAMPLE.read_text())["spec"]["resources"]
         spec["readiness"] = {"loadTimeoutSeconds": 300}
 
 

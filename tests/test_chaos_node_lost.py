@@ -171,6 +171,7 @@ def test_real_node_refuses_the_node_lost_cases_and_points_a_spec_at_the_runtime_
     spec = ModelDeploymentSpec.model_validate(obj["spec"])  # still a valid spec
     assert spec.bundle.engine.image == image and obj["spec"]["topology"]["gpusPerReplica"] == 0
     assert obj["spec"]["topology"]["nodeSelector"] == {"modeldeploy.dev/node-kind": "real"}
+    assert obj["spec"]["resources"]["limits"]["memory"] == "3Gi"  # the example's, not the process node's 1Gi
     assert "(real node)" in chaos.table([chaos.Outcome("stable-pod", "Promoted", "real")])
 
 
