@@ -283,6 +283,34 @@ def test_api_key_guards_v1_only(llama_dir):
         assert report.passed, report.table()
 
 
+def test_the_operators_gate_token_opens_a_keyed_pod_that_holds_only_its_digest(llama_dir):
+    """The pod is given sha256(token), never the token: the token opens /v1/*, the digest does not,
+    and the API key still does. The conformance suite passes with the token, as the operator's gate."""
+    import hashlib
+
+    token = "9f" * 32
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    with ThreadedServer(_cfg(llama_dir, api_key="s3cret", gate_key_sha256=digest)) as s:
+        c = s.client()
+        for bearer, status in (("s3cret", 200), (token, 200), (digest, 401), ("x", 401), (token + "x", 401)):
+            assert c.get("/v1/models", headers={"Authorization": f"Bearer {bearer}"}).status_code == status
+        assert c.get("/v1/models", headers={"Authorization": token}).status_code == 401  # no "Bearer "
+        report = run_conformance(ConformanceConfig(url=s.url, api_key=token, skip=["bounded_load"]))
+        assert report.passed, report.table()
+
+
+def test_a_gate_key_digest_that_is_not_sha256_hex_is_refused():
+    import argparse
+
+    from modeldeploy.runtime.server.cli import build_config, configure
+
+    p = argparse.ArgumentParser()
+    configure(p)
+    args = p.parse_args(["--model", "/nonexistent", "--api-key", "k", "--gate-key-sha256", "XYZ"])
+    with pytest.raises(ValueError, match="--gate-key-sha256 must be 64 lowercase hex digits"):
+        build_config(args)
+
+
 def _late_hang_up(monkeypatch, server, tries: int) -> None:
     """The client of the first `tries` cancellation tries hangs up only once the server has completed
     the stream (a busy client: the operator's gate shares its process with reconciles)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 from collections.abc import Callable
@@ -63,7 +64,7 @@ def create_app(cfg: ServerConfig, engine: EngineClient | None = None, freeze_hea
     app.state.ctx = ctx
     _errors(app)
     if cfg.api_key is not None:
-        app.add_middleware(BearerAuth, api_key=cfg.api_key)
+        app.add_middleware(BearerAuth, api_key=cfg.api_key, gate_key_sha256=cfg.gate_key_sha256)
     _health_routes(app, ctx)
     _api_routes(app, ctx)
     # outermost (added last): its headers reach every response, 401s from `auth` included
@@ -139,15 +140,27 @@ def _api_routes(app: FastAPI, ctx: ServerContext) -> None:
 class BearerAuth:
     """`Authorization: Bearer KEY` on /v1/*; health and metrics stay open. Pure ASGI: starlette's
     `@app.middleware("http")` relays every streamed chunk through a memory stream and a task, which
-    cost a large share of the server's CPU under many streams (bench/results/server_cpu.md)."""
+    cost a large share of the server's CPU under many streams (bench/results/server_cpu.md).
 
-    def __init__(self, app: Any, api_key: str) -> None:
+    `gate_key_sha256`: a second token is accepted, the one whose sha256 is this digest. The operator
+    derives it and the pod is given only the digest, so the operator's gates can ask a keyed pod
+    without the operator reading the API key's Secret, and a pod that saw the digest cannot ask."""
+
+    def __init__(self, app: Any, api_key: str, gate_key_sha256: str | None = None) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.gate = bytes.fromhex(gate_key_sha256) if gate_key_sha256 else None
+
+    def _allowed(self, given: bytes) -> bool:
+        if hmac.compare_digest(given, self.expected):
+            return True
+        if self.gate is None or not given.startswith(b"Bearer "):
+            return False
+        return hmac.compare_digest(hashlib.sha256(given[7:]).digest(), self.gate)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("path", "").startswith("/v1/"):
             given = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self._allowed(given):
                 err = APIError(
                     401,
                     "missing or invalid API key (send 'Authorization: Bearer <key>')",

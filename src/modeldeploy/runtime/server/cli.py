@@ -184,6 +184,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' on /v1/* (default: env MODELDEPLOY_API_KEY, else open)",
     )
     p.add_argument(
+        "--gate-key-sha256",
+        default=os.environ.get("MODELDEPLOY_GATE_KEY_SHA256") or None,
+        help="with --api-key: also accept a bearer token whose sha256 is this hex digest, the operator's "
+        "gate credential; the pod never holds the token itself "
+        "(default: env MODELDEPLOY_GATE_KEY_SHA256, else none)",
+    )
+    p.add_argument(
         "--engine-core",
         choices=["process", "thread"],
         default="process",
@@ -239,6 +246,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_queued_tokens=args.max_queued_tokens,
         queue_budget_s=args.queue_budget,
         api_key=args.api_key,
+        gate_key_sha256=args.gate_key_sha256,
         drain_timeout_s=args.drain_timeout,
         load_delay_s=args.load_delay,
         step_delay_s=args.step_delay,

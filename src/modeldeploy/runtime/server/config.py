@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from modeldeploy.runtime.config import EngineConfig
@@ -15,6 +16,9 @@ class ServerConfig:
     served_model_name: str  # the `model` clients must send
     max_queue: int = 64  # requests allowed to wait for a running slot; beyond: 429
     api_key: str | None = None  # bearer token for /v1/*; health and metrics stay open
+    # sha256 (hex) of a second bearer token /v1/* accepts where api_key is set: the operator's gate
+    # credential. The pod holds only this hash, never the token (docs/design.md, "Permissions")
+    gate_key_sha256: str | None = None
     drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     load_delay_s: float = 0.0  # test hook (env MODELDEPLOY_LOAD_DELAY_S): wait before loading
     step_delay_s: float = 0.0  # test hook (env MODELDEPLOY_STEP_DELAY_S): sleep after every engine step
@@ -32,6 +36,8 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)  # request bounds (limits.py): hostile input gets a 4xx
 
     def validate(self) -> None:
+        if self.gate_key_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.gate_key_sha256):
+            raise ValueError("--gate-key-sha256 must be 64 lowercase hex digits (a sha256 digest)")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {self.max_queue}")
         if self.drain_timeout_s < 0:
