@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
@@ -87,6 +88,15 @@ def test_helm_lint_template_install_and_no_secret_access(cluster: E2ECluster, na
             "operator pod created",
         )
         assert pods[0].spec.security_context.run_as_non_root is True
+        # the gate key: a Secret the chart made, handed to the operator by the kubelet (secretKeyRef),
+        # the same across `helm upgrade` (lookup), or keyed pods would roll on every upgrade
+        secret = f"{release}-modeldeploy-operator-gate-key"
+        env = {e.name: e for e in pods[0].spec.containers[0].env}
+        assert env["MODELDEPLOY_GATE_KEY"].value_from.secret_key_ref.name == secret
+        first = cluster.core.read_namespaced_secret(secret, namespace).data["gate-key"]
+        assert len(base64.b64decode(first)) == 48
+        cluster.helm("upgrade", release, str(CHART), "-n", namespace, "--wait=false")
+        assert cluster.core.read_namespaced_secret(secret, namespace).data["gate-key"] == first
         crds = cluster.kubectl("get", "crd", "-o", "name").stdout
         assert "modeldeployments.serving.modeldeploy.dev" in crds and "clusterkopfpeerings.kopf.dev" in crds
     finally:

@@ -478,12 +478,20 @@ def test_bad_hf_overrides_are_refused_naming_the_field(overrides: dict, message:
 @pytest.mark.parametrize(
     "rollout", [{}, {"conformanceGate": True}, {"conformanceGate": False, "analysis": {"quality": {}}}]
 )
-def test_an_api_key_with_the_operators_gates_is_refused_naming_the_gap(rollout: dict) -> None:
-    """The gates call the canary's /v1 API and the operator never reads the key: until they have a
-    credential of their own, a keyed bundle with a gate would fail every rollout, so it is refused."""
-    from pydantic import ValidationError
-
+def test_an_api_key_with_the_operators_gates_is_a_valid_spec(rollout: dict) -> None:
+    """The gates authenticate with the operator's own token (controller/gatekey.py), so the API types
+    accept the combination; an operator without a gate key refuses it in plan() (test_operator_plan)."""
     obj = md(rollout=rollout)
     obj["spec"]["bundle"]["config"]["apiKeySecretRef"] = {"name": "chat-key", "key": "token"}
-    with pytest.raises(ValidationError, match="apiKeySecretRef cannot be combined with the operator's gates"):
-        ModelDeploymentSpec.model_validate(obj["spec"])
+    ModelDeploymentSpec.model_validate(obj["spec"])
+
+
+def test_a_keyed_pod_gets_the_gate_tokens_digest_and_an_open_pod_does_not() -> None:
+    digest = "ab" * 32
+    keyed = md()
+    keyed["spec"]["bundle"]["config"]["apiKeySecretRef"] = {"name": "chat-key", "key": "token"}
+    for obj, want in ((keyed, digest), (md(), None)):
+        s = ModelDeploymentSpec.model_validate(obj["spec"])
+        dep = children.deployment(obj, s, bundle_id(s.bundle), 1, digest)
+        env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert (env.get("MODELDEPLOY_GATE_KEY_SHA256") or {}).get("value") == want

@@ -389,6 +389,36 @@ def test_last_transition_time_kept_when_status_unchanged() -> None:
     assert times["Ready"] == "2026-01-01T05:00:00Z" and times["Degraded"] == first["Degraded"]
 
 
+@pytest.mark.parametrize(
+    ("rollout", "named"),
+    [
+        ({}, "rollout.conformanceGate"),
+        ({"conformanceGate": False, "analysis": {"quality": {}}}, "rollout.analysis.quality"),
+    ],
+)
+def test_a_keyed_spec_with_a_gate_needs_the_operators_gate_key(rollout: dict, named: str) -> None:
+    """Without a gate key the gates could not ask a keyed pod: refused with the reason and the env
+    that fixes it, no children touched. With one, the pods get its digest; with no gate, no key needed."""
+    obj = md(rollout=rollout)
+    obj["spec"]["bundle"]["config"]["apiKeySecretRef"] = {"name": "k", "key": "token"}
+    acts = plan(obj, Observed(nodes=gpu_nodes()), NOW)
+    assert kinds(acts) == []
+    deg = next(c for c in status_of(acts)["conditions"] if c["type"] == "Degraded")
+    assert (
+        deg["reason"] == "NoGateKey" and named in deg["message"] and "MODELDEPLOY_GATE_KEY" in deg["message"]
+    )
+    assert any(isinstance(a, Event) and a.reason == "NoGateKey" for a in acts)
+
+    acts = plan(obj, Observed(nodes=gpu_nodes(), gate_key_sha256="cd" * 32), NOW)
+    (dep,) = [a.obj for a in acts if isinstance(a, Create) and a.obj["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MODELDEPLOY_GATE_KEY_SHA256"] == "cd" * 32
+
+    ungated = md(rollout={"conformanceGate": False})
+    ungated["spec"]["bundle"]["config"]["apiKeySecretRef"] = {"name": "k", "key": "token"}
+    assert ("create", "Deployment") in [k[:2] for k in kinds(plan(ungated, Observed(nodes=gpu_nodes()), NOW))]
+
+
 def test_invalid_spec_reports_degraded_without_children() -> None:
     bad = md()
     bad["spec"]["bundle"]["engine"]["image"] = "registry.local/modeldeploy:latest"

@@ -32,8 +32,10 @@ class Load:
         max_requests: int = 50_000,
         max_seconds: float = 400.0,
         model: str = "tiny-llama",
+        api_key: str | None = None,
     ) -> None:
         self.api, self.ns, self.service, self.model = api, ns, service, model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.workers, self.max_requests, self.deadline = workers, max_requests, time.monotonic() + max_seconds
         self.results: list[tuple[float, str, int]] = []
         self.transport_errors: Counter[str] = Counter()  # exception class -> count (the 0s in results)
@@ -65,7 +67,7 @@ class Load:
 
     def _work(self, i: int) -> None:
         n = i
-        with httpx.Client(timeout=30.0) as http:
+        with httpx.Client(timeout=30.0, headers=self.headers) as http:
             while not self._stop.is_set() and time.monotonic() < self.deadline:
                 eps = self.endpoints
                 with self._lock:

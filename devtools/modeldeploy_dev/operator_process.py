@@ -7,6 +7,7 @@ file; its own process group, so a kill takes every thread and child with it.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,15 +22,25 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    """One operator process; restartable, `env` for failpoints (MODELDEPLOY_FAILPOINT)."""
+    """One operator process; restartable, `env` for failpoints (MODELDEPLOY_FAILPOINT).
+
+    It holds a gate key, as the chart's operator does (its Secret), kept across restarts so keyed
+    pods keep their digest; `env` may override or blank it (MODELDEPLOY_GATE_KEY="")."""
 
     def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.gate_key = secrets.token_urlsafe(36)
         self.metrics_port, self.health_port = _free_port(), _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MODELDEPLOY_RESYNC_SECONDS": "5", **(env or {})}
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            "MODELDEPLOY_RESYNC_SECONDS": "5",
+            "MODELDEPLOY_GATE_KEY": self.gate_key,
+            **(env or {}),
+        }
         argv = [
             sys.executable,
             "-m",

@@ -34,3 +34,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 {{- end -}}
+
+{{- define "modeldeploy-operator.gateKeySecret" -}}
+{{- .Values.gateKey.existingSecret | default (printf "%s-gate-key" (include "modeldeploy-operator.fullname" .)) -}}
+{{- end -}}

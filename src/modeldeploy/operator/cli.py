@@ -24,6 +24,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--standalone", action="store_true", help="no peering: a single replica")
     parser.add_argument("--verbose", "-v", action="store_true")
+    parser.epilog = (
+        "env MODELDEPLOY_GATE_KEY: the operator's gate key (32+ characters), from which it derives the "
+        "token its conformance and quality gates send to pods that require an API key "
+        "(bundle.config.apiKeySecretRef). Unset: such ModelDeployments with a gate are refused "
+        "(Degraded, NoGateKey). The Helm chart sets it from a Secret it creates."
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,11 +37,21 @@ def main(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     import modeldeploy.operator.handlers  # noqa: F401  (registers the handlers)
+    from modeldeploy.operator.controller.gatekey import GateKey
+
+    try:
+        gate_key = GateKey.from_env()
+    except ValueError as e:
+        raise SystemExit(f"modeldeploy operator: {e}") from None
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if gate_key is None:
+        logging.getLogger("modeldeploy.operator").info(
+            "env MODELDEPLOY_GATE_KEY is unset: ModelDeployments with an API key and a gate are refused"
+        )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     identity = priority = None

@@ -85,6 +85,23 @@ class Tracing(_V):
     )
 
 
+class GateKey(_V):
+    existingSecret: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$",
+        max_length=253,
+        description="Secret (in the release namespace) holding the operator's gate key; empty: the chart "
+        "creates <fullname>-gate-key with a random key and keeps it across upgrades (helm lookup). Set "
+        "it where the chart is rendered without cluster access (Argo CD), or every render makes a new key.",
+    )
+    key: str = Field(
+        default="gate-key",
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        max_length=253,
+        description="The data key of that Secret holding the gate key (32+ characters).",
+    )
+
+
 class Monitoring(_V):
     podMonitor: PodMonitor = Field(default_factory=PodMonitor)
     serviceMonitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
@@ -111,6 +128,11 @@ class Values(_V):
     affinity: dict[str, Any] = Field(default_factory=dict)
     podAnnotations: dict[str, str] = Field(default_factory=dict)
     tracing: Tracing = Field(default_factory=Tracing, description="The operator's own traces.")
+    gateKey: GateKey = Field(
+        default_factory=GateKey,
+        description="How the operator's gates authenticate to pods that require an API key: the operator "
+        "reads this key from its env (the kubelet resolves the Secret; the operator cannot read Secrets).",
+    )
     monitoring: Monitoring = Field(
         default_factory=Monitoring, description="prometheus-operator monitors, alerts, Grafana dashboard."
     )

@@ -42,6 +42,7 @@ from modeldeploy.operator.controller.claims import (
     claimed,
     counted,
 )
+from modeldeploy.operator.controller.gatekey import GateKey
 from modeldeploy.operator.controller.kube import Kube
 from modeldeploy.operator.controller.pull import crash_failure, pull_failure
 from modeldeploy.operator.controller.store import Store
@@ -245,6 +246,7 @@ class Observer:
         self.together = together  # a pool's map: the children's LISTs in one round trip's time
         self.store = store
         self.operator_namespace = operator_namespace()  # the NetworkPolicy admits it to /metrics
+        self.gate_key = GateKey.from_env()  # how the gates ask keyed pods (gatekey.py); None: cannot
 
     def observe(self, md: dict[str, Any], fresh: bool = True) -> Observed:
         """`fresh`: LIST the children even when the store knows them."""
@@ -268,6 +270,8 @@ class Observer:
             pulling = prefetch_waiting(pods)  # what pre-pull pods wait on (status.rollout.prefetchWaiting)
         obs = Observed(deps, svcs, self.nodes.get(), loading, errors, prefetch_waiting=pulling)
         obs.policies, obs.operator_namespace = policies, self.operator_namespace
+        if self.gate_key is not None:
+            obs.gate_key_sha256 = self.gate_key.digest(ns, name, uid)
         self._rollout(md, sel, obs)
         return obs
 
@@ -311,6 +315,7 @@ class Observer:
                 obs.conformance = self.gate.ensure(
                     (meta["uid"], canary),
                     pod_url(canary_ips[0]),
+                    api_key=self._token(meta, spec),
                     structured_output=spec.bundle.config.structured_output,
                 )
             return
@@ -336,6 +341,13 @@ class Observer:
             result = result.model_copy(update={"message": problems[:1024]})
         obs.analysis, obs.analysis_at, obs.analysis_fresh = result, epoch(stamp), True
         metrics.DECISIONS.labels("analysis", result.verdict).inc()
+
+    def _token(self, meta: dict[str, Any], spec: ModelDeploymentSpec) -> str | None:
+        """The bearer token the gates send: this ModelDeployment's gate token where its pods need a key
+        (None otherwise, or when the operator has no gate key: plan() refuses that spec then)."""
+        if spec.bundle.config.api_key_secret_ref is None or self.gate_key is None:
+            return None
+        return self.gate_key.token(meta["namespace"], meta["name"], meta["uid"])
 
     def _quality(
         self,
@@ -369,7 +381,8 @@ class Observer:
                 assert problem is not None
                 out = problem
             else:
-                cohorts = Cohort(pod_url(stable_ips[0])), Cohort(pod_url(canary_ips[0]))
+                token = self._token(meta, spec)
+                cohorts = Cohort(pod_url(stable_ips[0]), token), Cohort(pod_url(canary_ips[0]), token)
                 # per request as long as the whole gate may take: a slow pod is the machine's timeout
                 # (QualityTimeout), not a read timeout misread as a failed gate
                 out = run_quality(

@@ -77,3 +77,6 @@ class Observed:
     analysis_fresh: bool = False  # `analysis` was computed for this reconcile (not read back from status)
     policies: list[dict[str, Any]] | None = None  # NetworkPolicies owned; None: not read, left alone
     operator_namespace: str | None = None  # where the operator runs; None: outside the cluster
+    # sha256 of the operator's gate token for this ModelDeployment (controller/gatekey.py), given to
+    # keyed pods; None: the operator holds no gate key
+    gate_key_sha256: str | None = None

@@ -47,6 +47,11 @@ REGISTRY_CONFIG_DIR = "/var/run/modeldeploy/registry"  # DOCKER_CONFIG of the oc
 REGISTRY_CONFIG_VOLUME = "registry-config"
 
 
+# the operator's own env holding its gate key (controller/gatekey.py); named here, where the pods'
+# MODELDEPLOY_GATE_KEY_SHA256 is written, so plan()'s refusal can name it without importing the controller
+GATE_KEY_ENV = "MODELDEPLOY_GATE_KEY"
+
+
 def owner_reference(md: dict[str, Any]) -> dict[str, Any]:
     meta = md["metadata"]
     return {
@@ -203,7 +208,9 @@ def _quantities(d: dict[str, int | str]) -> dict[str, str]:
     return {k: str(v) for k, v in d.items()}
 
 
-def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
+def pod_spec(spec: ModelDeploymentSpec, bid: str, gate_key_sha256: str | None = None) -> dict[str, Any]:
+    """`gate_key_sha256`: the operator's gate token's digest, given to a keyed pod so the operator's
+    gates can ask it (controller/gatekey.py); unused without an API key."""
     topo, c = spec.topology, spec.bundle.config
     image = spec.bundle.engine.image
     secret = spec.image_pull_secrets[0].name if spec.image_pull_secrets else None
@@ -226,6 +233,8 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
         env.append(
             {"name": "MODELDEPLOY_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
+        if gate_key_sha256 is not None:
+            env.append({"name": "MODELDEPLOY_GATE_KEY_SHA256", "value": gate_key_sha256})
     http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
     period = 5
     container = {
@@ -275,7 +284,9 @@ def pod_spec(spec: ModelDeploymentSpec, bid: str) -> dict[str, Any]:
     return pod | pull_secrets(spec)
 
 
-def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int) -> dict[str, Any]:
+def deployment(
+    md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas: int, gate_key_sha256: str | None = None
+) -> dict[str, Any]:
     name, ns = md["metadata"]["name"], md["metadata"]["namespace"]
     labels = bundle_labels(name, bid, spec.bundle.model.revision)
     match = selector_labels(name) | {BUNDLE_LABEL: bid}
@@ -292,7 +303,7 @@ def deployment(md: dict[str, Any], spec: ModelDeploymentSpec, bid: str, replicas
             "replicas": replicas,
             "selector": {"matchLabels": match},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec(spec, bid)},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec(spec, bid, gate_key_sha256)},
         },
     }
 

@@ -83,6 +83,8 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
         spec = ModelDeploymentSpec.model_validate(md.get("spec") or {})
     except ValidationError as e:
         return plan_invalid(md, prior, e, now)
+    if observed.gate_key_sha256 is None and (problem := keyed_gates(spec)):
+        return plan_refused(md, prior, "NoGateKey", problem, now)
     x = Inputs.of(md, spec, prior, observed, now)
     state, out = plan_rollout(x)
     sizes = cohort_replicas(state, x.policy, x.now_s, x.have)
@@ -110,13 +112,42 @@ def plan_invalid(
     md: dict[str, Any], prior: ModelDeploymentStatus, e: ValidationError, now: str
 ) -> list[Action]:
     """A spec the API types refuse: Degraded=True InvalidSpec naming each field, no children touched."""
-    generation = md["metadata"].get("generation")
     msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())[:1000]
-    cond = [condition("Degraded", True, "InvalidSpec", msg, generation, prior.conditions, now)]
+    return plan_refused(md, prior, "InvalidSpec", msg, now)
+
+
+def plan_refused(
+    md: dict[str, Any], prior: ModelDeploymentStatus, reason: str, msg: str, now: str
+) -> list[Action]:
+    """A spec this operator cannot carry out: Degraded=True `reason`, no children touched (running
+    pods keep serving)."""
+    generation = md["metadata"].get("generation")
+    cond = [condition("Degraded", True, reason, msg, generation, prior.conditions, now)]
     status = prior.model_copy(
         update={"observed_generation": generation, "phase": "Degraded", "conditions": cond}
     )
-    return [Event("Warning", "InvalidSpec", msg), *status_patch(prior, status)]
+    return [Event("Warning", reason, msg), *status_patch(prior, status)]
+
+
+def keyed_gates(spec: ModelDeploymentSpec) -> str | None:
+    """Why a keyed ModelDeployment cannot be gated by an operator without a gate key (None: it can)."""
+    if spec.bundle.config.api_key_secret_ref is None:
+        return None
+    gates = [
+        name
+        for name, on in (
+            ("rollout.conformanceGate", spec.rollout.conformance_gate),
+            ("rollout.analysis.quality", spec.rollout.analysis.quality is not None),
+        )
+        if on
+    ]
+    if not gates:
+        return None
+    return (
+        f"bundle.config.apiKeySecretRef with {' and '.join(gates)}: the gates ask the pods' /v1 API, and "
+        "this operator has no gate key to ask a keyed pod with "
+        f"(set env {children.GATE_KEY_ENV} on the operator; the Helm chart does), or turn those gates off"
+    )
 
 
 def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:
@@ -244,7 +275,7 @@ def plan_deployments(
     for b, n in sizes.items():
         have = x.by_bundle.get(b)
         if b == x.bid and unfit is None:
-            want = children.deployment(x.md, x.spec, x.bid, n)
+            want = children.deployment(x.md, x.spec, x.bid, n, x.observed.gate_key_sha256)
             out += reconcile_child(want, have)
             live[b] = want
         elif have is not None:  # an impossible placement is not applied: running pods keep serving;

@@ -295,7 +295,9 @@ class ServingConfig(_Model):
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding the API key; given to the runtime as env MODELDEPLOY_API_KEY, "
-        "never read by the operator.",
+        "never read by the operator. The operator's gates send a token of their own, which the pods "
+        "check against its sha256 (env MODELDEPLOY_GATE_KEY_SHA256); an operator without a gate key "
+        "refuses this together with a gate (NoGateKey).",
     )
     hf_overrides: dict[str, Any] | None = Field(
         default=None,

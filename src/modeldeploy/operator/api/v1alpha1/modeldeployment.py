@@ -50,12 +50,6 @@ MSG_TP_ADAPTERS = (
     "the runtime does not serve LoRA adapters under tensor parallelism yet"
 )
 
-MSG_KEY_GATES = (
-    "bundle.config.apiKeySecretRef cannot be combined with the operator's gates yet: the conformance gate "
-    "and the quality gate call the canary's /v1 API and would need the key, which the operator never reads; "
-    "set rollout.conformanceGate: false and leave rollout.analysis.quality unset, or serve without a key"
-)
-
 
 class Readiness(_Model):
     load_timeout_seconds: int = Field(
@@ -113,13 +107,6 @@ class ModelDeploymentSpec(_Model):
                     "message": MSG_GRAPHS_TP,
                     "fieldPath": ".bundle.config.cudaGraphs",
                 },
-                {
-                    "rule": "!has(self.bundle.config.apiKeySecretRef) || (has(self.rollout) "
-                    "&& has(self.rollout.conformanceGate) && !self.rollout.conformanceGate "
-                    "&& !(has(self.rollout.analysis) && has(self.rollout.analysis.quality)))",
-                    "message": MSG_KEY_GATES,
-                    "fieldPath": ".bundle.config.apiKeySecretRef",
-                },
             ]
         }
     )
@@ -162,10 +149,6 @@ class ModelDeploymentSpec(_Model):
                 raise ValueError(MSG_GRAPHS_CPU)
             if self.topology.tensor_parallel > 1:
                 raise ValueError(MSG_GRAPHS_TP)
-        if self.bundle.config.api_key_secret_ref is not None and (
-            self.rollout.conformance_gate or self.rollout.analysis.quality is not None
-        ):
-            raise ValueError(MSG_KEY_GATES)  # known gap: the gates need a credential that is not the key
         return self
 
 
