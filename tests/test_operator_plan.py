@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
-from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, MetricVerdict
+from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, MetricVerdict, ModelDeploymentStatus
+from modeldeploy.operator.rollout.inputs import Inputs
+from modeldeploy.operator.rollout.machine import RolloutState
 from modeldeploy.operator.rollout.plan import (
     Annotate,
     Create,
@@ -18,6 +21,7 @@ from modeldeploy.operator.rollout.plan import (
     Patch,
     PatchStatus,
     plan,
+    plan_lost_pods,
 )
 from modeldeploy.operator.rollout.progression import epoch as _epoch
 from modeldeploy.operator.rollout.topology import NodeInfo
@@ -140,7 +144,8 @@ def advance_to(
         if isinstance(a, Create):
             (deps if a.obj["kind"] == "Deployment" else svcs)[a.obj["metadata"]["name"]] = as_observed(a.obj)
         elif isinstance(a, Delete):
-            (deps if a.kind == "Deployment" else svcs).pop(a.name)
+            if a.kind != "Pod":  # pods are the ReplicaSet's: their deletion changes no Deployment here
+                (deps if a.kind == "Deployment" else svcs).pop(a.name)
         elif isinstance(a, Patch):
             merge((deps if a.kind == "Deployment" else svcs)[a.name]["spec"], a.body["spec"])
         elif isinstance(a, PatchStatus):
@@ -523,3 +528,30 @@ def test_every_fresh_analysis_is_an_event_with_its_figures() -> None:
     )
     assert [a.type for a in acts if isinstance(a, Event) and a.reason == "Analysis"] == ["Warning"]
     assert obj["status"]["phase"] == "RollingBack"
+
+
+def test_pods_the_rollout_waits_on_are_deleted_off_a_lost_node_and_settled_ones_are_left() -> None:
+    """The canary's pods while it moves, the stable's while rolling back: deleted once not Ready on a
+    node marked lost, so their ReplicaSet places them now, not after the 300 s toleration."""
+    obj, obs, old, _ = stable_then_change()
+    obj, obs, _ = advance_to(obj, obs, at(0), ready={})
+    new = obj["status"]["canary"]["bundle"]
+    lost = {new: [("c-1", "gpu-1")], old: [("s-1", "gpu-1")]}
+    obj, obs, acts = advance_to(obj, obs, at(0, 5), ready={new: 0}, lost_pods=lost)
+    assert obj["status"]["phase"] == "Deploying"
+    assert [(a.kind, a.name) for a in acts if isinstance(a, Delete)] == [("Pod", "c-1")]
+    (ev,) = [a for a in acts if isinstance(a, Event) and a.reason == "PodOnLostNode"]
+    assert "c-1" in ev.message and "gpu-1" in ev.message and new in ev.message
+
+    # rolling back: the stable's pods are the ones waited on (the restore), the canary's no longer
+    x = Inputs.of(obj, ModelDeploymentSpec.model_validate(obj["spec"]), ModelDeploymentStatus(), obs, NOW)
+    x.observed.lost_pods = lost
+    back = RolloutState(phase="RollingBack", stable=old, canary=new, restore="StableFirst")
+    assert [(a.kind, a.name) for a in plan_lost_pods(x, back) if isinstance(a, Delete)] == [("Pod", "s-1")]
+    assert plan_lost_pods(x, RolloutState(phase="Stable", stable=old)) == []
+
+    settled, sobs = converge(md(), Observed(nodes=gpu_nodes()))
+    settled, sobs = converge(settled, sobs)
+    bid = settled["status"]["stable"]["bundle"]
+    view = Observed(sobs.deployments, sobs.services, sobs.nodes, lost_pods={bid: [("s-1", "gpu-1")]})
+    assert not [a for a in plan(settled, view, NOW) if isinstance(a, Delete)]

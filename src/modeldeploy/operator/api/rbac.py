@@ -29,7 +29,8 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
         # spec.rollout.analysis.quality.evalSet.configMapRef: the pinned evaluation set
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # delete: a pod the rollout waits on, not Ready on a node marked lost (rollout/plan.py)
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {

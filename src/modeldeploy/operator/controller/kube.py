@@ -163,6 +163,8 @@ class Kube:
             )
         elif kind == POLICY_KIND:
             self.net.delete_namespaced_network_policy(name, ns, **RAW)
+        elif kind == "Pod":  # only a pod the rollout waits on, stuck on a lost node (plan_lost_pods)
+            self.core.delete_namespaced_pod(name, ns, **RAW)
         else:
             self.core.delete_namespaced_service(
                 name, ns, body=_body({"propagationPolicy": "Background"}), **RAW

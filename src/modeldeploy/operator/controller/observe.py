@@ -55,7 +55,7 @@ from modeldeploy.operator.rollout.prefetch import HOLD_LABEL, PREFETCH_LABEL
 from modeldeploy.operator.rollout.prefetch import error_key as prefetch_error_key
 from modeldeploy.operator.rollout.prefetch import waiting as prefetch_waiting
 from modeldeploy.operator.rollout.progression import epoch, iso, policy
-from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests
+from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests, lost_nodes
 
 # How old the node list a pass plans on may be. What a pass reads of it is mostly what nodes are (labels,
 # allocatable GPUs, taints), which rarely changes, while relisting thousands of nodes and every bound
@@ -263,12 +263,15 @@ class Observer:
             )
             if self.store is not None:
                 self.store.replace(uid, ns, dict(zip(CHILD_KINDS, (deps, svcs, policies), strict=True)))
-        loading, errors, pulling = {}, {}, {}
+        loading, errors, pulling, pods = {}, {}, {}, []
         if any(_not_ready(d) for d in deps):
             pods = self.kube.list("Pod", ns, sel)
             loading, errors = self.probe.probe((ns, name), pods)
             pulling = prefetch_waiting(pods)  # what pre-pull pods wait on (status.rollout.prefetchWaiting)
-        obs = Observed(deps, svcs, self.nodes.get(), loading, errors, prefetch_waiting=pulling)
+        nodes = self.nodes.get()
+        obs = Observed(deps, svcs, nodes, loading, errors, prefetch_waiting=pulling)
+        if pods and nodes is not None:
+            obs.lost_pods = lost_pods(pods, lost_nodes(nodes))
         obs.policies, obs.operator_namespace = policies, self.operator_namespace
         if self.gate_key is not None:
             obs.gate_key_sha256 = self.gate_key.digest(ns, name, uid)
@@ -411,6 +414,17 @@ def _error_key(pod: dict[str, Any]) -> str:
 
 def _owned(o: dict[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", []))
+
+
+def lost_pods(pods: list[dict[str, Any]], lost: frozenset[str]) -> dict[str, list[tuple[str, str]]]:
+    """bundle -> (pod, node) of the pods that are not Ready, not being deleted, on a node in `lost`."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for p in pods:
+        meta, node = p.get("metadata") or {}, (p.get("spec") or {}).get("nodeName")
+        bundle = (meta.get("labels") or {}).get(BUNDLE_LABEL)
+        if node in lost and bundle and not meta.get("deletionTimestamp") and not pod_ready(p):
+            out.setdefault(bundle, []).append((meta.get("name", ""), node))
+    return out
 
 
 def _not_ready(dep: dict[str, Any]) -> bool:

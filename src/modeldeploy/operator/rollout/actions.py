@@ -80,3 +80,6 @@ class Observed:
     # sha256 of the operator's gate token for this ModelDeployment (controller/gatekey.py), given to
     # keyed pods; None: the operator holds no gate key
     gate_key_sha256: str | None = None
+    # bundle id -> (pod, node) of its pods not Ready, not being deleted, on a node marked lost
+    # (topology.lost_nodes); filled where observe() lists pods
+    lost_pods: dict[str, list[tuple[str, str]]] = field(default_factory=dict)

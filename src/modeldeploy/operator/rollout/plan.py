@@ -97,7 +97,7 @@ def plan(md: dict[str, Any], observed: Observed, now: str) -> list[Action]:
     route_problem, routes = plan_routes(x, weight, canary_id is not None)
     children_out = deployments + plan_prefetch(x, state) + plan_hold(x, state)
     children_out += plan_services(x, state, live, canary_id)
-    out += one_created(children_out + routes + plan_network(x))
+    out += one_created(children_out + routes + plan_network(x)) + plan_lost_pods(x, state)
     cohorts = plan_cohorts(x, state, sizes, canary_id, live)
     degraded = plan_degraded(x, state, unfit, route_problem)
     waiting = capacity_wait(state, x.policy, x.have)
@@ -148,6 +148,34 @@ def keyed_gates(spec: ModelDeploymentSpec) -> str | None:
         "this operator has no gate key to ask a keyed pod with "
         f"(set env {children.GATE_KEY_ENV} on the operator; the Helm chart does), or turn those gates off"
     )
+
+
+def plan_lost_pods(x: Inputs, state: RolloutState) -> list[Action]:
+    """Delete the pods the rollout waits on that sit not Ready on a node the node controller marked
+    lost, so their ReplicaSet places them elsewhere now rather than after their NoExecute toleration
+    (300 s by default) runs out: the canary's while a canary is moving (its step holds on them), the
+    stable's while rolling back (the restore waits on them, and a restore pod can be bound to a node
+    that dies before it is marked). Settled serving pods are left to the cluster's eviction policy
+    (`topology.tolerations`), which also rides out a short heartbeat gap. The pod stays Terminating
+    until its node answers or is removed; its ReplicaSet no longer counts it."""
+    if state.phase == "RollingBack":
+        waited = state.stable
+    elif state.phase in ACTIVE_PHASES:
+        waited = state.canary
+    else:
+        return []
+    out: list[Action] = []
+    for pod, node in x.observed.lost_pods.get(waited or "", []):
+        out.append(Delete("Pod", pod))
+        out.append(
+            Event(
+                "Warning",
+                "PodOnLostNode",
+                f"deleted pod {pod} (bundle {waited}, {state.phase}): not Ready on node {node}, which the "
+                "node controller marked unreachable or not ready; its ReplicaSet places it on another node",
+            )
+        )
+    return out
 
 
 def plan_rollout(x: Inputs) -> tuple[RolloutState, list[Action]]:

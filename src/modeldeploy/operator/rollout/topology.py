@@ -62,6 +62,18 @@ class NodeInfo:
         return cls(name=meta.get("name", ""), labels=labels, gpus=gpus, taints=taints, requested=requested)
 
 
+# The taints the node lifecycle controller puts on a node whose kubelet stopped reporting (Unknown) or
+# reports NotReady; with effect NoExecute, pods without a toleration are evicted (300 s by default)
+LOST_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
+
+
+def lost_nodes(nodes: Iterable[NodeInfo]) -> frozenset[str]:
+    """Nodes the node lifecycle controller has marked lost (a NoExecute unreachable/not-ready taint)."""
+    return frozenset(
+        n.name for n in nodes if any(k in LOST_TAINTS and e == "NoExecute" for k, _, e in n.taints)
+    )
+
+
 class Nodes(list[NodeInfo]):
     """A node list that remembers, per (topology, device), which of its nodes fit() accepts one replica on.
 
