@@ -10,6 +10,7 @@ from operator_fixtures import IMAGE, as_observed, gpu_nodes, md
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, MetricVerdict, ModelDeploymentStatus
+from modeldeploy.operator.rollout.actions import LostPod
 from modeldeploy.operator.rollout.inputs import Inputs
 from modeldeploy.operator.rollout.machine import RolloutState
 from modeldeploy.operator.rollout.plan import (
@@ -531,12 +532,13 @@ def test_every_fresh_analysis_is_an_event_with_its_figures() -> None:
 
 
 def test_pods_the_rollout_waits_on_are_deleted_off_a_lost_node_and_settled_ones_are_left() -> None:
-    """The canary's pods while it moves, the stable's while rolling back: deleted once not Ready on a
-    node marked lost, so their ReplicaSet places them now, not after the 300 s toleration."""
+    """The canary's pods while it moves, the stable's while rolling back, and any pod that never
+    started: deleted once not Ready on a node marked lost, so their ReplicaSet places them now, not
+    after the 300 s toleration. A settled pod that ran there is left to the eviction policy."""
     obj, obs, old, _ = stable_then_change()
     obj, obs, _ = advance_to(obj, obs, at(0), ready={})
     new = obj["status"]["canary"]["bundle"]
-    lost = {new: [("c-1", "gpu-1")], old: [("s-1", "gpu-1")]}
+    lost = {new: [LostPod("c-1", "gpu-1", True)], old: [LostPod("s-1", "gpu-1", True)]}
     obj, obs, acts = advance_to(obj, obs, at(0, 5), ready={new: 0}, lost_pods=lost)
     assert obj["status"]["phase"] == "Deploying"
     assert [(a.kind, a.name) for a in acts if isinstance(a, Delete)] == [("Pod", "c-1")]
@@ -549,9 +551,16 @@ def test_pods_the_rollout_waits_on_are_deleted_off_a_lost_node_and_settled_ones_
     back = RolloutState(phase="RollingBack", stable=old, canary=new, restore="StableFirst")
     assert [(a.kind, a.name) for a in plan_lost_pods(x, back) if isinstance(a, Delete)] == [("Pod", "s-1")]
     assert plan_lost_pods(x, RolloutState(phase="Stable", stable=old)) == []
+    # settled, a pod that never started there (bound in the node's grace period) goes all the same
+    x.observed.lost_pods = {old: [LostPod("s-1", "gpu-1", True), LostPod("s-2", "gpu-1", False)]}
+    acts = plan_lost_pods(x, RolloutState(phase="Stable", stable=old))
+    assert [(a.kind, a.name) for a in acts if isinstance(a, Delete)] == [("Pod", "s-2")]
+    assert "never started there" in next(a.message for a in acts if isinstance(a, Event))
 
     settled, sobs = converge(md(), Observed(nodes=gpu_nodes()))
     settled, sobs = converge(settled, sobs)
     bid = settled["status"]["stable"]["bundle"]
-    view = Observed(sobs.deployments, sobs.services, sobs.nodes, lost_pods={bid: [("s-1", "gpu-1")]})
+    view = Observed(
+        sobs.deployments, sobs.services, sobs.nodes, lost_pods={bid: [LostPod("s-1", "gpu-1", True)]}
+    )
     assert not [a for a in plan(settled, view, NOW) if isinstance(a, Delete)]

@@ -47,7 +47,7 @@ from modeldeploy.operator.controller.kube import Kube
 from modeldeploy.operator.controller.pull import crash_failure, pull_failure
 from modeldeploy.operator.controller.store import Store
 from modeldeploy.operator.rollout import commands
-from modeldeploy.operator.rollout.actions import Observed
+from modeldeploy.operator.rollout.actions import LostPod, Observed
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, INSTANCE_LABEL, MANAGED_BY
 from modeldeploy.operator.rollout.machine import UNDER_TEST, quality_stage
 from modeldeploy.operator.rollout.network import KIND as POLICY_KIND
@@ -416,14 +416,15 @@ def _owned(o: dict[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", []))
 
 
-def lost_pods(pods: list[dict[str, Any]], lost: frozenset[str]) -> dict[str, list[tuple[str, str]]]:
-    """bundle -> (pod, node) of the pods that are not Ready, not being deleted, on a node in `lost`."""
-    out: dict[str, list[tuple[str, str]]] = {}
+def lost_pods(pods: list[dict[str, Any]], lost: frozenset[str]) -> dict[str, list[LostPod]]:
+    """bundle -> its pods that are not Ready, not being deleted, on a node in `lost`."""
+    out: dict[str, list[LostPod]] = {}
     for p in pods:
         meta, node = p.get("metadata") or {}, (p.get("spec") or {}).get("nodeName")
         bundle = (meta.get("labels") or {}).get(BUNDLE_LABEL)
         if node in lost and bundle and not meta.get("deletionTimestamp") and not pod_ready(p):
-            out.setdefault(bundle, []).append((meta.get("name", ""), node))
+            started = (p.get("status") or {}).get("phase", "Pending") != "Pending"
+            out.setdefault(bundle, []).append(LostPod(meta.get("name", ""), node, started))
     return out
 
 

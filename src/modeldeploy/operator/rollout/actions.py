@@ -7,7 +7,7 @@ actions, `apply.py` executes them against the API server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, QualityResult
 from modeldeploy.operator.rollout.topology import NodeInfo
@@ -55,6 +55,14 @@ class Annotate:
 Action = Create | Patch | Delete | PatchStatus | Event | Annotate
 
 
+class LostPod(NamedTuple):
+    """A pod not Ready on a node the node controller marked lost."""
+
+    name: str
+    node: str
+    started: bool  # past Pending: it ran there (and may have served); False: it never did
+
+
 @dataclass
 class Observed:
     deployments: list[dict[str, Any]] = field(default_factory=list)
@@ -80,6 +88,6 @@ class Observed:
     # sha256 of the operator's gate token for this ModelDeployment (controller/gatekey.py), given to
     # keyed pods; None: the operator holds no gate key
     gate_key_sha256: str | None = None
-    # bundle id -> (pod, node) of its pods not Ready, not being deleted, on a node marked lost
-    # (topology.lost_nodes); filled where observe() lists pods
-    lost_pods: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    # bundle id -> its pods not Ready, not being deleted, on a node marked lost (topology.lost_nodes);
+    # filled where observe() lists pods
+    lost_pods: dict[str, list[LostPod]] = field(default_factory=dict)

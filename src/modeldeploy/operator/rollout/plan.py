@@ -151,30 +151,38 @@ def keyed_gates(spec: ModelDeploymentSpec) -> str | None:
 
 
 def plan_lost_pods(x: Inputs, state: RolloutState) -> list[Action]:
-    """Delete the pods the rollout waits on that sit not Ready on a node the node controller marked
-    lost, so their ReplicaSet places them elsewhere now rather than after their NoExecute toleration
-    (300 s by default) runs out: the canary's while a canary is moving (its step holds on them), the
-    stable's while rolling back (the restore waits on them, and a restore pod can be bound to a node
-    that dies before it is marked). Settled serving pods are left to the cluster's eviction policy
-    (`topology.tolerations`), which also rides out a short heartbeat gap. The pod stays Terminating
-    until its node answers or is removed; its ReplicaSet no longer counts it."""
+    """Delete our pods that sit not Ready on a node the node controller marked lost, so their
+    ReplicaSet places them elsewhere now rather than after their NoExecute toleration (300 s by
+    default) runs out, where deleting them costs nothing or is what the rollout waits on:
+    - a pod that never started there (Pending: bound in the node's grace period, before it was
+      marked; a restore's new stable pod, seen in bench/results/chaos.md): it never served;
+    - the canary's pods while a canary moves (its step holds on them), and the stable's while
+      rolling back (the restore waits on them).
+    Other pods, which ran there and may come back with the node, follow the cluster's eviction policy
+    (`topology.tolerations`), which also rides out a short heartbeat gap. A deleted pod stays
+    Terminating until its node answers or is removed; its ReplicaSet no longer counts it."""
     if state.phase == "RollingBack":
         waited = state.stable
     elif state.phase in ACTIVE_PHASES:
         waited = state.canary
     else:
-        return []
+        waited = None
     out: list[Action] = []
-    for pod, node in x.observed.lost_pods.get(waited or "", []):
-        out.append(Delete("Pod", pod))
-        out.append(
-            Event(
-                "Warning",
-                "PodOnLostNode",
-                f"deleted pod {pod} (bundle {waited}, {state.phase}): not Ready on node {node}, which the "
-                "node controller marked unreachable or not ready; its ReplicaSet places it on another node",
+    for bundle, pods in sorted(x.observed.lost_pods.items()):
+        for pod in pods:
+            if bundle != waited and pod.started:
+                continue
+            why = "never started there" if not pod.started else f"the {state.phase} rollout waits on it"
+            out.append(Delete("Pod", pod.name))
+            out.append(
+                Event(
+                    "Warning",
+                    "PodOnLostNode",
+                    f"deleted pod {pod.name} (bundle {bundle}; {why}): not Ready on node {pod.node}, which "
+                    "the node controller marked unreachable or not ready; its ReplicaSet places it on "
+                    "another node",
+                )
             )
-        )
     return out
 
 
