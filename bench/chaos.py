@@ -16,8 +16,12 @@ one step (50 %) pauses long enough for the fault to land while the canary is bei
 real-node cluster (`modeldeploy cluster up --real-node`: kubelet, containerd, runc, CNI; its own
 cluster, brought up and taken down the same way), the pods are containers of the runtime image,
 built here and pulled by digest from the node's registry, the model on a `local` volume of
-`real-0`. Every case runs there but the node ones (node-lost*, node-partition): the real-node cluster
-has one node, which holds both cohorts, so there is no node to lose the canary alone with. The cases:
+`real-0`. The node cases (node-lost*, node-partition) add a second real node there, `real-1`
+(LocalCluster.spare_real_node: its own kubelet, containerd, bridge, pod CIDR and cgroup root, no
+kube-proxy; the model's `local` volume admits both nodes, which share this machine's disk), pull the
+runtime image into it before the bundle change, and lose it as faults.RealSpareNode says (kubelet,
+containerd, shims and containers SIGKILLed, the pods' veths removed; node-partition: kubelet and
+containerd only). The cases:
 
 - apiserver: kube-apiserver SIGKILLed, down 10 s, restarted (`kwokctl start cluster`): promoted.
 - etcd: etcd SIGKILLed, down 10 s, restarted: promoted.
@@ -39,11 +43,11 @@ has one node, which holds both cohorts, so there is no node to lose the canary a
   CIDR: the home node is cordoned from the bundle change to the fault), which loses power (agent
   and pod processes SIGKILLed, the pods' network gone: their IPs answer nothing). The node goes
   NotReady after kube-controller-manager's --node-monitor-grace-period (kwokctl's: 3m20s, checked
-  every 25 s), its pods are marked unready and, after their default 300 s unreachable toleration,
-  evicted; their replacements start on the home node. The analysis has no canary figures
-  meanwhile (Inconclusive), so with onInconclusive Hold the step holds, then judges the
-  replacements: promoted. The case's progress deadline is 1200 s (the others': 600 s), since
-  Kubernetes alone takes ~9 minutes to replace the pods; with less, ProgressDeadlineExceeded.
+  every 25 s) and its pods are marked unready; the operator then deletes the canary pods it waits
+  on (Event PodOnLostNode; before it did, they waited for their default 300 s unreachable toleration
+  and the taint-eviction controller), and their replacements start on the home node. The analysis
+  has no canary figures meanwhile (Inconclusive), so with onInconclusive Hold the step holds, then
+  judges the replacements: promoted. The case's progress deadline is 1200 s (the others': 600 s).
 - node-lost-rollback: the same loss with onInconclusive Rollback: rolled back, AnalysisInconclusive,
   when the step's pause ends, without waiting for Kubernetes to notice the node.
 - node-lost-replace: node-lost-rollback under capacity Replace (minAvailable 1): the step scales
@@ -127,8 +131,8 @@ BUNDLE = "modeldeploy.dev/bundle"
 # analysed: within the case's progress deadline; bounded by it, so a rollout that never decides fails
 NODE_LOST_WAIT_S = 1200
 NODE_LOST_DEADLINE_S = 1200
-# node-lost needs a second node that holds the canary alone: the real-node cluster has one
-NOT_ON_REAL_NODE = ("node-lost", "node-lost-rollback", "node-lost-replace", "node-partition")
+# the real-node cluster's second node for the node cases (LocalCluster.spare_real_node)
+SPARE_REAL_NODE = "real-1"
 # node-partition: the pods still serve, so the step must outlast the node controller's grace period
 # (kwokctl's 3m20s) for the fault to show inside it
 PARTITION_PAUSE_S = 400
@@ -263,8 +267,8 @@ def run_case(
         cut = faults.Partition(op.proc.pid)
     prom: Prom | None = None
     targets: PodTargets | None = None
-    spare: faults.SpareNode | None = None
-    home = cluster.process_node or "proc-0"
+    spare: faults.SpareNode | faults.RealSpareNode | None = None
+    home = REAL_NODE if node.kind == "real" else cluster.process_node or "proc-0"
     try:
         analysis = dict(ANALYSIS)
         if metrics:
@@ -282,7 +286,9 @@ def run_case(
             analysis["onInconclusive"] = "Rollback"
         real = node.kind == "real"
         if real:
-            digest = tiny_model_local_pv(cluster, ns, work / case, REAL_NODE)
+            # the node cases' canary runs on the second real node, which shares this machine's disk
+            on = (REAL_NODE, SPARE_REAL_NODE) if case.startswith("node-") else REAL_NODE
+            digest = tiny_model_local_pv(cluster, ns, work / case, on)
         else:
             digest = tiny_model_pv(cluster, ns, work / case)
         pause = PARTITION_PAUSE_S if case == "node-partition" else 30
@@ -299,8 +305,14 @@ def run_case(
         old = md["status"]["stable"]["bundle"]
         stable_pods = pods_of(cluster, ns, old)
         if case.startswith("node-"):
-            spare = faults.SpareNode(cluster, work / "proc-1")
-            spare.start()
+            if real:
+                assert cluster.local is not None
+                spare = faults.RealSpareNode(cluster.local, cluster, SPARE_REAL_NODE)
+                spare.start()
+                spare.pull(node.image)  # before the change: the canary's first pull is not the case's
+            else:
+                spare = faults.SpareNode(cluster, work / "proc-1")
+                spare.start()
             out.notes.append(f"spare node {spare.name}: bridge {spare.bridge}, pods on {spare.cidr}")
         # bounded in time and count; the count so that it never ends a case early: the node cases run
         # ~10 minutes at up to ~90 requests/s here (the default 50,000 stopped node-partition's load
@@ -403,7 +415,7 @@ def node_lost(
     cluster: E2ECluster,
     ns: str,
     clock: Clock,
-    spare: faults.SpareNode,
+    spare: faults.SpareNode | faults.RealSpareNode,
     home: str,
     out: Outcome,
     pods_too: bool = True,
@@ -453,6 +465,7 @@ def node_lost(
             out.notes.append(f"replacement canary pods Ready on {sorted({p.spec.node_name for p in fresh})}")
         if st.get("phase") == "RollingBack":  # decided; Replace's StableFirst restore may hold it there
             clock.mark("rolling back")
+        operator_deleted(cluster, ns, clock, out)
         if st.get("phase") == "Stable":
             break
         time.sleep(1)
@@ -582,11 +595,23 @@ def stable_restored(
                 f"the rollback's new stable pod was bound to the lost node {lost} at "
                 f"{clock.marks['stable pod bound to the lost node']} s (still Ready in the API)"
             )
+        operator_deleted(cluster, ns, clock, out)
         if back := ready_pods_of(cluster, ns, old, 2):
             clock.mark("stable restored")
             return back
         time.sleep(1)
     raise TimeoutError(f"stable {old} not back to 2 Ready pods within {NODE_LOST_WAIT_S} s")
+
+
+def operator_deleted(cluster: E2ECluster, ns: str, clock: Clock, out: Outcome) -> None:
+    """Mark `operator deleted a pod` at the operator's first PodOnLostNode Event (it deletes a pod
+    stuck on a node marked lost that it waits on or that never started there); note each message."""
+    msgs = [m for r, m in events(cluster, ns, NAME) if r == "PodOnLostNode"]
+    seen = sum(1 for n in out.notes if n.startswith("PodOnLostNode: "))
+    if msgs and "operator deleted a pod" not in clock.marks:
+        clock.mark("operator deleted a pod")
+    for m in msgs[seen:]:
+        out.notes.append(f"PodOnLostNode: {m} (seen at {round(time.monotonic() - clock.t0, 1)} s)")
 
 
 def ready_pods_of(cluster: E2ECluster, ns: str, bundle: str, want: int) -> dict[str, str] | None:
@@ -681,11 +706,6 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in a.cases.split(",") if c]
     if bad := sorted(set(cases) - set(CASES)):
         p.error(f"--cases: unknown {', '.join(bad)} (known: {', '.join(CASES)})")
-    if a.node == "real" and (bad := [c for c in cases if c in NOT_ON_REAL_NODE]):
-        p.error(
-            f"--cases: {', '.join(bad)}: losing a node needs a second one holding the canary alone, and "
-            "the real-node cluster has one (real-0, holding both cohorts): run them with --node process"
-        )
     if any(c.startswith("metrics") or c == "partition-prometheus" for c in cases) and not PROMETHEUS.exists():
         p.error(f"--cases: the metrics cases need {PROMETHEUS} (make cluster-build)")
     local, node = cluster_for(a.node)

@@ -157,9 +157,9 @@ def test_the_partition_cases_are_known_and_operator_one_must_roll_back_as_inconc
         assert out.passed is passed, reason
 
 
-def test_real_node_refuses_the_node_lost_cases_and_points_a_spec_at_the_runtime_image() -> None:
+def test_unknown_cases_are_refused_and_a_spec_points_at_the_runtime_image_on_the_real_node() -> None:
     with pytest.raises(SystemExit):
-        chaos.main(["--node", "real", "--cases", "apiserver,node-lost"])
+        chaos.main(["--node", "real", "--cases", "apiserver,node-gone"])
     from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
     from modeldeploy_dev.rollout_scenario import tiny_spec
 
@@ -205,6 +205,9 @@ def test_models_pv_is_a_host_path_on_the_process_node_and_local_on_a_real_one(tm
     (term,) = local["nodeAffinity"]["required"]["nodeSelectorTerms"]
     assert term["matchExpressions"][0]["values"] == ["real-0"]
     assert made[1]["spec"]["volumeName"] == made[3]["spec"]["volumeName"] == "ns-models"
+    models_pv(core, "ns", tmp_path, node=("real-0", "real-1"))  # two real nodes of one machine's disk
+    (term,) = made[4]["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == ["real-0", "real-1"]
 
 
 def test_a_partitioned_node_loses_its_agent_only_and_a_lost_one_its_pods_too(tmp_path: Path) -> None:
@@ -215,7 +218,7 @@ def test_a_partitioned_node_loses_its_agent_only_and_a_lost_one_its_pods_too(tmp
     from modeldeploy_dev.faults import SpareNode
     from modeldeploy_dev.procnode.pids import alive, proc_start_time
 
-    assert "node-partition" in chaos.CASES and "node-partition" in chaos.NOT_ON_REAL_NODE
+    assert "node-partition" in chaos.CASES
     for pods_too in (False, True):
         state = tmp_path / f"state-{pods_too}"
         (state / "pods" / "p").mkdir(parents=True)
@@ -239,7 +242,7 @@ def test_a_partitioned_node_loses_its_agent_only_and_a_lost_one_its_pods_too(tmp
 
 def test_node_lost_replace_passes_only_once_stable_is_back_to_full_size() -> None:
     """Under Replace the rollback must grow stable back (its new pod's requests count as stable)."""
-    assert "node-lost-replace" in chaos.ROLLBACK and "node-lost-replace" in chaos.NOT_ON_REAL_NODE
+    assert "node-lost-replace" in chaos.ROLLBACK
     reasons = ["NewBundle", "CanaryReady", "ConformancePassed", "RolledBack"]
     events = [
         NS(involved_object=NS(name=chaos.NAME), metadata=NS(creation_timestamp=i), reason=r, message="")

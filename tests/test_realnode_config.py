@@ -82,6 +82,34 @@ def test_kubelet_config_for_cgroup_v1_and_authenticated_api() -> None:
     assert k["authorization"]["mode"] == "Webhook"
     assert k["containerRuntimeEndpoint"] == f"unix://{lay.containerd_sock}"
     assert k["podLogsDir"] == str(lay.pod_logs)
+    assert k["cgroupRoot"] == "/"
+    second = yaml.safe_load(kubelet_yaml(lay, NET, 10311, BASE / "ca.crt", "/modeldeploy-x-real-1"))
+    assert second["cgroupRoot"] == "/modeldeploy-x-real-1"  # the spare node's pods: its own cgroups
+
+
+def test_a_second_node_sweeps_its_own_cgroups_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two kubelets on one machine: the spare's sweep and leftovers see its cgroup root, never the
+    first node's kubepods (a fake cgroup tree: real directories, no cgroupfs)."""
+    from modeldeploy_dev.cluster.realnode import cleanup
+    from modeldeploy_dev.cluster.realnode.node import NodeBinaries, RealNode
+
+    for ctrl in ("cpu", "memory"):
+        (tmp_path / ctrl / "kubepods" / "pod-a").mkdir(parents=True)
+        (tmp_path / ctrl / "spare" / "kubepods" / "pod-b").mkdir(parents=True)
+    monkeypatch.setattr(cleanup, "CGROUP_ROOT", tmp_path)
+    first = {p.relative_to(tmp_path).as_posix() for p in cleanup.kubepods_cgroups()}
+    spare = {p.relative_to(tmp_path).as_posix() for p in cleanup.kubepods_cgroups("spare")}
+    assert first == {"cpu/kubepods", "cpu/kubepods/pod-a", "memory/kubepods", "memory/kubepods/pod-a"}
+    assert spare == {
+        "cpu/spare",
+        "cpu/spare/kubepods",
+        "cpu/spare/kubepods/pod-b",
+        "memory/spare",
+        "memory/spare/kubepods",
+        "memory/spare/kubepods/pod-b",
+    }
+    node = RealNode("real-1", "c", NET, tmp_path / "n", NodeBinaries(tmp_path, {}), tmp_path / "claim", True)
+    assert node.second and node.cgroup_parent == "modeldeploy-c-real-1"
 
 
 def test_kube_proxy_config() -> None:

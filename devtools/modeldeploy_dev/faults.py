@@ -347,3 +347,95 @@ class SpareNode:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+class RealSpareNode:
+    """A second real node (kubelet and containerd, LocalCluster.spare_real_node()) that a chaos case
+    loses; the same interface as SpareNode.
+
+    `lose()` is a power loss: kubelet, containerd, the runc shims and every container process of the
+    node SIGKILLed, and the pods' veths removed from its bridge, so their IPs answer nothing (as for
+    a host that died on a live switch). With `pods=False` only kubelet and containerd die: the shims
+    and the containers keep running and serving, cut off from the control plane. `remove()` (on
+    exit) force-deletes its pods and its Node, then stops and sweeps it (its own cgroups, directory
+    and bridge only: the first node's kube-proxy rules stay)."""
+
+    def __init__(self, local: LocalCluster, cluster: E2ECluster, name: str = "real-1") -> None:
+        self.local, self.cluster, self.name = local, cluster, name
+        self.node = local.spare_real_node(name)
+        self.bridge, self.cidr = self.node.net.bridge, self.node.net.pod_cidr
+        self.started = self.lost = False
+
+    def start(self, timeout: float = 180) -> RealSpareNode:
+        try:
+            self.cluster.core.read_node(self.name)
+            raise RuntimeError(f"node {self.name} exists already: another run's, not ours to reuse")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        self.started = True
+        self.local.start_spare_real_node(self.node)
+        return self
+
+    def pull(self, ref: str) -> float:
+        """Pull `ref` into the node's containerd from the cluster's registry (plain HTTP, as its
+        hosts.toml says); the seconds it took. The runtime image is 6.3 GB: a case pulls it before
+        the bundle change so the canary's start is not the pull."""
+        t0 = time.monotonic()
+        self.node.ctr("images", "pull", "--hosts-dir", str(self.node.lay.certs_d), ref, timeout=1800)
+        return time.monotonic() - t0
+
+    def ready(self) -> bool:
+        if self.started and not self.lost and self.node.pid("kubelet") is None:
+            raise RuntimeError(f"the {self.name} kubelet exited; see {self.node.lay.log('kubelet')}")
+        try:
+            return node_ready(self.cluster.core.read_node(self.name))
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def lose(self, pods: bool = True) -> float:
+        assert self.started, "lose() before start()"
+        self.lost = True
+        for component in ("kubelet", "containerd"):
+            if (pid := self.node.pid(component)) is not None:
+                os.kill(pid, signal.SIGKILL)
+        if not pods:
+            return time.monotonic()
+        from modeldeploy_dev.cluster.realnode import cleanup
+
+        scope = self.node.cgroup_parent
+        for _ in range(3):  # shims (their command lines name the node's directory), then containers
+            pids = cleanup.processes(self.node.lay.base) + cleanup.cgroup_pids(scope)
+            if not pids:
+                break
+            cleanup.kill_all(pids)
+            time.sleep(0.2)
+        for veth in cleanup.links(self.bridge)[1:]:
+            subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False, timeout=30)
+        return time.monotonic()
+
+    def remove(self) -> None:
+        if not self.started:
+            return
+        core = self.cluster.core
+        with contextlib.suppress(ApiException):
+            for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.name}").items:
+                m = p.metadata
+                if m is not None and m.name and m.namespace:
+                    with contextlib.suppress(ApiException):
+                        core.delete_namespaced_pod(m.name, m.namespace, grace_period_seconds=0)
+        with contextlib.suppress(ApiException):
+            core.delete_node(self.name)
+        if left := self.node.stop(None):
+            print(f"[chaos] {self.name} left behind: {left}")
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=30)
+        rule = self.node.forward_rule()
+        subprocess.run(["iptables", "-D", *rule], capture_output=True, check=False, timeout=30)
+
+    def __enter__(self) -> RealSpareNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()

@@ -126,16 +126,18 @@ def models_pv(
     host_dir: Path,
     size: str = "1Gi",
     labels: dict[str, str] | None = None,
-    node: str | None = None,
+    node: str | tuple[str, ...] | None = None,
 ) -> None:
     """PV `<ns>-models` + PVC `models` in `ns` (`core`: a CoreV1Api): `host_dir` (model directories,
     or symlinks to them) read-only, so a bundle names a model as `pvc://models/<dir>`. A hostPath
-    volume for the process node; with `node`, a `local` volume bound to that real node (kubelet
-    mounts it into the container)."""
+    volume for the process node; with `node`, a `local` volume bound to that real node, or to any of
+    several real nodes of this machine, which share its filesystem (kubelet mounts it into the
+    container)."""
     pv = f"{ns}-models"
     source: dict[str, Any] = {"hostPath": {"path": str(host_dir), "type": "Directory"}}
     if node is not None:
-        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+        nodes = [node] if isinstance(node, str) else list(node)
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
         affinity = {"required": {"nodeSelectorTerms": [term]}}
         source = {"local": {"path": str(host_dir)}, "nodeAffinity": affinity}
     core.create_persistent_volume(
@@ -176,7 +178,9 @@ def tiny_model_pv(cluster: E2ECluster, ns: str, tmp: Path) -> str:
     return dir_digest(model)
 
 
-def tiny_model_local_pv(cluster: E2ECluster, ns: str, root: Path, node: str = "real-0") -> str:
+def tiny_model_local_pv(
+    cluster: E2ECluster, ns: str, root: Path, node: str | tuple[str, ...] = "real-0"
+) -> str:
     """The tiny model under root/models/tiny-llama behind the `models` PVC as a `local` volume on the
     real node `node`; returns its digest. Readable by the pod's user: kubelet applies no fsGroup
     ownership to a read-only volume (seen: PermissionError on model.safetensors, written 0600)."""

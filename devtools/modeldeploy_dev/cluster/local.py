@@ -229,6 +229,31 @@ class LocalCluster:
             claim=cache_root() / "run" / "realnode.owner",
         )
 
+    def spare_real_node(self, name: str = "real-1"):  # noqa: ANN201 - RealNode (lazy import)
+        """A second real node of this cluster, for the chaos cases that lose a node: its own bridge
+        (`<bridge>s`) and pod CIDR (the real node's, 10 higher in its third octet), directory and cgroup
+        root; no kube-proxy and no machine claim (RealNode `second`). Started and stopped by the case."""
+        import ipaddress
+
+        from modeldeploy_dev.cluster.realnode import NodeBinaries, NodeNet, RealNode
+
+        net = ipaddress.ip_network(self.s.node_pod_cidr)
+        cidr = ipaddress.ip_network((int(net.network_address) + (10 << 8), net.prefixlen))
+        return RealNode(
+            name,
+            self.s.name,
+            NodeNet(f"{self.s.node_bridge}s", str(cidr)),
+            self.run_dir / f"realnode-{name}",
+            NodeBinaries(cache_root(), self.bins.versions),
+            claim=cache_root() / "run" / "realnode.owner",
+            second=True,
+        )
+
+    def start_spare_real_node(self, node, log=print) -> float:  # noqa: ANN001 - RealNode, print-like
+        """Start `node` (spare_real_node()) against this running cluster; the join time in seconds."""
+        node.trust_registry(self.registry().host)
+        return node.start(self.kubeconfig, self.cluster_dir / "pki", self.api_server(), log)
+
     def registry(self):  # noqa: ANN201 - Registry (lazy import, like real_node)
         """The loopback registry the real node pulls from; its storage outlives the cluster."""
         from modeldeploy_dev.cluster.realnode import NodeBinaries

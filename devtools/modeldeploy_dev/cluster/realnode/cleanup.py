@@ -44,21 +44,25 @@ def processes(base: Path) -> list[int]:
     return sorted(out)
 
 
-def kubepods_cgroups() -> list[Path]:
-    """Every kubepods cgroup directory, deepest first (the order rmdir needs)."""
+def kubepods_cgroups(parent: str = "") -> list[Path]:
+    """Every kubepods cgroup directory, deepest first (the order rmdir needs). `parent`: the kubelet's
+    cgroupRoot below each controller ("" for "/"; a second node on the machine has its own), whose
+    own directory is listed too (last) when it is not the root."""
     dirs: list[Path] = []
     with contextlib.suppress(OSError):
         for ctrl in CGROUP_ROOT.iterdir():
-            top = ctrl / KUBEPODS
+            top = ctrl / parent / KUBEPODS if parent else ctrl / KUBEPODS
             if top.is_dir():
                 dirs.extend(p for p in top.rglob("*") if p.is_dir())
                 dirs.append(top)
+            if parent and (ctrl / parent).is_dir():
+                dirs.append(ctrl / parent)
     return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
 
 
-def cgroup_pids() -> list[int]:
+def cgroup_pids(parent: str = "") -> list[int]:
     pids: set[int] = set()
-    for d in kubepods_cgroups():
+    for d in kubepods_cgroups(parent):
         with contextlib.suppress(OSError, ValueError):
             pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
     return sorted(pids)
@@ -105,14 +109,16 @@ def log_links(base: Path) -> list[Path]:
     return out
 
 
-def leftovers(base: Path, bridge: str) -> list[str]:
-    """Human-readable list of everything of the node still on the host; [] when clean."""
+def leftovers(base: Path, bridge: str, parent: str = "", rules: bool = True) -> list[str]:
+    """Human-readable list of everything of the node still on the host; [] when clean. A second node
+    (`parent`: its cgroupRoot; `rules` False: it runs no kube-proxy) leaves the machine-wide iptables
+    chains to the first."""
     left = [f"process {p}: {_cmd(p)}" for p in processes(base)]
-    left += [f"container process {p}: {_cmd(p)}" for p in cgroup_pids()]
+    left += [f"container process {p}: {_cmd(p)}" for p in cgroup_pids(parent)]
     left += [f"mount {m}" for m in mounts(base)]
     left += [f"link {n}" for n in links(bridge)]
-    left += [f"iptables {r}" for r in iptables_rules()]
-    left += [f"cgroup {d}" for d in kubepods_cgroups()]
+    left += [f"iptables {r}" for r in iptables_rules()] if rules else []
+    left += [f"cgroup {d}" for d in kubepods_cgroups(parent)]
     left += [f"log link {p}" for p in log_links(base)]
     return left
 
@@ -130,11 +136,12 @@ def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(p, sig)
 
 
-def sweep(base: Path, bridge: str, log=print) -> None:  # noqa: ANN001 - a print-like callable
+def sweep(base: Path, bridge: str, log=print, parent: str = "", rules: bool = True) -> None:  # noqa: ANN001
     """Remove whatever the orderly stop left (a crashed node, SIGKILLed shims): kill, unmount,
-    delete links, rules and cgroups. Safe to run when nothing is left."""
+    delete links, rules (`rules`: the machine's one kube-proxy node only) and cgroups (below
+    `parent`, the kubelet's cgroupRoot). Safe to run when nothing is left."""
     for _ in range(3):
-        pids = processes(base) + cgroup_pids()
+        pids = processes(base) + cgroup_pids(parent)
         if not pids:
             break
         log(f"[real-node] killing leftover processes {pids}")
@@ -145,8 +152,9 @@ def sweep(base: Path, bridge: str, log=print) -> None:  # noqa: ANN001 - a print
             _run("umount", "-l", mp)
     for name in reversed(links(bridge)):  # veths first, the bridge last
         _run("ip", "link", "del", name)
-    _flush_kube_chains()
-    for d in kubepods_cgroups():
+    if rules:
+        _flush_kube_chains()
+    for d in kubepods_cgroups(parent):
         for _ in range(20):
             try:
                 d.rmdir()

@@ -215,9 +215,11 @@ def cni_conflist(name: str, net: NodeNet, data_dir: Path) -> dict:
     }
 
 
-def kubelet_yaml(lay: Layout, net: NodeNet, port: int, ca_file: Path) -> str:
+def kubelet_yaml(lay: Layout, net: NodeNet, port: int, ca_file: Path, cgroup_root: str = "/") -> str:
     """KubeletConfiguration for cgroup v1 without systemd: `failCgroupV1: false` (v1.35+ refuses
-    cgroup v1 otherwise), `cgroupDriver: cgroupfs`. It listens on the bridge address only; its
+    cgroup v1 otherwise), `cgroupDriver: cgroupfs`. `cgroup_root`: a second node on the machine
+    keeps its pods below a cgroup of its own, or each kubelet would remove the other's pod cgroups
+    as orphans. It listens on the bridge address only; its
     API needs a client certificate from the cluster CA and is authorized by the apiserver
     (Webhook). No cluster DNS: pods use Service addresses (see README "Real node"). oomScoreAdj 0
     for kubelet itself: a negative one needs CAP_SYS_RESOURCE, which these machines lack."""
@@ -234,6 +236,7 @@ authentication:
 authorization:
   mode: Webhook
 cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://{lay.containerd_sock}

@@ -114,8 +114,22 @@ class NodeBinaries:
 
 
 class RealNode:
+    """kubelet, containerd and (on the first node) kube-proxy on this machine's network namespace.
+
+    A second node of the same cluster (`second=True`: a chaos case's spare) shares the host with the
+    first: its pods live below a cgroup root of their own (`cgroup_parent`), it runs no kube-proxy
+    (the first one's rules serve every pod of the host network namespace) and takes no machine claim
+    (the first node's cluster holds it)."""
+
     def __init__(
-        self, name: str, cluster: str, net: NodeNet, base: Path, bins: NodeBinaries, claim: Path
+        self,
+        name: str,
+        cluster: str,
+        net: NodeNet,
+        base: Path,
+        bins: NodeBinaries,
+        claim: Path,
+        second: bool = False,
     ) -> None:
         self.name = name
         self.cluster = cluster
@@ -123,6 +137,8 @@ class RealNode:
         self.lay = Layout(base)
         self.bins = bins
         self.claim = claim  # machine-wide: which cluster owns the one real node
+        self.second = second
+        self.cgroup_parent = f"modeldeploy-{cluster}-{name}" if second else ""
 
     # --- host network -------------------------------------------------------------------------
     def ensure_bridge(self) -> None:
@@ -140,21 +156,17 @@ class RealNode:
         Path(f"/proc/sys/net/ipv4/conf/{self.net.bridge}/forwarding").write_text("1\n")
         # Docker sets the FORWARD policy to DROP; bridged pod-to-pod frames pass iptables
         # (br_netfilter), so accept what stays on this bridge. Tagged for `down`.
-        rule = [
-            "FORWARD",
-            "-i",
-            self.net.bridge,
-            "-o",
-            self.net.bridge,
-            "-m",
-            "comment",
-            "--comment",
-            f"{cleanup.RULE_TAG}:{self.cluster}",
-            "-j",
-            "ACCEPT",
-        ]
+        rule = self.forward_rule()
         if subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
             subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True)
+
+    def forward_rule(self) -> list[str]:
+        """The FORWARD rule accepting what stays on this node's bridge (tagged for `down`)."""
+        tag = f"{cleanup.RULE_TAG}:{self.cluster}"
+        return [
+            *("FORWARD", "-i", self.net.bridge, "-o", self.net.bridge),
+            *("-m", "comment", "--comment", tag, "-j", "ACCEPT"),
+        ]
 
     def guard_api_port(self, port: int) -> None:
         """kube-apiserver listens on all addresses (see LocalCluster._config_file): accept its
@@ -199,7 +211,8 @@ class RealNode:
         kubelet's start to the Node being Ready (the join time)."""
         if missing := self.bins.missing():
             raise RuntimeError(f"real node: missing {missing}; run `make real-node-build`")
-        self.claim_machine()
+        if not self.second:
+            self.claim_machine()
         self.ensure_bridge()
         lay = self.lay
         for d in (lay.base, lay.pki, lay.cni_conf_dir, lay.cni_data_dir, lay.kubelet_root, lay.pod_logs):
@@ -216,7 +229,8 @@ class RealNode:
         self._start_kubelet(ca, log)
         self.wait_ready(admin_kubeconfig, timeout=180)
         join = time.monotonic() - t0
-        self._start_kube_proxy(log)
+        if not self.second:
+            self._start_kube_proxy(log)
         return join
 
     def _start_containerd(self, log) -> None:  # noqa: ANN001
@@ -260,7 +274,16 @@ class RealNode:
         lay = self.lay
         if self.pid("kubelet"):
             return
-        lay.kubelet_config.write_text(kubelet_yaml(lay, self.net, _free_port(self.net.gateway), ca))
+        if self.cgroup_parent:  # kubelet refuses a cgroupRoot that does not exist (cgroup v1 here)
+            for ctrl in cleanup.CGROUP_ROOT.iterdir():
+                if (ctrl / "cgroup.procs").exists():
+                    (ctrl / self.cgroup_parent).mkdir(exist_ok=True)
+                for f in ("cpuset.cpus", "cpuset.mems"):  # a new v1 cpuset starts empty: no task may join
+                    if (ctrl / f).exists() and not (ctrl / self.cgroup_parent / f).read_text().strip():
+                        (ctrl / self.cgroup_parent / f).write_text((ctrl / f).read_text())
+        cgroup_root = f"/{self.cgroup_parent}" if self.cgroup_parent else "/"
+        port = _free_port(self.net.gateway)
+        lay.kubelet_config.write_text(kubelet_yaml(lay, self.net, port, ca, cgroup_root))
         log(f"[real-node] starting kubelet {self.name} ({self.net.gateway}, pods {self.net.pod_cidr})")
         self._spawn(
             "kubelet",
@@ -360,9 +383,9 @@ class RealNode:
                 return None
         return pid
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bins.ctr), "--address", str(self.lay.containerd_sock), "--namespace", "k8s.io", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=check)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check)
 
     # --- down ---------------------------------------------------------------------------------
     def stop(self, admin_kubeconfig: Path | None, log=print) -> list[str]:  # noqa: ANN001
@@ -372,19 +395,21 @@ class RealNode:
         if admin_kubeconfig and admin_kubeconfig.exists() and self.pid("kubelet"):
             with contextlib.suppress(Exception):
                 self._drain(admin_kubeconfig, log)
-        self._terminate("kube-proxy", log)
-        if os.access(self.bins.kube_proxy, os.X_OK):
-            subprocess.run([str(self.bins.kube_proxy), "--cleanup"], capture_output=True, timeout=120)
+        if not self.second:
+            self._terminate("kube-proxy", log)
+            if os.access(self.bins.kube_proxy, os.X_OK):
+                subprocess.run([str(self.bins.kube_proxy), "--cleanup"], capture_output=True, timeout=120)
         self._terminate("kubelet", log)
         if self.pid("containerd"):
             for cid in self.ctr("tasks", "ls", "-q", check=False).stdout.split():
                 self.ctr("tasks", "kill", "-s", "SIGKILL", cid, check=False)
         self._terminate("containerd", log)
-        cleanup.sweep(self.lay.base, self.net.bridge, log)
-        left = cleanup.leftovers(self.lay.base, self.net.bridge)
+        scope = {"parent": self.cgroup_parent, "rules": not self.second}
+        cleanup.sweep(self.lay.base, self.net.bridge, log, **scope)
+        left = cleanup.leftovers(self.lay.base, self.net.bridge, **scope)
         if not left:
             shutil.rmtree(self.lay.base, ignore_errors=True)
-            if self.owns_claim():
+            if not self.second and self.owns_claim():
                 self.claim.unlink(missing_ok=True)
         return left
 
