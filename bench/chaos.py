@@ -592,8 +592,9 @@ def stable_restored(
             seen = True
             clock.mark("stable pod bound to the lost node")
             out.notes.append(
-                f"the rollback's new stable pod was bound to the lost node {lost} at "
-                f"{clock.marks['stable pod bound to the lost node']} s (still Ready in the API)"
+                f"the rollback's new stable pod was bound to the lost node {lost} (seen at "
+                f"{clock.marks['stable pod bound to the lost node']} s; bound while the node was "
+                "still Ready in the API)"
             )
         operator_deleted(cluster, ns, clock, out)
         if back := ready_pods_of(cluster, ns, old, 2):
