@@ -259,6 +259,39 @@ def cordon(cluster: E2ECluster, node: str, unschedulable: bool = True) -> None:
     cluster.core.patch_node(node, {"spec": {"unschedulable": unschedulable}})
 
 
+def _node_is_ready(cluster: E2ECluster, name: str) -> bool:
+    """The Node's Ready condition is True (False while it does not exist)."""
+    try:
+        return node_ready(cluster.core.read_node(name))
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+
+
+def _absent(cluster: E2ECluster, name: str) -> None:
+    """Refuse to start a spare node whose Node exists: another run's, not ours to reuse."""
+    try:
+        cluster.core.read_node(name)
+        raise RuntimeError(f"node {name} exists already: another run's, not ours to reuse")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+def _decommission(cluster: E2ECluster, name: str) -> None:
+    """Force-delete the node's pods (on a dead node they stay Terminating otherwise), then its Node."""
+    core = cluster.core
+    with contextlib.suppress(ApiException):
+        for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+            m = p.metadata
+            if m is not None and m.name and m.namespace:
+                with contextlib.suppress(ApiException):
+                    core.delete_namespaced_pod(m.name, m.namespace, grace_period_seconds=0)
+    with contextlib.suppress(ApiException):
+        core.delete_node(name)
+
+
 class SpareNode:
     """A second process node (its own agent, state dir, bridge and pod CIDR) that a chaos case loses.
 
@@ -279,12 +312,7 @@ class SpareNode:
 
     def start(self, timeout: float = 90) -> SpareNode:
         """Start the agent and wait until its Node is Ready."""
-        try:
-            self.cluster.core.read_node(self.name)
-            raise RuntimeError(f"node {self.name} exists already: another run's, not ours to reuse")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        _absent(self.cluster, self.name)
         self.state.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "modeldeploy_dev.procnode", "--kubeconfig", self.cluster.kubeconfig]
         argv += ["--node", self.name, "--bridge", self.bridge, "--pod-cidr", self.cidr]
@@ -301,12 +329,7 @@ class SpareNode:
         if self.proc is not None and self.proc.poll() is not None and not self.lost:
             tail = (self.state / "procnode.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the {self.name} agent exited ({self.proc.returncode}):\n{tail}")
-        try:
-            return node_ready(self.cluster.core.read_node(self.name))
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
+        return _node_is_ready(self.cluster, self.name)
 
     def lose(self, pods: bool = True) -> float:
         """The power loss (see the class); returns the time.monotonic() when it is complete. With
@@ -331,15 +354,7 @@ class SpareNode:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         kill_leftovers(self.state)
-        core = self.cluster.core
-        with contextlib.suppress(ApiException):
-            for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.name}").items:
-                m = p.metadata
-                if m is not None and m.name and m.namespace:
-                    with contextlib.suppress(ApiException):
-                        core.delete_namespaced_pod(m.name, m.namespace, grace_period_seconds=0)
-        with contextlib.suppress(ApiException):
-            core.delete_node(self.name)
+        _decommission(self.cluster, self.name)
         Network(self.bridge, self.cidr).destroy_all()
 
     def __enter__(self) -> SpareNode:
@@ -366,13 +381,8 @@ class RealSpareNode:
         self.bridge, self.cidr = self.node.net.bridge, self.node.net.pod_cidr
         self.started = self.lost = False
 
-    def start(self, timeout: float = 180) -> RealSpareNode:
-        try:
-            self.cluster.core.read_node(self.name)
-            raise RuntimeError(f"node {self.name} exists already: another run's, not ours to reuse")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    def start(self) -> RealSpareNode:
+        _absent(self.cluster, self.name)
         self.started = True
         self.local.start_spare_real_node(self.node)
         return self
@@ -388,12 +398,7 @@ class RealSpareNode:
     def ready(self) -> bool:
         if self.started and not self.lost and self.node.pid("kubelet") is None:
             raise RuntimeError(f"the {self.name} kubelet exited; see {self.node.lay.log('kubelet')}")
-        try:
-            return node_ready(self.cluster.core.read_node(self.name))
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
+        return _node_is_ready(self.cluster, self.name)
 
     def lose(self, pods: bool = True) -> float:
         assert self.started, "lose() before start()"
@@ -419,15 +424,7 @@ class RealSpareNode:
     def remove(self) -> None:
         if not self.started:
             return
-        core = self.cluster.core
-        with contextlib.suppress(ApiException):
-            for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.name}").items:
-                m = p.metadata
-                if m is not None and m.name and m.namespace:
-                    with contextlib.suppress(ApiException):
-                        core.delete_namespaced_pod(m.name, m.namespace, grace_period_seconds=0)
-        with contextlib.suppress(ApiException):
-            core.delete_node(self.name)
+        _decommission(self.cluster, self.name)
         if left := self.node.stop(None):
             print(f"[chaos] {self.name} left behind: {left}")
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=30)
