@@ -48,6 +48,17 @@ def test_operator_chart_with_crds_syncs_before_the_models() -> None:
     assert "SkipDryRunOnMissingResource=true" in models["spec"]["syncPolicy"]["syncOptions"]
 
 
+def test_operator_values_are_the_charts_and_name_a_gate_key_secret() -> None:
+    """Argo CD renders without cluster access: a chart-made gate key would change on every sync."""
+    from modeldeploy.operator.api.chart import Values
+
+    values = apps()["modeldeploy-operator"]["spec"]["source"]["helm"]["valuesObject"]
+    chart = yaml.safe_load((ROOT / "charts/modeldeploy-operator/values.yaml").read_text())
+    typed = Values.model_validate(chart | values)
+    assert typed.gateKey.existingSecret == "modeldeploy-gate-key"
+    assert "secret generic modeldeploy-gate-key" in (ROOT / "examples/argocd/README.md").read_text()
+
+
 def test_models_app_syncs_valid_model_deployments() -> None:
     src = apps()["modeldeploy-models"]["spec"]["source"]
     files = sorted((ROOT / src["path"]).glob(src["directory"]["include"]))
