@@ -64,6 +64,9 @@ class FakeKube:
     def list_nodes(self) -> list[dict[str, Any]]:
         return copy.deepcopy(self.nodes)
 
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        return next((copy.deepcopy(n) for n in self.nodes if n["metadata"]["name"] == name), None)
+
     def list_bound_pods(self) -> list[dict[str, Any]]:
         return [
             copy.deepcopy(o)

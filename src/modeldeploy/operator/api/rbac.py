@@ -26,7 +26,8 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": rw},
         # spec.rollout.trafficRouting.gatewayAPI: the operator owns one HTTPRoute per object
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"], "verbs": rw},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+        # get: the node a not-Ready pod of ours sits on, read fresh for the lost-node check
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
         # spec.rollout.analysis.quality.evalSet.configMapRef: the pinned evaluation set
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
         # delete: a pod the rollout waits on, not Ready on a node marked lost (rollout/plan.py)

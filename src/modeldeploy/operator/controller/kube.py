@@ -91,6 +91,15 @@ class Kube:
                 return None
             raise
 
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        """One Node (a lost-node check of the node a not-Ready pod of ours sits on), None if gone."""
+        try:
+            return _json(self.core.read_node(name, **RAW))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]]:
         """Objects of `kind` (Deployment, Service, NetworkPolicy, Pod) by label."""
         lister = {

@@ -9,6 +9,7 @@ MAX_PROBES load probes of PROBE_TIMEOUT_S each per reconcile, one conformance ru
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from modeldeploy.operator.analysis.gate import ConformanceRunner
@@ -62,7 +64,11 @@ from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests,
 # pod often costs more of the operator's run time than its reconciles.
 # A capacity decision reads a list begun after its pass began, whatever the age (`get(since=...)`),
 # and a "no node can ever fit" verdict one at most UNFIT_TTL_S old: a node just added counts soon.
+log = logging.getLogger("modeldeploy.operator")
 NODE_TTL_S = 60.0
+# How old a single node's read may be when one of our pods sits there not Ready: the lost-node check
+# (plan_lost_pods) reads those nodes, not the list, so a node marked lost counts within seconds
+NODE_READ_TTL_S = 10.0
 UNFIT_TTL_S = 15.0
 MAX_PROBES = 8
 PROBE_TIMEOUT_S = 0.5
@@ -145,6 +151,40 @@ class NodeCache:
 
     def claims(self, key: ObjectKey) -> bool:
         return key in self._claims
+
+
+class NodeReads:
+    """Fresh single-node reads for the nodes our not-Ready pods sit on. The node list is up to
+    NODE_TTL_S old, which would delay the operator's reaction to a lost node (plan_lost_pods) by up to
+    a minute; these few GETs, each kept NODE_READ_TTL_S, see the node controller's taint in seconds.
+    A node that cannot be read is not called lost."""
+
+    def __init__(
+        self, kube: Kube, ttl_s: float = NODE_READ_TTL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.kube, self.ttl_s, self.clock = kube, ttl_s, clock
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
+
+    def lost(self, names: set[str]) -> frozenset[str]:
+        now, out = self.clock(), set()
+        for name in sorted(names):
+            with self._lock:
+                at, lost = self._seen.get(name, (None, False))
+            if at is None or now - at > self.ttl_s:
+                try:
+                    node = self.kube.get_node(name)
+                except (ApiException, OSError, ValueError) as e:
+                    log.warning("node %s: cannot read it for the lost-node check: %s", name, e)
+                    continue
+                lost = node is not None and bool(lost_nodes([NodeInfo.from_node(node)]))
+                with self._lock:
+                    self._seen[name] = (now, lost)
+                    for old in [n for n, (t, _) in self._seen.items() if now - t > 10 * self.ttl_s]:
+                        del self._seen[old]
+            if lost:
+                out.add(name)
+        return frozenset(out)
 
 
 class LoadProbe:
@@ -246,6 +286,7 @@ class Observer:
         self.together = together  # a pool's map: the children's LISTs in one round trip's time
         self.store = store
         self.operator_namespace = operator_namespace()  # the NetworkPolicy admits it to /metrics
+        self.node_reads = NodeReads(kube)
         self.gate_key = GateKey.from_env()  # how the gates ask keyed pods (gatekey.py); None: cannot
 
     def observe(self, md: dict[str, Any], fresh: bool = True) -> Observed:
@@ -271,7 +312,9 @@ class Observer:
         nodes = self.nodes.get()
         obs = Observed(deps, svcs, nodes, loading, errors, prefetch_waiting=pulling)
         if pods and nodes is not None:
-            obs.lost_pods = lost_pods(pods, lost_nodes(nodes))
+            lost = lost_nodes(nodes)
+            lost |= self.node_reads.lost(suspect_nodes(pods) - lost)  # the list may be a minute old
+            obs.lost_pods = lost_pods(pods, lost)
         obs.policies, obs.operator_namespace = policies, self.operator_namespace
         if self.gate_key is not None:
             obs.gate_key_sha256 = self.gate_key.digest(ns, name, uid)
@@ -414,6 +457,17 @@ def _error_key(pod: dict[str, Any]) -> str:
 
 def _owned(o: dict[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", []))
+
+
+def suspect_nodes(pods: list[dict[str, Any]]) -> set[str]:
+    """The nodes our pods sit on not Ready (and not being deleted): where a lost node would show."""
+    return {
+        node
+        for p in pods
+        if (node := (p.get("spec") or {}).get("nodeName"))
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+        and not pod_ready(p)
+    }
 
 
 def lost_pods(pods: list[dict[str, Any]], lost: frozenset[str]) -> dict[str, list[LostPod]]:
