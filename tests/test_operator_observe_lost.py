@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeldeploy.operator.controller.observe import NodeReads, lost_pods, suspect_nodes
+from modeldeploy.operator.controller.observe import MAX_NODE_READS, NodeReads, lost_pods, suspect_nodes
 from modeldeploy.operator.rollout.actions import LostPod
 from modeldeploy.operator.rollout.topology import NodeInfo, lost_nodes
 
@@ -90,3 +90,12 @@ def test_node_reads_see_a_lost_node_in_seconds_and_keep_each_read_a_while() -> N
     now[0] = 11.0
     assert reads.lost({"a", "b"}) == {"a", "b"} and kube.reads == 5
     assert NodeReads(FakeKube({}, broken=True)).lost({"a"}) == frozenset()  # type: ignore[arg-type]
+
+
+def test_node_reads_are_bounded_per_pass() -> None:
+    kube = FakeKube(
+        {f"n{i:02d}": node(f"n{i:02d}", ("node.kubernetes.io/unreachable", "NoExecute")) for i in range(40)}
+    )
+    reads = NodeReads(kube, clock=lambda: 0.0)  # type: ignore[arg-type]
+    assert len(reads.lost({f"n{i:02d}" for i in range(40)})) == MAX_NODE_READS == kube.reads
+    assert len(reads.lost({f"n{i:02d}" for i in range(40)})) == 40  # the rest on the next pass

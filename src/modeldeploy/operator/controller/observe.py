@@ -59,16 +59,18 @@ from modeldeploy.operator.rollout.prefetch import waiting as prefetch_waiting
 from modeldeploy.operator.rollout.progression import epoch, iso, policy
 from modeldeploy.operator.rollout.topology import NodeInfo, Nodes, gpu_requests, lost_nodes
 
+log = logging.getLogger("modeldeploy.operator")
+
 # How old the node list a pass plans on may be. What a pass reads of it is mostly what nodes are (labels,
 # allocatable GPUs, taints), which rarely changes, while relisting thousands of nodes and every bound
 # pod often costs more of the operator's run time than its reconciles.
 # A capacity decision reads a list begun after its pass began, whatever the age (`get(since=...)`),
 # and a "no node can ever fit" verdict one at most UNFIT_TTL_S old: a node just added counts soon.
-log = logging.getLogger("modeldeploy.operator")
 NODE_TTL_S = 60.0
 # How old a single node's read may be when one of our pods sits there not Ready: the lost-node check
 # (plan_lost_pods) reads those nodes, not the list, so a node marked lost counts within seconds
 NODE_READ_TTL_S = 10.0
+MAX_NODE_READS = 32  # single-node GETs per pass at most (a rollout loading pods on hundreds of nodes)
 UNFIT_TTL_S = 15.0
 MAX_PROBES = 8
 PROBE_TIMEOUT_S = 0.5
@@ -157,7 +159,8 @@ class NodeReads:
     """Fresh single-node reads for the nodes our not-Ready pods sit on. The node list is up to
     NODE_TTL_S old, which would delay the operator's reaction to a lost node (plan_lost_pods) by up to
     a minute; these few GETs, each kept NODE_READ_TTL_S, see the node controller's taint in seconds.
-    A node that cannot be read is not called lost."""
+    A node that cannot be read is not called lost; past MAX_NODE_READS a pass reads no more (the rest
+    wait for the next pass or the list)."""
 
     def __init__(
         self, kube: Kube, ttl_s: float = NODE_READ_TTL_S, clock: Callable[[], float] = time.monotonic
@@ -167,11 +170,14 @@ class NodeReads:
         self._seen: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
 
     def lost(self, names: set[str]) -> frozenset[str]:
-        now, out = self.clock(), set()
+        now, out, reads = self.clock(), set(), 0
         for name in sorted(names):
             with self._lock:
                 at, lost = self._seen.get(name, (None, False))
             if at is None or now - at > self.ttl_s:
+                if reads >= MAX_NODE_READS:
+                    continue
+                reads += 1
                 try:
                     node = self.kube.get_node(name)
                 except (ApiException, OSError, ValueError) as e:
