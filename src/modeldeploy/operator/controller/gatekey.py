@@ -9,8 +9,10 @@ ModelDeployment get only the token's sha256 (env MODELDEPLOY_GATE_KEY_SHA256), s
   pods it could already reach with the API key it is given, never another ModelDeployment's;
 - the digest depends on the object's uid, so a ModelDeployment deleted and created again under the
   same name gets a new token.
-Rotating the operator's key changes the digest, so the current bundle's pods roll once (a Deployment
-rolling update, not a canary).
+The digest is written into every keyed pod while the operator has a key, gates or not, so that a
+gate turned on later finds the stable pods ready for it. Giving an operator its first key, or
+rotating it, changes the current bundle's pod template: those pods roll once (a Deployment rolling
+update, not a canary).
 """
 
 from __future__ import annotations
