@@ -456,6 +456,10 @@ class LocalCluster:
         then let kwokctl stop and delete the control plane. Leaves no process and no port."""
         with self._lock():
             if self.s.real_node:
+                spare = self.spare_real_node()
+                if spare.lay.base.exists():  # a chaos case that never removed its second node
+                    if left := spare.stop(None, log):  # its FORWARD rule goes with the first node's sweep
+                        log(f"[cluster] second real node left behind: {left}")
                 node = self.real_node()
                 self.registry().down()
                 left = node.stop(self.kubeconfig if self.cluster_running() else None, log)
