@@ -410,13 +410,7 @@ class RealSpareNode:
             return time.monotonic()
         from modeldeploy_dev.cluster.realnode import cleanup
 
-        scope = self.node.cgroup_parent
-        for _ in range(3):  # shims (their command lines name the node's directory), then containers
-            pids = cleanup.processes(self.node.lay.base) + cleanup.cgroup_pids(scope)
-            if not pids:
-                break
-            cleanup.kill_all(pids)
-            time.sleep(0.2)
+        cleanup.kill_node_processes(self.node.lay.base, self.node.cgroup_parent, lambda _: None, pause=0.2)
         for veth in cleanup.links(self.bridge)[1:]:
             subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False, timeout=30)
         return time.monotonic()
@@ -425,11 +419,8 @@ class RealSpareNode:
         if not self.started:
             return
         _decommission(self.cluster, self.name)
-        if left := self.node.stop(None):
+        if left := self.node.stop(None):  # its veths, bridge and FORWARD rule too
             print(f"[chaos] {self.name} left behind: {left}")
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=30)
-        rule = self.node.forward_rule()
-        subprocess.run(["iptables", "-D", *rule], capture_output=True, check=False, timeout=30)
 
     def __enter__(self) -> RealSpareNode:
         return self.start()

@@ -458,7 +458,7 @@ class LocalCluster:
             if self.s.real_node:
                 spare = self.spare_real_node()
                 if spare.lay.base.exists():  # a chaos case that never removed its second node
-                    if left := spare.stop(None, log):  # its FORWARD rule goes with the first node's sweep
+                    if left := spare.stop(None, log):
                         log(f"[cluster] second real node left behind: {left}")
                 node = self.real_node()
                 self.registry().down()

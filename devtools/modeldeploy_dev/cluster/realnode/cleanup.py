@@ -136,17 +136,23 @@ def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(p, sig)
 
 
-def sweep(base: Path, bridge: str, log=print, parent: str = "", rules: bool = True) -> None:  # noqa: ANN001
-    """Remove whatever the orderly stop left (a crashed node, SIGKILLed shims): kill, unmount,
-    delete links, rules (`rules`: the machine's one kube-proxy node only) and cgroups (below
-    `parent`, the kubelet's cgroupRoot). Safe to run when nothing is left."""
+def kill_node_processes(base: Path, parent: str = "", log=print, pause: float = 0.5) -> None:  # noqa: ANN001
+    """SIGKILL the node's processes (command lines naming `base`: its daemons and runc shims) and its
+    containers (the cgroups below `parent`), three rounds at most (a shim may start one meanwhile)."""
     for _ in range(3):
         pids = processes(base) + cgroup_pids(parent)
         if not pids:
             break
         log(f"[real-node] killing leftover processes {pids}")
         kill_all(pids)
-        time.sleep(0.5)
+        time.sleep(pause)
+
+
+def sweep(base: Path, bridge: str, log=print, parent: str = "", rules: bool = True) -> None:  # noqa: ANN001
+    """Remove whatever the orderly stop left (a crashed node, SIGKILLed shims): kill, unmount,
+    delete links, rules (`rules`: the machine's one kube-proxy node only) and cgroups (below
+    `parent`, the kubelet's cgroupRoot). Safe to run when nothing is left."""
+    kill_node_processes(base, parent, log)
     for mp in mounts(base):
         if _run("umount", mp).returncode != 0:
             _run("umount", "-l", mp)

@@ -406,6 +406,8 @@ class RealNode:
         self._terminate("containerd", log)
         scope = {"parent": self.cgroup_parent, "rules": not self.second}
         cleanup.sweep(self.lay.base, self.net.bridge, log, **scope)
+        if self.second:  # the first node's sweep flushes every tagged rule; a second one removes its own
+            subprocess.run(["iptables", "-D", *self.forward_rule()], capture_output=True, check=False)
         left = cleanup.leftovers(self.lay.base, self.net.bridge, **scope)
         if not left:
             shutil.rmtree(self.lay.base, ignore_errors=True)

@@ -465,24 +465,25 @@ def _owned(o: dict[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences", []))
 
 
+def _stuck_on(p: dict[str, Any]) -> str | None:
+    """The node a pod sits on not Ready and not being deleted (None otherwise)."""
+    if (p.get("metadata") or {}).get("deletionTimestamp") or pod_ready(p):
+        return None
+    return (p.get("spec") or {}).get("nodeName")
+
+
 def suspect_nodes(pods: list[dict[str, Any]]) -> set[str]:
     """The nodes our pods sit on not Ready (and not being deleted): where a lost node would show."""
-    return {
-        node
-        for p in pods
-        if (node := (p.get("spec") or {}).get("nodeName"))
-        and not (p.get("metadata") or {}).get("deletionTimestamp")
-        and not pod_ready(p)
-    }
+    return {node for p in pods if (node := _stuck_on(p))}
 
 
 def lost_pods(pods: list[dict[str, Any]], lost: frozenset[str]) -> dict[str, list[LostPod]]:
     """bundle -> its pods that are not Ready, not being deleted, on a node in `lost`."""
     out: dict[str, list[LostPod]] = {}
     for p in pods:
-        meta, node = p.get("metadata") or {}, (p.get("spec") or {}).get("nodeName")
+        meta, node = p.get("metadata") or {}, _stuck_on(p)
         bundle = (meta.get("labels") or {}).get(BUNDLE_LABEL)
-        if node in lost and bundle and not meta.get("deletionTimestamp") and not pod_ready(p):
+        if node in lost and node and bundle:
             started = (p.get("status") or {}).get("phase", "Pending") != "Pending"
             out.setdefault(bundle, []).append(LostPod(meta.get("name", ""), node, started))
     return out
