@@ -83,10 +83,11 @@ def test_from_gguf_refuses_other_types_and_ragged_rows():
 
 @pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("rows", [1, 3, 8, 15, 32, 33, 100])
-def test_cpp_gemm_matches_float64_on_the_dequantized_weight(fmt, rows):
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 15, 32, 33, 100])
+@pytest.mark.parametrize("n", [80, 83])  # tiles of eight weight rows, and a ragged last tile
+def test_cpp_gemm_matches_float64_on_the_dequantized_weight(fmt, rows, n):
     rng = np.random.default_rng(rows)
-    n, k = 80, 768
+    k = 768
     w = quant.from_gguf(fmt, blocks(fmt, rng.standard_normal((n, k)).astype(np.float32) * 0.05, rng), k)
     x = torch.randn(rows, k)
     bias = torch.randn(n)
@@ -116,8 +117,8 @@ def test_long_chunks_on_a_big_weight_stay_on_the_fused_kernel(monkeypatch):
 
 
 @pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
-@pytest.mark.parametrize("n", [80, 83])  # four weight rows at a time at one row, and a ragged end
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 16])
+@pytest.mark.parametrize("n", [80, 83])  # tiles of eight weight rows, and a ragged last tile
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 13, 16, 17])
 def test_float_head_kernel_matches_float64(n, rows):
     """A plain float32 weight (a tied head) at up to FLOAT_MAX_ROWS rows goes to the streaming kernel
     (which itself takes any row count)."""
@@ -157,6 +158,24 @@ def test_float_head_kernel_hands_on_what_it_does_not_take(monkeypatch):
     with pytest.raises(ValueError, match="input has 63 features, the weight takes 64"):
         monkeypatch.undo()
         cpu_quant.linear_float(x[:2, :63], w)
+
+
+@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
+def test_unpacked_float_layers_stream_at_decode_sizes_and_go_to_blas_beyond(monkeypatch):
+    """With MODELDEPLOY_CPU_GEMM=0 the layers keep plain float32 weights: up to FLOAT_MAX_ROWS rows
+    `linear` streams them through the kernel (bias added after), beyond that F.linear."""
+    w, bias = torch.randn(40, 64) * 0.1, torch.randn(40)
+    calls = []
+    real = cpu_quant.linear_float
+    monkeypatch.setattr(cpu_quant, "linear_float", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    for rows in (1, 5, cpu_quant.FLOAT_MAX_ROWS, cpu_quant.FLOAT_MAX_ROWS + 1):
+        x = torch.randn(rows, 64)
+        ref = x.double() @ w.double().T + bias.double()
+        got = dispatch.linear(x, w, bias)
+        assert (got.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), rows
+    assert calls == [1, 5, cpu_quant.FLOAT_MAX_ROWS]
+    assert dispatch.linear(torch.randn(2, 3, 64), w).shape == (2, 3, 40)  # 3-D: F.linear
+    assert calls == [1, 5, cpu_quant.FLOAT_MAX_ROWS]
 
 
 def test_the_twin_runs_where_the_kernel_does_not(monkeypatch):
@@ -447,9 +466,11 @@ def test_real_model_q4_1_served_natively_equals_its_float32_import(real_gguf_dir
     assert all(m < 1e-4 for _, _, m in diverged), diverged
 
 
-def test_prebuilt_objects_per_level_include_the_quantized_gemm_and_its_portable_fallback(tmp_path):
-    """The image prebuilds both CPU kernels per x86-64 level (cpu_build.SOURCES); the x86-64-v2
-    object (no AVX2: the portable code path) computes what the twin does, float32 weights included."""
+def test_prebuilt_objects_per_level_include_the_quantized_gemm_and_each_computes_like_the_twin(tmp_path):
+    """The image prebuilds both CPU kernels per x86-64 level (cpu_build.SOURCES). Every level this CPU
+    runs is built and checked, so one machine covers each code path it can: x86-64-v2 the portable
+    scalar code, v3 AVX2, v4 AVX-512; quantized and float32 weights, one row (eight weight rows at
+    a time) and more, a ragged last tile."""
     import ctypes
     import platform
 
@@ -457,27 +478,35 @@ def test_prebuilt_objects_per_level_include_the_quantized_gemm_and_its_portable_
 
     if cpu_build.compiler() is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs a C++ compiler on x86-64")
-    built = cpu_build.build_prebuilt(tmp_path, ["x86-64-v2"], (cpu_build.QUANT_SOURCE,))
-    assert [b.name for b in built] == [cpu_build.prebuilt_name("x86-64-v2", cpu_build.QUANT_SOURCE)]
+    levels = cpu_build.levels_of(cpu_build.cpu_flags())
+    assert "x86-64-v2" in levels
+    built = cpu_build.build_prebuilt(tmp_path, levels, (cpu_build.QUANT_SOURCE,))
+    assert [b.name for b in built] == [cpu_build.prebuilt_name(lv, cpu_build.QUANT_SOURCE) for lv in levels]
     assert cpu_build.QUANT_SOURCE in cpu_build.SOURCES
-    lib = ctypes.CDLL(str(built[0]))
-    i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.mdq_linear.argtypes = [i, p, i64, i64, p, p, p, i64, p, i]
     rng = np.random.default_rng(4)
-    for fmt in ("Q4_1", "Q8_0"):
-        w = quant.from_gguf(fmt, gq.quantize(rng.standard_normal((64, 256)).astype(np.float32), QT[fmt]), 256)
-        x = torch.randn(5, 256)
-        out = torch.empty(5, 64)
-        z = None if w.zeros is None else w.zeros.data_ptr()
-        lib.mdq_linear(
-            w.bits, x.data_ptr(), 5, 256, w.qweight.data_ptr(), w.scales.data_ptr(), z, 64, out.data_ptr(), 1
-        )
-        ref = x.double() @ w.dequantize().double().T
-        assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), fmt
-    w32 = torch.randn(64, 256)  # the float32 path (the head): one row (four weight rows at a time), five
-    for rows in (1, 5):
-        x = torch.randn(rows, 256)
-        out = torch.empty(rows, 64)
-        lib.mdq_linear(32, x.data_ptr(), rows, 256, w32.data_ptr(), None, None, 64, out.data_ptr(), 2)
-        ref = x.double() @ w32.double().T
-        assert (out.double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item(), rows
+    n, k = 67, 256
+    weights = {
+        fmt: quant.from_gguf(fmt, gq.quantize(rng.standard_normal((n, k)).astype(np.float32), QT[fmt]), k)
+        for fmt in ("Q4_1", "Q8_0")
+    }
+    w32 = torch.randn(n, k)
+    i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    for level, path in zip(levels, built, strict=True):
+        lib = ctypes.CDLL(str(path))
+        lib.mdq_linear.argtypes = [i, p, i64, i64, p, p, p, i64, p, i]
+        for rows in (1, 2, 5, 13):
+            x = torch.randn(rows, k)
+            for fmt, w in [*weights.items(), ("F32", None)]:
+                out = torch.empty(rows, n)
+                if w is None:
+                    lib.mdq_linear(
+                        32, x.data_ptr(), rows, k, w32.data_ptr(), None, None, n, out.data_ptr(), 2
+                    )
+                    ref = x.double() @ w32.double().T
+                else:
+                    z = None if w.zeros is None else w.zeros.data_ptr()
+                    qw, sc = w.qweight.data_ptr(), w.scales.data_ptr()
+                    lib.mdq_linear(w.bits, x.data_ptr(), rows, k, qw, sc, z, n, out.data_ptr(), 2)
+                    ref = x.double() @ w.dequantize().double().T
+                err = (out.double() - ref).abs().max().item()
+                assert err <= 2e-6 * ref.abs().max().item(), (level, fmt, rows)

@@ -17,9 +17,12 @@ torch's BLAS, within 10 % of oneDNN there; except for weights too big for that b
 The float32 path is for the LM head, which the engine applies to one row per sampled sequence:
 a tied head is the embedding table itself, kept unpacked (the lookup needs it, and a packed copy
 would double its 113 MB on the real model), so it ran through torch's `mm`, whose GEMV falls to
-10-15 GB/s at 4-8 rows. Up to `FLOAT_MAX_ROWS` rows it goes through this kernel instead (decode
-steps 9-10 % faster at batch 4-8, equal at 1: bench/results/serving_real_cpu.md, "The head on a
-weight-streaming kernel"); beyond, F.linear, which MKL runs as a GEMM there and wins.
+10-15 GB/s at 4-8 rows. Up to `FLOAT_MAX_ROWS` rows it goes through this kernel instead; beyond,
+F.linear, which MKL runs as a GEMM there and wins. The same holds for the layers' weights when
+MODELDEPLOY_CPU_GEMM=0 keeps them plain (`dispatch.linear`): on an Intel Xeon with AVX-512 this
+kernel ran the layers' 120 GEMMs 1.06-1.4x faster than oneDNN's packed weights at 1-16 rows,
+within 10 % of MKL at 1-2 rows and 1.1-1.4x faster than it at 4-16 (bench/results/
+serving_real_cpu.md, "Decode on the kernels' own calls").
 
 Built and loaded like the paged-attention kernel (kernels/cpu_build.py: prebuilt per x86-64 level
 in the image, else compiled here on first use); without either, or with MODELDEPLOY_CPU_KERNELS=0,
@@ -47,7 +50,7 @@ SOURCE = cpu_build.QUANT_SOURCE
 ABI_VERSION = 2  # 2: bits 32 (float32 weights)
 FUSED_MAX_ROWS = 32  # more rows: de-quantize once, then BLAS (see the docstring)
 DEQUANT_MAX_WEIGHTS = 1 << 22  # ... for weights up to this many (a 16 MB float32 buffer)
-FLOAT_MAX_ROWS = 8  # a plain float32 weight: this kernel up to here, F.linear beyond
+FLOAT_MAX_ROWS = 16  # a plain float32 weight: this kernel up to here, F.linear beyond
 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable

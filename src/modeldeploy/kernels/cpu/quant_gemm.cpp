@@ -1,14 +1,15 @@
 // Weight-streaming linear layers on CPU for few rows: float32 activations times weights read once
 // from memory, either kept as 4-bit or 8-bit integers in groups of 32 along the input dimension, each
 // group with a float32 scale (and, for 4-bit, a float32 zero): w = q * scale + zero; or float32 as
-// they are (the tied head's embedding table, which is never packed for oneDNN). GGUF's Q4_0, Q4_1
-// and Q4_K and Q8_0 map onto the integer layouts exactly (kernels/quant.py). Twins:
-// `quant.QuantLinear.dequantize` then F.linear; F.linear for float32.
+// they are (the tied head's embedding table, never packed for oneDNN; and the layers' weights when
+// MODELDEPLOY_CPU_GEMM=0 keeps them plain). GGUF's Q4_0, Q4_1 and Q4_K and Q8_0 map onto the
+// integer layouts exactly (kernels/quant.py). Twins: `quant.QuantLinear.dequantize` then F.linear;
+// F.linear for float32.
 //
-// Plain C ABI (loaded with ctypes by kernels/cpu_quant.py), OpenMP over output rows with the
-// thread count the caller passes (torch.get_num_threads()).
-// AVX2 + FMA intrinsics where the build targets them (x86-64-v3 and v4; cpu_build.py builds one
-// object per level), else portable scalar code.
+// Plain C ABI (loaded with ctypes by kernels/cpu_quant.py), OpenMP over tiles of eight output rows
+// with the thread count the caller passes (torch.get_num_threads()). AVX-512 intrinsics where the
+// build targets them (x86-64-v4), AVX2 + FMA (x86-64-v3), else portable scalar code; cpu_build.py
+// builds one object per level.
 //
 // Layouts (row n of N, K inputs, G = K / 32 groups):
 //   4-bit: qw uint8 [N, K/2]; group g is 16 bytes, byte j holds q[j] (low nibble) and q[j+16]
@@ -22,11 +23,14 @@
 // whether or not the compiler fuses the multiply-add. Only the summation order of the dot
 // products differs from a float32 GEMM.
 //
-// Why a float32 path: at one to a few rows a GEMM is a GEMV, bound by reading the weight once.
-// torch's BLAS `mm` read the 49152 x 576 head at 10-15 GB/s at 4-8 rows on a 2-core machine that
-// streams 21-26 GB/s (and at 13-14 GB/s even at one row on another); this loop keeps two FMA chains
-// per activation row, so that loads, not FMA latency, bound it: 9-10 % off a decode step at batch
-// 4-8 (bench/results/serving_real_cpu.md, "The head on a weight-streaming kernel").
+// Why tiles: at one to a few rows a GEMM is a GEMV, bound by reading the weight once, if the
+// arithmetic keeps up. One accumulator per output row is a chain of dependent FMAs, and at one
+// activation row that chain, not memory, bounded the 4-bit kernel (5-8 GB/s on a machine that
+// streams ~20). A task owns eight weight rows and keeps eight accumulators in flight whatever the
+// activation rows (8 x 1, 4 x 2, 2 x 4, 1 x 8), fetching the next tile while it reads this one:
+// at one row the real model's Q4_1 layers went from 10-14 to 5.9-6.4 ms, Q8_0 from 11-21 to
+// 6.3-7.0 ms, its Q8_0 head from 1.7 to 1.1 ms (bench/results/serving_real_cpu.md, "Decode on
+// the kernels' own calls").
 
 #include <cstdint>
 #include <cstring>
@@ -37,9 +41,53 @@
 namespace {
 
 constexpr int GROUP = 32;
+constexpr int TILE = 8;  // output rows a task owns; R x TT = TILE accumulators in flight (see tile())
 
-#if defined(__AVX2__) && defined(__FMA__)
-// AVX2 + FMA (x86-64-v3 and v4): a group's 32 weights as four 8-float registers.
+#if defined(__AVX512F__)
+// AVX-512 (x86-64-v4): a group's 32 weights as two 16-float registers, widened straight from bytes.
+struct W {
+  __m512 v[2];
+};
+
+inline W group4(const uint8_t* row, const float* sc, const float* zr, int64_t g) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
+  const __m128i m = _mm_set1_epi8(15);
+  const __m512 s = _mm512_set1_ps(sc[g]), z = _mm512_set1_ps(zr[g]);
+  W w;
+  w.v[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m))), s, z);
+  w.v[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m))), s, z);
+  return w;
+}
+
+inline W group8(const int8_t* row, const float* sc, int64_t g) {
+  const __m512 s = _mm512_set1_ps(sc[g]);
+  const __m128i* p = reinterpret_cast<const __m128i*>(row + g * GROUP);
+  W w;
+  w.v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p))), s);
+  w.v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p + 1))), s);
+  return w;
+}
+
+inline W group32(const float* row, int64_t g) {
+  return W{{_mm512_loadu_ps(row + g * GROUP), _mm512_loadu_ps(row + g * GROUP + 16)}};
+}
+
+typedef __m512 Acc;
+inline Acc acc_zero() { return _mm512_setzero_ps(); }
+
+inline Acc acc_dot(Acc acc, const float* x, const W& w) {
+  acc = _mm512_fmadd_ps(_mm512_loadu_ps(x), w.v[0], acc);
+  return _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), w.v[1], acc);
+}
+
+inline float acc_sum(Acc a) { return _mm512_reduce_add_ps(a); }
+
+inline void store_w(float* out, const W& w) {
+  _mm512_storeu_ps(out, w.v[0]);
+  _mm512_storeu_ps(out + 16, w.v[1]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2 + FMA (x86-64-v3): a group's 32 weights as four 8-float registers.
 struct W {
   __m256 v[4];
 };
@@ -74,10 +122,9 @@ inline W group8(const int8_t* row, const float* sc, int64_t g) {
   return w;
 }
 
-// x[0:16] . w[0:16] into two accumulators (two FMA chains in flight per activation row).
-inline void dot16_f32(__m256* acc, const float* x, const float* w) {
-  acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(w), acc[0]);
-  acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), _mm256_loadu_ps(w + 8), acc[1]);
+inline W group32(const float* row, int64_t g) {
+  const float* p = row + g * GROUP;
+  return W{{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)}};
 }
 
 typedef __m256 Acc;
@@ -122,6 +169,12 @@ inline W group8(const int8_t* row, const float* sc, int64_t g) {
   return w;
 }
 
+inline W group32(const float* row, int64_t g) {
+  W w;
+  std::memcpy(w.v, row + g * GROUP, sizeof(w.v));
+  return w;
+}
+
 struct Acc {
   float v[8];
 };
@@ -141,70 +194,10 @@ inline float acc_sum(Acc a) {
 inline void store_w(float* out, const W& w) { std::memcpy(out, w.v, sizeof(w.v)); }
 #endif
 
-// out[t, n] for TT rows of x (row stride K) and the float32 weight row w[n] (K % 32 == 0).
-template <int TT>
-inline void row_dot_f32(const float* x, int64_t K, const float* w, int64_t n, int64_t N, float* out) {
-  const float* wr = w + n * K;
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 acc[TT][2];
-  for (int t = 0; t < TT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    for (int t = 0; t < TT; ++t) dot16_f32(acc[t], x + t * K + k, wr + k);
-  }
-  for (int t = 0; t < TT; ++t) out[t * N + n] = acc_sum(_mm256_add_ps(acc[t][0], acc[t][1]));
-#else
-  float acc[TT][16] = {};
-  for (int64_t k = 0; k < K; k += 16) {
-    for (int t = 0; t < TT; ++t)
-      for (int j = 0; j < 16; ++j) acc[t][j] += x[t * K + k + j] * wr[k + j];
-  }
-  for (int t = 0; t < TT; ++t) {
-    float s = 0.0f;
-    for (float v : acc[t]) s += v;
-    out[t * N + n] = s;
-  }
-#endif
-}
-
-#if defined(__AVX2__) && defined(__FMA__)
-// One activation row against four weight rows n..n+3 (four streams in flight, eight FMA chains).
-inline void gemv4_f32(const float* x, int64_t K, const float* w, int64_t n, int64_t N, float* out) {
-  const float* r[4] = {w + n * K, w + (n + 1) * K, w + (n + 2) * K, w + (n + 3) * K};
-  __m256 acc[4][2];
-  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
-  // the next block of four rows (contiguous after these) is fetched while these are read: one line of
-  // it per 16 floats of each row here, i.e. all of it by the end
-  const int64_t next = (n + 4) * K, end = N * K;  // in floats; a 64-byte line holds 16
-  for (int64_t k = 0; k < K; k += 16) {
-    for (int i = 0; i < 4; ++i) {
-      const int64_t line = next + (k / 16 * 4 + i) * 16;
-      if (line < end) _mm_prefetch(reinterpret_cast<const char*>(w + line), _MM_HINT_T0);
-      dot16_f32(acc[i], x + k, r[i] + k);
-    }
-  }
-  for (int i = 0; i < 4; ++i) out[n + i] = acc_sum(_mm256_add_ps(acc[i][0], acc[i][1]));
-}
-#endif
-
-void linear_f32(const float* x, int64_t T, int64_t K, const float* w, int64_t N, float* out, int threads) {
-  const bool par = N * K * (T < 8 ? T : 8) >= (1 << 16) && threads > 1;
-#if defined(__AVX2__) && defined(__FMA__)
-  if (T == 1 && N % 4 == 0) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (par)
-    for (int64_t n = 0; n < N; n += 4) gemv4_f32(x, K, w, n, N, out);
-    return;
-  }
-#endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (par)
-  for (int64_t n = 0; n < N; ++n) {
-    int64_t t = 0;
-    for (; t + 4 <= T; t += 4) row_dot_f32<4>(x + t * K, K, w, n, N, out + t * N);
-    if (T - t >= 2) {
-      row_dot_f32<2>(x + t * K, K, w, n, N, out + t * N);
-      t += 2;
-    }
-    if (T - t >= 1) row_dot_f32<1>(x + t * K, K, w, n, N, out + t * N);
-  }
+// Bytes of one weight row (K inputs) and of one group in it.
+template <int BITS>
+constexpr int64_t group_bytes() {
+  return BITS == 4 ? 16 : BITS == 8 ? GROUP : GROUP * 4;
 }
 
 template <int BITS>
@@ -212,43 +205,82 @@ inline W group(const void* qw, const float* sc, const float* zr, int64_t n, int6
   const int64_t G = K / GROUP;
   if constexpr (BITS == 4)
     return group4(static_cast<const uint8_t*>(qw) + n * (K / 2), sc + n * G, zr + n * G, g);
-  else
+  else if constexpr (BITS == 8)
     return group8(static_cast<const int8_t*>(qw) + n * K, sc + n * G, g);
+  else
+    return group32(static_cast<const float*>(qw) + n * K, g);
 }
 
-// out[t, n] for TT rows of x starting at x (row stride K) and output row n: each group's weights
-// are rebuilt once and used by all TT rows.
-template <int BITS, int TT>
-inline void row_dot(const float* x, int64_t K, const void* qw, const float* sc, const float* zr,
-                    int64_t n, int64_t N, float* out) {
-  const int64_t G = K / GROUP;
-  Acc acc[TT];
-  for (int t = 0; t < TT; ++t) acc[t] = acc_zero();
+// out[t, n + r] for TT rows of x (row stride K) and R weight rows n..n+R-1: R x TT independent
+// accumulators (each group's weights rebuilt once, used by all TT rows). While reading the group g of
+// weight row n + r, the same bytes of row n + r + TILE (the next task's tile) are fetched, so a task
+// streams its rows with the next tile already on the way (`pf_end`: the weight's size in bytes).
+template <int BITS, int TT, int R>
+inline void block(const float* x, int64_t K, const void* qw, const float* sc, const float* zr, int64_t n,
+                  int64_t N, float* out, int64_t pf_end) {
+  const int64_t G = K / GROUP, gb = group_bytes<BITS>(), row_bytes = G * gb;
+  const char* base = static_cast<const char*>(qw);
+  Acc acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = acc_zero();
   for (int64_t g = 0; g < G; ++g) {
-    const W w = group<BITS>(qw, sc, zr, n, K, g);
     const float* xg = x + g * GROUP;
-    for (int t = 0; t < TT; ++t) acc[t] = acc_dot(acc[t], xg + t * K, w);
+    for (int r = 0; r < R; ++r) {
+#if defined(__AVX2__)
+      const int64_t lo = (n + r + TILE) * row_bytes + g * gb;  // 64-byte lines starting in this group
+      for (int64_t o = (lo + 63) & ~int64_t(63); o < lo + gb && o < pf_end; o += 64)
+        _mm_prefetch(base + o, _MM_HINT_T0);
+#endif
+      const W w = group<BITS>(qw, sc, zr, n + r, K, g);
+      for (int t = 0; t < TT; ++t) acc[r][t] = acc_dot(acc[r][t], xg + t * K, w);
+    }
   }
-  for (int t = 0; t < TT; ++t) out[t * N + n] = acc_sum(acc[t]);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) out[t * N + n + r] = acc_sum(acc[r][t]);
+}
+
+// All T rows of x against the weight rows n..n+rows-1 (rows == TILE, or fewer at a ragged end):
+// activation rows in blocks of 8, 4, 2, 1, each with R = TILE / TT weight rows at a time, so every
+// block keeps TILE accumulator chains in flight (one activation row: eight weight rows; at one
+// chain per row the FMA latency, not memory, bounds a GEMV). A ragged end goes one row at a time.
+template <int BITS>
+inline void tile(const float* x, int64_t T, int64_t K, const void* qw, const float* sc, const float* zr,
+                 int64_t n, int64_t rows, int64_t N, float* out, int64_t pf_end) {
+  const bool full = rows == TILE;
+  int64_t t = 0;
+  for (; t + 8 <= T; t += 8)
+    for (int64_t r = 0; r < rows; ++r) block<BITS, 8, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+  if (T - t >= 4) {
+    if (full)
+      for (int r = 0; r < TILE; r += 2) block<BITS, 4, 2>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+    else
+      for (int64_t r = 0; r < rows; ++r) block<BITS, 4, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+    t += 4;
+  }
+  if (T - t >= 2) {
+    if (full)
+      for (int r = 0; r < TILE; r += 4) block<BITS, 2, 4>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+    else
+      for (int64_t r = 0; r < rows; ++r) block<BITS, 2, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+    t += 2;
+  }
+  if (T - t >= 1) {
+    if (full)
+      block<BITS, 1, TILE>(x + t * K, K, qw, sc, zr, n, N, out + t * N, pf_end);
+    else
+      for (int64_t r = 0; r < rows; ++r) block<BITS, 1, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+  }
 }
 
 template <int BITS>
 void linear(const float* x, int64_t T, int64_t K, const void* qw, const float* sc, const float* zr,
             int64_t N, float* out, int threads) {
   const bool par = N * K * (T < 8 ? T : 8) >= (1 << 16) && threads > 1;
+  const int64_t tiles = (N + TILE - 1) / TILE, pf_end = N * (K / GROUP) * group_bytes<BITS>();
 #pragma omp parallel for schedule(static) num_threads(threads) if (par)
-  for (int64_t n = 0; n < N; ++n) {
-    int64_t t = 0;
-    for (; t + 8 <= T; t += 8) row_dot<BITS, 8>(x + t * K, K, qw, sc, zr, n, N, out + t * N);
-    if (T - t >= 4) {
-      row_dot<BITS, 4>(x + t * K, K, qw, sc, zr, n, N, out + t * N);
-      t += 4;
-    }
-    if (T - t >= 2) {
-      row_dot<BITS, 2>(x + t * K, K, qw, sc, zr, n, N, out + t * N);
-      t += 2;
-    }
-    if (T - t >= 1) row_dot<BITS, 1>(x + t * K, K, qw, sc, zr, n, N, out + t * N);
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int64_t n = i * TILE, rows = N - n < TILE ? N - n : TILE;
+    tile<BITS>(x, T, K, qw, sc, zr, n, rows, N, out, pf_end);
   }
 }
 
@@ -278,7 +310,7 @@ void mdq_linear(int bits, const float* x, int64_t T, int64_t K, const void* qw, 
   else if (bits == 8)
     linear<8>(x, T, K, qw, scales, zeros, N, out, threads);
   else
-    linear_f32(x, T, K, static_cast<const float*>(qw), N, out, threads);
+    linear<32>(x, T, K, qw, scales, zeros, N, out, threads);
 }
 
 // out [N, K] float32 = the de-quantized weight (for long prefill chunks: one rebuild, then a GEMM).
