@@ -13,6 +13,7 @@ import cupy, and a GPU build swaps implementations without touching the engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -134,6 +135,34 @@ def head_linear(x, weight):
     if isinstance(weight, torch.Tensor) and cpu_quant.streams_float(x, weight):
         return cpu_quant.linear_float(x, weight)
     return linear(x, weight)
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """The loaded CPU kernel libraries, for a caller that replays their calls itself
+    (`runtime/engine/cpu_decode.py`): the attention object (cpu/paged_attention.cpp) and the GEMM
+    object (cpu/quant_gemm.cpp), with the row limits up to which `linear` sends a quantized or a
+    plain float32 weight to the GEMM object, and runs a oneDNN-packed one at its own row count."""
+
+    attention: Any
+    gemm: Any
+    quant_max_rows: int
+    float_max_rows: int
+    packed_max_rows: int
+
+
+def cpu_kernels() -> CpuKernels | str:
+    """Both CPU kernel libraries, or why not (no compiler, switched off, a failed build)."""
+    from modeldeploy.kernels import cpu_attention
+
+    if _cpu_impl("rms_norm") is None or not cpu_attention.available():
+        return f"CPU attention kernels: {cpu_attention.build()}"
+    if not cpu_quant.available():
+        return f"CPU GEMM kernel: {cpu_quant.path_in_use()}"
+    q = cpu_quant
+    return CpuKernels(
+        cpu_attention._load(), q._load(), q.FUSED_MAX_ROWS, q.FLOAT_MAX_ROWS, cpu_gemm.EXACT_ROWS
+    )
 
 
 def _quant_impl(x: torch.Tensor) -> Callable[..., Any]:

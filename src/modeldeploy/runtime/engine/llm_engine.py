@@ -490,7 +490,8 @@ class LLMEngine:
             "block_size": self.config.block_size,
             "max_model_len": self.config.max_model_len,
             "grammar_library": dict(LIBRARY),
-            "kernels": dispatch.describe(self.config.device),
+            "kernels": dispatch.describe(self.config.device)
+            | ({"decode_steps": self.runner.decode_steps} if self.config.device == "cpu" else {}),
             "parallel": self.parallel_info(),
             "adapters": self.adapters.info() if self.adapters else [],
             "lora": (

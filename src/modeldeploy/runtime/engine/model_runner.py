@@ -16,6 +16,7 @@ import torch
 
 from modeldeploy.kernels import dispatch
 from modeldeploy.runtime.engine import prompt_logprobs
+from modeldeploy.runtime.engine.cpu_decode import CpuDecode
 from modeldeploy.runtime.engine.graphs import DecodeGraphs
 from modeldeploy.runtime.engine.lora import AdapterPool
 from modeldeploy.runtime.engine.scheduler import ScheduledBatch
@@ -73,6 +74,13 @@ class ModelRunner:
             for _ in range(a.num_layers)
         ]
         self.graphs: DecodeGraphs | None = None  # capture_graphs(): pure-decode steps replay (graphs.py)
+        # decode-only steps on CPU as static kernel calls where the model allows (cpu_decode.py)
+        self.cpu_decode: CpuDecode | None = None
+        self.decode_steps = "generic (not a single-rank CPU engine)"
+        if self.device.type == "cpu" and reduce is None:
+            built = CpuDecode.build(self.model, self.kv_caches, self.max_blocks_per_seq)
+            self.cpu_decode = built if isinstance(built, CpuDecode) else None
+            self.decode_steps = built.describe() if isinstance(built, CpuDecode) else f"generic ({built})"
         # whole fresh prompts through SDPA: only where the paged prefill is the gathering twin
         self.sdpa_fresh = bool(self.kv_caches) and dispatch.sdpa_for_fresh_prompts(self.kv_caches[0][0])
 
@@ -176,6 +184,9 @@ class ModelRunner:
         g = self.graphs
         if g is not None and g.eligible(len(plan.ids), len(plan.decode_lens), lora is not None):
             return g.run(plan.ids, plan.positions, plan.slots, plan.decode_tables, plan.decode_lens)
+        c = self.cpu_decode
+        if c is not None and c.eligible(len(plan.ids), len(plan.decode_lens), lora is not None):
+            return c.run(plan.ids, plan.positions, plan.slots, plan.decode_tables, plan.decode_lens)
         meta = AttnMeta(
             slot_mapping=self._tensor(plan.slots, torch.int64),
             num_decode=len(plan.decode_lens),

@@ -1,0 +1,153 @@
+"""Decode steps on CPU as static kernel calls (runtime/engine/cpu_decode.py).
+
+Every decode step of a greedy run goes both ways, the generic path and the replayed calls, and the
+hidden states must be bit-identical (same kernels, same arguments): on plain float32 weights
+(MODELDEPLOY_CPU_GEMM=0) here, on quantized GGUF weights in tests/test_quantized.py. Also: which
+steps and models stay generic, and why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from modeldeploy.kernels import cpu_gemm, cpu_quant, dispatch
+from modeldeploy.runtime import LLM, SamplingParams
+from modeldeploy.runtime.engine.cpu_decode import CpuDecode
+
+pytestmark = pytest.mark.skipif(
+    isinstance(dispatch.cpu_kernels(), str), reason="no C++ compiler: no CPU kernels to replay"
+)
+
+PROMPTS = ["the quick brown fox", "a b c d e f g h i j", "hello", "once upon a time there"]
+
+
+def check_both_ways(llm: LLM) -> dict[str, int]:
+    """Wrap the runner so each step runs generically first, then as it would anyway; assert equal."""
+    runner = llm.engine.runner
+    plain = runner.execute
+    seen = {"replayed": 0, "generic": 0}
+
+    def execute(plan, lora=None):
+        c = runner.cpu_decode
+        runner.cpu_decode = None
+        want = plain(plan, lora).clone()
+        runner.cpu_decode = c
+        before = c.steps if c is not None else 0
+        got = plain(plan, lora)
+        replayed = c is not None and c.steps > before
+        seen["replayed" if replayed else "generic"] += 1
+        assert torch.equal(got, want), f"step of {len(plan.ids)} tokens differs (replayed: {replayed})"
+        return got
+
+    runner.execute = execute
+    return seen
+
+
+def greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
+    # different lengths: the batch shrinks as sequences finish, so several row counts replay
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=max_tokens + 3 * i, ignore_eos=True) for i in range(4)
+    ]
+    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def test_plain_float_weights_replay_bit_identical_to_the_generic_path(llama_dir, monkeypatch):
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
+    monkeypatch.setattr(cpu_gemm, "_state", None)  # decided once per process: decide again
+    llm = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    try:
+        c = llm.engine.runner.cpu_decode
+        assert c is not None and c.max_rows == min(cpu_quant.FUSED_MAX_ROWS, cpu_quant.FLOAT_MAX_ROWS)
+        kernels = llm.engine.info()["kernels"]
+        assert kernels["decode_steps"] == f"static kernel calls up to {c.max_rows} sequences"
+        seen = check_both_ways(llm)
+        got = greedy(llm)
+        assert seen["replayed"] >= 12 and seen["generic"] >= 1  # the prefill step stays generic
+    finally:
+        llm.engine.close()
+        monkeypatch.setattr(cpu_gemm, "_state", None)
+    monkeypatch.setenv("MODELDEPLOY_CPU_DECODE", "0")
+    off = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    try:
+        assert off.engine.runner.cpu_decode is None
+        assert greedy(off) == got
+    finally:
+        off.engine.close()
+        monkeypatch.setattr(cpu_gemm, "_state", None)
+
+
+def test_steps_it_does_not_take_stay_generic(llama_dir, monkeypatch):
+    """More sequences than its rows, a prefill chunk in the step, or an adapter in the batch."""
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    llm = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    try:
+        c = llm.engine.runner.cpu_decode
+        assert c is not None
+        assert c.eligible(c.max_rows, c.max_rows, False)
+        assert not c.eligible(c.max_rows + 1, c.max_rows + 1, False)
+        assert not c.eligible(5, 4, False)  # a prefill token in the step
+        assert not c.eligible(4, 4, True)
+        assert not c.eligible(0, 0, False)
+    finally:
+        llm.engine.close()
+        monkeypatch.setattr(cpu_gemm, "_state", None)
+
+
+def test_packed_float_weights_replay_bit_identical_too(llama_dir, monkeypatch):
+    """The float32 default: oneDNN-packed layers, their op's result copied into the static buffers."""
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    llm = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    try:
+        c = llm.engine.runner.cpu_decode
+        assert c is not None
+        if cpu_gemm.path_in_use() == "onednn":
+            assert c.max_rows == min(cpu_quant.FUSED_MAX_ROWS, cpu_gemm.EXACT_ROWS)
+        seen = check_both_ways(llm)
+        greedy(llm)
+        assert seen["replayed"] >= 12
+    finally:
+        llm.engine.close()
+
+
+def test_models_it_does_not_take_say_why(tiny_model, llama_dir, caplog, monkeypatch):
+    """q/k/v bias (Qwen2), q/k norm (Qwen3), the switch: generic, logged."""
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    for model, env, why in [
+        (tiny_model("qwen2"), {}, "q/k/v bias"),
+        (tiny_model("qwen3"), {}, "q/k/v bias or q/k norm"),
+        (llama_dir, {"MODELDEPLOY_CPU_DECODE": "0"}, "MODELDEPLOY_CPU_DECODE=0"),
+    ]:
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            m.setattr(cpu_gemm, "_state", None)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="modeldeploy.engine"):
+                llm = LLM(str(model), dtype="float32", max_model_len=128, num_kv_blocks=32)
+            try:
+                assert llm.engine.runner.cpu_decode is None
+                assert f"CPU decode steps: generic path ({why}" in caplog.text
+                assert llm.engine.info()["kernels"]["decode_steps"].startswith(f"generic ({why}")
+            finally:
+                llm.engine.close()
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+
+
+def test_a_slot_outside_the_cache_raises_naming_it(llama_dir, monkeypatch):
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    llm = LLM(str(llama_dir), dtype="float32", max_model_len=128, num_kv_blocks=32)
+    try:
+        c = llm.engine.runner.cpu_decode
+        assert isinstance(c, CpuDecode)
+        with pytest.raises(IndexError, match=r"decode step: slot\(s\) outside the cache \(512 slots\)"):
+            c.run([5], [3], [10_000], [[0]], [4])
+        with pytest.raises(IndexError, match="decode step: position"):
+            c.run([5], [1 << 20], [3], [[0]], [4])
+    finally:
+        llm.engine.close()
+        monkeypatch.setattr(cpu_gemm, "_state", None)
