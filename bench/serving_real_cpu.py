@@ -35,6 +35,7 @@ ratios against the issue's goal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -339,8 +340,10 @@ def quant_load(args: argparse.Namespace, models: dict[str, Path], out: Path) -> 
 
 def stop(procs: Iterable[subprocess.Popen]) -> None:
     """SIGINT each server's process group (drain), then SIGKILL what is still up after 60 s."""
+    procs = list(procs)
     for p in procs:
-        os.killpg(p.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # one that crashed is gone already
+            os.killpg(p.pid, signal.SIGINT)
     for p in procs:
         try:
             p.wait(timeout=60)
@@ -601,7 +604,8 @@ def llama(args: argparse.Namespace) -> dict:
         "modeldeploy": ours_serve_cmd(ours_model, ports["modeldeploy"], args.slots, args.ctx_per_slot),
         "llama.cpp": llama_server_cmd(
             binary, gguf, ports["llama.cpp"], args.slots, args.threads, args.ctx_per_slot
-        ),
+        )
+        + list(args.llama_arg),
     }
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     ours_env = dict(env)
@@ -609,12 +613,18 @@ def llama(args: argparse.Namespace) -> dict:
         ours_env.pop("OMP_NUM_THREADS")
         if args.ours_threads:
             ours_env["OMP_NUM_THREADS"] = str(args.ours_threads)
+    for kv in args.ours_env:  # e.g. MODELDEPLOY_CPU_GEMM=0 (recorded below)
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--ours-env: {kv!r} is not KEY=VALUE")
+        ours_env[key] = value
     res: dict = {
         "kind": "serving_real_cpu/llama",
         "format": args.format,
         "models": {"modeldeploy": str(ours_model), "llama.cpp": str(gguf)},
         "servers": cmds,
         "ours_omp_num_threads": ours_env.get("OMP_NUM_THREADS", "unset (serve's default: CPUs - 1)"),
+        "ours_env": list(args.ours_env),
         **run_fields(args),
     }
     info = binary.parent.parent.parent / "build-info.txt"
@@ -721,7 +731,44 @@ def llama_markdown(res: dict) -> str:
     if caps:
         lines.append("")
         lines += llama_verdict(res)
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *shape_lines(res)])
+
+
+def shape_lines(res: dict) -> list[str]:
+    """TTFT by prompt shape and mean ITL per request, over every completed request of every probe
+    (queueing included): where each server's time goes."""
+    from statistics import median
+
+    got: dict[str, dict[str, list[float]]] = {}
+    for b in res["benches"]:
+        for run in b["record"]["runs"]:
+            for q in run.get("requests") or []:
+                if q.get("outcome") != "completed" or q.get("ttft") is None:
+                    continue
+                d = got.setdefault(run["target"], {})
+                d.setdefault(q["shape"], []).append(q["ttft"])
+                if q.get("tpot") is not None:
+                    d.setdefault("tpot", []).append(q["tpot"])
+    lines = [
+        "| server | short TTFT median s (n) | medium TTFT median s (n) | long TTFT median / min s (n) "
+        "| mean ITL (TPOT) median / min s |",
+        "|---|---|---|---|---|",
+    ]
+    for server, d in got.items():
+
+        def med(k: str, d: dict[str, list[float]] = d) -> str:
+            v = d.get(k) or []
+            return f"{median(v):.2f} ({len(v)})" if v else "-"
+
+        long, tpot = d.get("long") or [], d.get("tpot") or []
+        lines.append(
+            f"| {server} | {med('short')} | {med('medium')} | "
+            + (f"{median(long):.2f} / {min(long):.2f} ({len(long)})" if long else "-")
+            + " | "
+            + (f"{median(tpot):.3f} / {min(tpot):.3f}" if tpot else "-")
+            + " |"
+        )
+    return lines
 
 
 def llama_verdict(res: dict) -> list[str]:
@@ -791,6 +838,21 @@ def add_llama_parser(sub) -> None:
         type=int,
         default=None,
         help="OMP_NUM_THREADS of modeldeploy serve (default: --threads; 0: unset, serve's own default)",
+    )
+    p.add_argument(
+        "--ours-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for modeldeploy serve only (repeatable), e.g. MODELDEPLOY_CPU_GEMM=0",
+    )
+    p.add_argument(
+        "--llama-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more llama-server argument (repeatable; recorded with the command), e.g. "
+        "--llama-arg=--no-repack where ggml's AMX path faults (a VM that does not enable AMX tiles)",
     )
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--ctx-per-slot", type=int, default=2048)
