@@ -8,7 +8,9 @@ steps and models stay generic, and why.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -46,6 +48,24 @@ def check_both_ways(llm: LLM) -> dict[str, int]:
     return seen
 
 
+@contextlib.contextmanager
+def engine(model, monkeypatch, plain: bool = True, blocks: int = 64, **env: str) -> Iterator[LLM]:
+    """An LLM on `model`, with plain float32 layer weights (MODELDEPLOY_CPU_GEMM=0) unless `plain`
+    is False, and `env` set while it is built."""
+    with monkeypatch.context() as m:
+        if plain:
+            m.setenv(cpu_gemm.ENV_SWITCH, "0")
+        for k, v in env.items():
+            m.setenv(k, v)
+        m.setattr(cpu_gemm, "_state", None)  # decided once per process: decide again
+        llm = LLM(str(model), dtype="float32", max_model_len=256, num_kv_blocks=blocks)
+        try:
+            yield llm
+        finally:
+            llm.engine.close()
+            m.setattr(cpu_gemm, "_state", None)
+
+
 def greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
     # different lengths: the batch shrinks as sequences finish, so several row counts replay
     params = [
@@ -55,10 +75,7 @@ def greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
 
 
 def test_plain_float_weights_replay_bit_identical_to_the_generic_path(llama_dir, monkeypatch):
-    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
-    monkeypatch.setattr(cpu_gemm, "_state", None)  # decided once per process: decide again
-    llm = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
-    try:
+    with engine(llama_dir, monkeypatch) as llm:
         c = llm.engine.runner.cpu_decode
         assert c is not None and c.max_rows == min(cpu_quant.FUSED_MAX_ROWS, cpu_quant.FLOAT_MAX_ROWS)
         kernels = llm.engine.info()["kernels"]
@@ -66,25 +83,14 @@ def test_plain_float_weights_replay_bit_identical_to_the_generic_path(llama_dir,
         seen = check_both_ways(llm)
         got = greedy(llm)
         assert seen["replayed"] >= 12 and seen["generic"] >= 1  # the prefill step stays generic
-    finally:
-        llm.engine.close()
-        monkeypatch.setattr(cpu_gemm, "_state", None)
-    monkeypatch.setenv("MODELDEPLOY_CPU_DECODE", "0")
-    off = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
-    try:
+    with engine(llama_dir, monkeypatch, MODELDEPLOY_CPU_DECODE="0") as off:
         assert off.engine.runner.cpu_decode is None
         assert greedy(off) == got
-    finally:
-        off.engine.close()
-        monkeypatch.setattr(cpu_gemm, "_state", None)
 
 
 def test_steps_it_does_not_take_stay_generic(llama_dir, monkeypatch):
     """More sequences than its rows, a prefill chunk in the step, or an adapter in the batch."""
-    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
-    monkeypatch.setattr(cpu_gemm, "_state", None)
-    llm = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
-    try:
+    with engine(llama_dir, monkeypatch) as llm:
         c = llm.engine.runner.cpu_decode
         assert c is not None
         assert c.eligible(c.max_rows, c.max_rows, False)
@@ -92,16 +98,11 @@ def test_steps_it_does_not_take_stay_generic(llama_dir, monkeypatch):
         assert not c.eligible(5, 4, False)  # a prefill token in the step
         assert not c.eligible(4, 4, True)
         assert not c.eligible(0, 0, False)
-    finally:
-        llm.engine.close()
-        monkeypatch.setattr(cpu_gemm, "_state", None)
 
 
 def test_packed_float_weights_replay_bit_identical_too(llama_dir, monkeypatch):
     """The float32 default: oneDNN-packed layers, their op's result copied into the static buffers."""
-    monkeypatch.setattr(cpu_gemm, "_state", None)
-    llm = LLM(str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
-    try:
+    with engine(llama_dir, monkeypatch, plain=False) as llm:
         c = llm.engine.runner.cpu_decode
         assert c is not None
         if cpu_gemm.path_in_use() == "onednn":
@@ -109,45 +110,28 @@ def test_packed_float_weights_replay_bit_identical_too(llama_dir, monkeypatch):
         seen = check_both_ways(llm)
         greedy(llm)
         assert seen["replayed"] >= 12
-    finally:
-        llm.engine.close()
 
 
 def test_models_it_does_not_take_say_why(tiny_model, llama_dir, caplog, monkeypatch):
     """q/k/v bias (Qwen2), q/k norm (Qwen3), the switch: generic, logged."""
-    monkeypatch.setattr(cpu_gemm, "_state", None)
     for model, env, why in [
         (tiny_model("qwen2"), {}, "q/k/v bias"),
         (tiny_model("qwen3"), {}, "q/k/v bias or q/k norm"),
         (llama_dir, {"MODELDEPLOY_CPU_DECODE": "0"}, "MODELDEPLOY_CPU_DECODE=0"),
     ]:
-        with monkeypatch.context() as m:
-            for k, v in env.items():
-                m.setenv(k, v)
-            m.setattr(cpu_gemm, "_state", None)
-            caplog.clear()
-            with caplog.at_level(logging.INFO, logger="modeldeploy.engine"):
-                llm = LLM(str(model), dtype="float32", max_model_len=128, num_kv_blocks=32)
-            try:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="modeldeploy.engine"):
+            with engine(model, monkeypatch, plain=False, **env) as llm:
                 assert llm.engine.runner.cpu_decode is None
                 assert f"CPU decode steps: generic path ({why}" in caplog.text
                 assert llm.engine.info()["kernels"]["decode_steps"].startswith(f"generic ({why}")
-            finally:
-                llm.engine.close()
-    monkeypatch.setattr(cpu_gemm, "_state", None)
 
 
 def test_a_slot_outside_the_cache_raises_naming_it(llama_dir, monkeypatch):
-    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
-    monkeypatch.setattr(cpu_gemm, "_state", None)
-    llm = LLM(str(llama_dir), dtype="float32", max_model_len=128, num_kv_blocks=32)
-    try:
+    with engine(llama_dir, monkeypatch, blocks=32) as llm:
         c = llm.engine.runner.cpu_decode
         assert isinstance(c, CpuDecode)
         with pytest.raises(IndexError, match=r"decode step: slot\(s\) outside the cache \(512 slots\)"):
             c.run([5], [3], [10_000], [[0]], [4])
         with pytest.raises(IndexError, match="decode step: position"):
             c.run([5], [1 << 20], [3], [[0]], [4])
-    finally:
-        llm.engine.close()
-        monkeypatch.setattr(cpu_gemm, "_state", None)

@@ -239,37 +239,36 @@ inline void block(const float* x, int64_t K, const void* qw, const float* sc, co
     for (int t = 0; t < TT; ++t) out[t * N + n + r] = acc_sum(acc[r][t]);
 }
 
-// All T rows of x against the weight rows n..n+rows-1 (rows == TILE, or fewer at a ragged end):
-// activation rows in blocks of 8, 4, 2, 1, each with R = TILE / TT weight rows at a time, so every
-// block keeps TILE accumulator chains in flight (one activation row: eight weight rows; at one
-// chain per row the FMA latency, not memory, bounds a GEMV). A ragged end goes one row at a time.
+// Activation rows x[0:TT] against the weight rows n..n+count-1 of a tile: R = TILE / TT weight rows
+// at a time when the tile is full (so TILE accumulator chains are in flight), one at a time at a
+// ragged end.
+template <int BITS, int TT>
+inline void rows(const float* x, int64_t K, const void* qw, const float* sc, const float* zr, int64_t n,
+                 int64_t count, int64_t N, float* out, int64_t pf_end) {
+  constexpr int R = TILE / TT;
+  if (count == TILE)
+    for (int r = 0; r < TILE; r += R) block<BITS, TT, R>(x, K, qw, sc, zr, n + r, N, out, pf_end);
+  else
+    for (int64_t r = 0; r < count; ++r) block<BITS, TT, 1>(x, K, qw, sc, zr, n + r, N, out, pf_end);
+}
+
+// All T rows of x against a tile's weight rows: activation rows in blocks of 8, 4, 2, 1 (one
+// activation row: eight weight rows at once; at one chain per row the FMA latency, not memory,
+// bounds a GEMV).
 template <int BITS>
 inline void tile(const float* x, int64_t T, int64_t K, const void* qw, const float* sc, const float* zr,
-                 int64_t n, int64_t rows, int64_t N, float* out, int64_t pf_end) {
-  const bool full = rows == TILE;
+                 int64_t n, int64_t count, int64_t N, float* out, int64_t pf_end) {
   int64_t t = 0;
-  for (; t + 8 <= T; t += 8)
-    for (int64_t r = 0; r < rows; ++r) block<BITS, 8, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+  for (; t + 8 <= T; t += 8) rows<BITS, 8>(x + t * K, K, qw, sc, zr, n, count, N, out + t * N, pf_end);
   if (T - t >= 4) {
-    if (full)
-      for (int r = 0; r < TILE; r += 2) block<BITS, 4, 2>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
-    else
-      for (int64_t r = 0; r < rows; ++r) block<BITS, 4, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+    rows<BITS, 4>(x + t * K, K, qw, sc, zr, n, count, N, out + t * N, pf_end);
     t += 4;
   }
   if (T - t >= 2) {
-    if (full)
-      for (int r = 0; r < TILE; r += 4) block<BITS, 2, 4>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
-    else
-      for (int64_t r = 0; r < rows; ++r) block<BITS, 2, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
+    rows<BITS, 2>(x + t * K, K, qw, sc, zr, n, count, N, out + t * N, pf_end);
     t += 2;
   }
-  if (T - t >= 1) {
-    if (full)
-      block<BITS, 1, TILE>(x + t * K, K, qw, sc, zr, n, N, out + t * N, pf_end);
-    else
-      for (int64_t r = 0; r < rows; ++r) block<BITS, 1, 1>(x + t * K, K, qw, sc, zr, n + r, N, out + t * N, pf_end);
-  }
+  if (T - t >= 1) rows<BITS, 1>(x + t * K, K, qw, sc, zr, n, count, N, out + t * N, pf_end);
 }
 
 template <int BITS>
@@ -279,8 +278,8 @@ void linear(const float* x, int64_t T, int64_t K, const void* qw, const float* s
   const int64_t tiles = (N + TILE - 1) / TILE, pf_end = N * (K / GROUP) * group_bytes<BITS>();
 #pragma omp parallel for schedule(static) num_threads(threads) if (par)
   for (int64_t i = 0; i < tiles; ++i) {
-    const int64_t n = i * TILE, rows = N - n < TILE ? N - n : TILE;
-    tile<BITS>(x, T, K, qw, sc, zr, n, rows, N, out, pf_end);
+    const int64_t n = i * TILE, count = N - n < TILE ? N - n : TILE;
+    tile<BITS>(x, T, K, qw, sc, zr, n, count, N, out, pf_end);
   }
 }
 
