@@ -349,16 +349,19 @@ def test_tiny_gguf_served_quantized_equals_its_dequantized_float32_model(tiny_gg
 
 
 @pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
-def test_tiny_gguf_decode_steps_replay_bit_identical(tiny_gguf, monkeypatch):
-    """runtime/engine/cpu_decode.py on quantized layers (and layer 1's q/k/v, de-quantized, kept
-    plain by MODELDEPLOY_CPU_GEMM=0): every decode step replayed equals the generic path's."""
+@pytest.mark.parametrize("plain", [True, False])
+def test_tiny_gguf_decode_steps_replay_bit_identical(tiny_gguf, monkeypatch, plain):
+    """runtime/engine/cpu_decode.py on quantized layers, with layer 1's q/k/v (de-quantized) kept
+    plain by MODELDEPLOY_CPU_GEMM=0 or packed for oneDNN: every decode step replayed equals the
+    generic path's."""
     from test_cpu_decode import check_both_ways
 
     from modeldeploy.kernels import cpu_gemm
     from modeldeploy.runtime import LLM, SamplingParams
 
     gguf_dir, tok_dir, _ = tiny_gguf
-    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
+    if plain:
+        monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
     monkeypatch.setattr(cpu_gemm, "_state", None)
     llm = LLM(str(gguf_dir), tokenizer=str(tok_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
     try:
