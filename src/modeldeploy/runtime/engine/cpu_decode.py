@@ -34,6 +34,7 @@ import torch
 from modeldeploy.kernels import dispatch
 from modeldeploy.kernels.cpu_gemm import PackedLinear
 from modeldeploy.kernels.quant import QuantLinear
+from modeldeploy.runtime.engine.graphs import DecodeInputs
 from modeldeploy.runtime.models.llama import LlamaModel
 
 log = logging.getLogger("modeldeploy.engine")
@@ -70,11 +71,7 @@ class CpuDecode:
         self.qkv_size = self.q_size + 2 * self.kv_size
         self.inter = a.intermediate_size
         f32 = torch.float32
-        self.ids = torch.zeros(R, dtype=torch.int64)
-        self.pos = torch.zeros(R, dtype=torch.int64)
-        self.slots = torch.full((R,), -1, dtype=torch.int64)
-        self.tables = torch.zeros(R, max_blocks, dtype=torch.int32)
-        self.lens = torch.ones(R, dtype=torch.int32)
+        self.inputs = DecodeInputs(R, max_blocks, torch.device("cpu"))
         self.res, self.x, self.h = (torch.zeros(R, E, dtype=f32) for _ in range(3))
         self.qkv = torch.zeros(R, self.qkv_size, dtype=f32)
         self.o = torch.zeros(R, self.q_size, dtype=f32)
@@ -171,11 +168,11 @@ class CpuDecode:
         H, Hkv, D, S, width = a.num_heads, a.num_kv_heads, a.head_dim, kc.shape[1], self.qkv_size
         q = self.qkv.data_ptr()  # q, k, v: views of one [n, width] row block, as in the generic path
         k, v = q + 4 * self.q_size, q + 4 * (self.q_size + self.kv_size)
-        cs, pos, slots = self.model.cos_sin, _ptr(self.pos), _ptr(self.slots)
+        inputs, cs = self.inputs, self.model.cos_sin
+        pos, slots, tables, lens = (_ptr(t) for t in (inputs.pos, inputs.slots, inputs.tables, inputs.lens))
         num_slots, scale = kc.shape[0] * S, float(self.model.layers[i].scale)
         rotary = (F32, pos, q, width, H, k, width, Hkv, n, D, _ptr(cs), cs.shape[0])
         write = (4, k, width, v, width, _ptr(kc), _ptr(vc), slots, n, Hkv * D, num_slots)
-        tables, lens = _ptr(self.tables), _ptr(self.lens)
         attn = (F32, q, width, _ptr(kc), _ptr(vc), tables, self.width, lens, _ptr(self.o), n, H, Hkv, D, S)
         silu = (F32, _ptr(self.gate_up), 2 * self.inter, _ptr(self.act), n, self.inter, threads)
         return [
@@ -202,15 +199,8 @@ class CpuDecode:
         """Final hidden states [n, E] of a decode step of n sequences (a view of a static buffer,
         valid until the next step)."""
         n = len(ids)
-        host = torch.tensor([*ids, *positions, *slots], dtype=torch.int64).view(3, n)
-        self.ids[:n].copy_(host[0])
-        self.pos[:n].copy_(host[1])
-        self.slots[:n].copy_(host[2])
-        self.lens[:n].copy_(torch.tensor(lens, dtype=torch.int32))
-        widest = max(len(t) for t in tables)
-        flat = [b for t in tables for b in (t + [0] * (widest - len(t)))]
-        self.tables[:n, :widest].copy_(torch.tensor(flat, dtype=torch.int32).view(n, widest))
-        self.res[:n].copy_(dispatch.embedding(self.ids[:n], self.model.embed, torch.float32))
+        self.inputs.fill(ids, positions, slots, tables, lens, n)
+        self.res[:n].copy_(dispatch.embedding(self.inputs.ids[:n], self.model.embed, torch.float32))
         threads = torch.get_num_threads()
         calls = self._calls.get((n, threads))
         if calls is None:

@@ -32,6 +32,47 @@ def buckets_for(max_batch: int) -> list[int]:
     return [b for b in BUCKETS if b < max_batch] + [max_batch]
 
 
+class DecodeInputs:
+    """A decode step's inputs in static buffers for up to `rows` sequences: token ids, positions, KV
+    slots, block tables (`max_blocks` wide) and context lengths. What the captured graphs read here
+    and `cpu_decode.py`'s replayed kernel calls read on CPU: their addresses never change."""
+
+    def __init__(self, rows: int, max_blocks: int, device: torch.device):
+        self.ids = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.pos = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        self.tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=device)
+        self.lens = torch.ones(rows, dtype=torch.int32, device=device)
+
+    def fill(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+        lens: list[int],
+        rows: int,
+    ) -> None:
+        """Rows [0, rows) from a step of n = len(ids) sequences; rows n.. are padding (token 0 at
+        position 0, slot -1: written nowhere, block 0, length 1). Table columns past a row's
+        blocks are 0."""
+        n, pad = len(ids), rows - len(ids)
+        host = torch.tensor(
+            [*ids, *[0] * pad, *positions, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64
+        ).view(3, rows)
+        self.ids[:rows].copy_(host[0], non_blocking=True)
+        self.pos[:rows].copy_(host[1], non_blocking=True)
+        self.slots[:rows].copy_(host[2], non_blocking=True)
+        widest = max(len(t) for t in tables)
+        flat = [x for t in tables for x in (t + [0] * (widest - len(t)))]
+        self.tables[:n, :widest].copy_(
+            torch.tensor(flat, dtype=torch.int32).view(n, widest), non_blocking=True
+        )
+        self.tables[:n, widest:] = 0
+        self.tables[n:rows] = 0
+        self.lens[:rows].copy_(torch.tensor([*lens, *[1] * pad], dtype=torch.int32), non_blocking=True)
+
+
 class DecodeGraphs:
     """Static input buffers, one captured graph per bucket (or none: eager), and `run` for a decode plan."""
 
@@ -46,13 +87,7 @@ class DecodeGraphs:
     ):
         self.model, self.kv_caches, self.device = model, kv_caches, device
         self.buckets = buckets_for(max_batch)
-        self.width = max_blocks
-        b = self.buckets[-1]
-        self.ids = torch.zeros(b, dtype=torch.int64, device=device)
-        self.pos = torch.zeros(b, dtype=torch.int64, device=device)
-        self.slots = torch.full((b,), -1, dtype=torch.int64, device=device)
-        self.tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=device)
-        self.lens = torch.ones(b, dtype=torch.int32, device=device)
+        self.inputs = DecodeInputs(self.buckets[-1], max_blocks, device)
         self._no_prefill = (
             torch.zeros(0, max_blocks, dtype=torch.int32, device=device),
             torch.zeros(1, dtype=torch.int32, device=device),
@@ -65,16 +100,17 @@ class DecodeGraphs:
 
     def _forward(self, b: int) -> torch.Tensor:
         tables, cu, lens = self._no_prefill
+        i = self.inputs
         meta = AttnMeta(
-            slot_mapping=self.slots[:b],
+            slot_mapping=i.slots[:b],
             num_decode=b,
-            decode_tables=self.tables[:b],
-            decode_lens=self.lens[:b],
+            decode_tables=i.tables[:b],
+            decode_lens=i.lens[:b],
             prefill_tables=tables,
             prefill_cu_q=cu,
             prefill_lens=lens,
         )
-        return self.model.forward(self.ids[:b], self.pos[:b], meta, self.kv_caches)
+        return self.model.forward(i.ids[:b], i.pos[:b], meta, self.kv_caches)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -104,17 +140,7 @@ class DecodeGraphs:
         """Hidden states [n, E] of a decode batch of n, through the bucket's graph (or eagerly)."""
         n = len(ids)
         b = self.buckets[bisect.bisect_left(self.buckets, n)]
-        pad = b - n
-        w = self.width
-        flat = [x for t in tables for x in (t + [0] * (w - len(t)))] + [0] * (pad * w)
-        host = torch.tensor(
-            [*ids, *[0] * pad, *positions, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64
-        ).view(3, b)
-        self.ids[:b].copy_(host[0], non_blocking=True)
-        self.pos[:b].copy_(host[1], non_blocking=True)
-        self.slots[:b].copy_(host[2], non_blocking=True)
-        self.tables[:b].copy_(torch.tensor(flat, dtype=torch.int32).view(b, w), non_blocking=True)
-        self.lens[:b].copy_(torch.tensor([*lens, *[1] * pad], dtype=torch.int32), non_blocking=True)
+        self.inputs.fill(ids, positions, slots, tables, lens, b)
         self.replays += 1
         if b in self.graphs:
             graph, out = self.graphs[b]
