@@ -50,11 +50,10 @@ def check_both_ways(llm: LLM) -> dict[str, int]:
 
 @contextlib.contextmanager
 def engine(model, monkeypatch, plain: bool = True, blocks: int = 64, **env: str) -> Iterator[LLM]:
-    """An LLM on `model`, with plain float32 layer weights (MODELDEPLOY_CPU_GEMM=0) unless `plain`
-    is False, and `env` set while it is built."""
+    """An LLM on `model`, with plain float32 layer weights (MODELDEPLOY_CPU_GEMM=0), or packed for
+    oneDNN (=1) where `plain` is False, and `env` set while it is built."""
     with monkeypatch.context() as m:
-        if plain:
-            m.setenv(cpu_gemm.ENV_SWITCH, "0")
+        m.setenv(cpu_gemm.ENV_SWITCH, "0" if plain else "1")
         for k, v in env.items():
             m.setenv(k, v)
         m.setattr(cpu_gemm, "_state", None)  # decided once per process: decide again
@@ -101,7 +100,8 @@ def test_steps_it_does_not_take_stay_generic(llama_dir, monkeypatch):
 
 
 def test_packed_float_weights_replay_bit_identical_too(llama_dir, monkeypatch):
-    """The float32 default: oneDNN-packed layers, their op's result copied into the static buffers."""
+    """oneDNN-packed layers (the float32 default on non-Intel CPUs), their op's result copied into
+    the static buffers."""
     with engine(llama_dir, monkeypatch, plain=False) as llm:
         c = llm.engine.runner.cpu_decode
         assert c is not None

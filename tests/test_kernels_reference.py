@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -581,13 +582,21 @@ def test_cpu_kernel_rms_norm_hands_other_layouts_to_the_twin():
 # ---- CPU linear layers through oneDNN with packed weights (kernels/cpu_gemm.py) ----
 from modeldeploy.kernels import cpu_gemm  # noqa: E402
 
-needs_onednn = pytest.mark.skipif(cpu_gemm.path_in_use() != "onednn", reason=cpu_gemm.path_in_use())
+
+@pytest.fixture
+def packing(monkeypatch):
+    """oneDNN packing on whatever CPU this is (MODELDEPLOY_CPU_GEMM=1), decided afresh."""
+    if cpu_gemm.onednn_missing():
+        pytest.skip(cpu_gemm.onednn_missing())
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "1")
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    yield
+    monkeypatch.setattr(cpu_gemm, "_state", None)
 
 
-@needs_onednn
 @pytest.mark.parametrize("rows", [1, 3, 64, 333])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_linear_matches_float64_like_blas(rows, with_bias):
+def test_packed_linear_matches_float64_like_blas(rows, with_bias, packing):
     """One packing serves every row count (decode batches, prefill chunks); the error against
     float64 is of BLAS's size (float32 throughout, only the summation order differs); a strided
     input view (q/k/v split off a wider tensor) works. "BLAS's size" has a floor: where BLAS is
@@ -645,7 +654,56 @@ def test_pack_leaves_other_weights_alone_and_the_switch_turns_it_off(monkeypatch
     assert cpu_gemm.path_in_use() == "blas (MODELDEPLOY_CPU_GEMM=0)"
     assert dispatch.describe("cpu")["linear"] == "blas (MODELDEPLOY_CPU_GEMM=0)"
     monkeypatch.setattr(cpu_gemm, "_state", None)
-    monkeypatch.delenv(cpu_gemm.ENV_SWITCH)
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "1")
     if cpu_gemm.path_in_use() == "onednn":
         with pytest.raises(ValueError, match="input has 12 features, the weight takes 16"):
             dispatch.linear(torch.ones(2, 12), cpu_gemm.pack(w))
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+
+
+@pytest.mark.parametrize(
+    "env, vendor, want",
+    [
+        (None, "GenuineIntel", "blas (MODELDEPLOY_CPU_GEMM=auto on GenuineIntel: plain weights)"),
+        ("auto", "GenuineIntel", "blas (MODELDEPLOY_CPU_GEMM=auto on GenuineIntel: plain weights)"),
+        (None, "AuthenticAMD", "onednn"),
+        ("1", "GenuineIntel", "onednn"),
+        ("0", "AuthenticAMD", "blas (MODELDEPLOY_CPU_GEMM=0)"),
+    ],
+)
+def test_the_float32_path_is_chosen_per_cpu_vendor_unless_the_switch_says(monkeypatch, env, vendor, want):
+    """Unset or "auto": plain weights (MKL, the GEMV kernel at decode sizes) on Intel, packed for
+    oneDNN elsewhere (bench/results/serving_real_cpu.md has both machines' measurements)."""
+    if want == "onednn" and cpu_gemm.onednn_missing():
+        want = f"blas ({cpu_gemm.onednn_missing()})"
+    monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: vendor)
+    if env is None:
+        monkeypatch.delenv(cpu_gemm.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(cpu_gemm.ENV_SWITCH, env)
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    try:
+        assert cpu_gemm.path_in_use() == want
+        w = torch.randn(8, 32)
+        assert isinstance(cpu_gemm.pack(w), cpu_gemm.PackedLinear) == (want == "onednn")
+    finally:
+        monkeypatch.setattr(cpu_gemm, "_state", None)
+
+
+def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "yes")
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+    with pytest.raises(ValueError, match=r"MODELDEPLOY_CPU_GEMM='yes': expected one of auto, 1, 0"):
+        cpu_gemm.path_in_use()
+    monkeypatch.setattr(cpu_gemm, "_state", None)
+
+
+def test_this_machines_vendor_is_read():
+    """The vendor_id line of /proc/cpuinfo on Linux x86; "" where there is none (and then packing)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = (
+        [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("vendor_id")]
+        if cpuinfo.exists()
+        else []
+    )
+    assert cpu_gemm.cpu_vendor() == (lines[0].split(":", 1)[1].strip() if lines else "")

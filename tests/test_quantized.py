@@ -153,8 +153,15 @@ def test_float_head_kernel_hands_on_what_it_does_not_take(monkeypatch):
     q = quant.from_gguf("Q8_0", gq.quantize(rng.standard_normal((16, 64)).astype(np.float32), QT.Q8_0), 64)
     ref = x[:2].double() @ q.dequantize().double().T
     assert (dispatch.head_linear(x[:2], q).double() - ref).abs().max().item() <= 2e-6 * ref.abs().max().item()
+    from modeldeploy.kernels import cpu_gemm
+
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "1")  # packed on any CPU
+    monkeypatch.setattr(cpu_gemm, "_state", None)
     packed = dispatch.pack_linear(w)
-    torch.testing.assert_close(dispatch.head_linear(x[:2], packed), x[:2] @ w.T)
+    assert isinstance(packed, cpu_gemm.PackedLinear) or cpu_gemm.onednn_missing()
+    if isinstance(packed, cpu_gemm.PackedLinear):
+        torch.testing.assert_close(dispatch.head_linear(x[:2], packed), x[:2] @ w.T)
+    monkeypatch.setattr(cpu_gemm, "_state", None)
     with pytest.raises(ValueError, match="input has 63 features, the weight takes 64"):
         monkeypatch.undo()
         cpu_quant.linear_float(x[:2, :63], w)
@@ -360,8 +367,7 @@ def test_tiny_gguf_decode_steps_replay_bit_identical(tiny_gguf, monkeypatch, pla
     from modeldeploy.runtime import LLM, SamplingParams
 
     gguf_dir, tok_dir, _ = tiny_gguf
-    if plain:
-        monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0")
+    monkeypatch.setenv(cpu_gemm.ENV_SWITCH, "0" if plain else "1")
     monkeypatch.setattr(cpu_gemm, "_state", None)
     llm = LLM(str(gguf_dir), tokenizer=str(tok_dir), dtype="float32", max_model_len=256, num_kv_blocks=64)
     try:

@@ -1,4 +1,5 @@
-"""Linear layers on CPU through oneDNN, with each weight packed once at load.
+"""Linear layers on CPU: through oneDNN with each weight packed once at load, or torch's BLAS on
+plain weights, chosen per CPU.
 
 `F.linear` on CPU goes to torch's BLAS (MKL in the x86 wheels). On the AMD EPYC (Zen 5) machines
 this project runs on, MKL reached 142-240 GFLOP/s for the engine's shapes at 16-2048 rows on 2
@@ -9,9 +10,18 @@ The GEMMs are most of a CPU step, and vLLM's CPU backend makes the same choice. 
 float32: oneDNN's fp32 math mode is strict here (no bf16 or tf32 down-conversion), so only the
 summation order differs from MKL's (checked against float64 in tests/test_kernels_reference.py).
 
-`pack(weight)` returns a `PackedLinear` on a CPU float32 weight when oneDNN is there and
-MODELDEPLOY_CPU_GEMM is not "0", else the weight unchanged; `linear(x, w, bias)` runs either.
-The packed weight is an opaque oneDNN tensor: the model keeps only it, not the original.
+Which path is chosen per CPU vendor, because the two machines this project has measured on
+disagree. On an Intel Xeon with AVX-512, MKL is Intel's own library on Intel's own CPU: the same
+products ran within 5 % of oneDNN's at 64-2048 rows (oneDNN 1.17x ahead at 32), while a plain
+weight lets decode steps stream through the C++ GEMV kernel (`cpu_quant.linear_float`, 1.06-1.4x
+oneDNN's packed weights at 1-16 rows): served against llama.cpp there, plain weights met the issue's
+ITL goal and 1.5x its capacity where packed ones gave 1.00x and a 15 % slower ITL
+(bench/results/serving_real_cpu.md). So MODELDEPLOY_CPU_GEMM unset (or "auto") means plain weights
+on GenuineIntel and oneDNN-packed ones elsewhere; "1" packs on every CPU, "0" never packs.
+
+`pack(weight)` returns a `PackedLinear` on a CPU float32 weight when that path is chosen, else the
+weight unchanged; `linear(x, w, bias)` runs either. The packed weight is an opaque oneDNN tensor:
+the model keeps only it, not the original.
 
 Row counts are bucketed (`padded_rows`). oneDNN builds, JIT-compiles and caches a primitive per
 distinct input shape, and a serving engine meets nearly every row count from 1 to the step budget
@@ -33,21 +43,47 @@ import torch.nn.functional as F
 
 log = logging.getLogger("modeldeploy.kernels")
 
-ENV_SWITCH = "MODELDEPLOY_CPU_GEMM"  # "0" = torch's F.linear (BLAS) for every CPU product
+ENV_SWITCH = "MODELDEPLOY_CPU_GEMM"  # "1" oneDNN-packed, "0" torch's F.linear (BLAS), "auto" per CPU
+CHOICES = ("auto", "1", "0")
 
 _state: str | None = None  # "onednn" | "blas (...why...)", decided once per process
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string of this CPU ("GenuineIntel", "AuthenticAMD"), "" where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def onednn_missing() -> str:
+    """Why this torch cannot run packed oneDNN linears, "" where it can."""
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN"
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "torch.ops.mkldnn._linear_pointwise missing in this torch"
+    return ""
 
 
 def path_in_use() -> str:
     """ "onednn" where CPU float32 linears are packed for oneDNN, else "blas" and why not."""
     global _state
     if _state is None:
-        if os.environ.get(ENV_SWITCH, "1") == "0":
+        choice = os.environ.get(ENV_SWITCH, "auto").strip() or "auto"
+        if choice not in CHOICES:
+            raise ValueError(f"{ENV_SWITCH}={choice!r}: expected one of {', '.join(CHOICES)}")
+        vendor = cpu_vendor() if choice == "auto" else ""
+        if choice == "0":
             _state = f"blas ({ENV_SWITCH}=0)"
-        elif not torch.backends.mkldnn.is_available():
-            _state = "blas (this torch build has no oneDNN)"
-        elif not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-            _state = "blas (torch.ops.mkldnn._linear_pointwise missing in this torch)"
+        elif vendor == "GenuineIntel":
+            _state = f"blas ({ENV_SWITCH}=auto on {vendor}: plain weights)"
+        elif onednn_missing():
+            _state = f"blas ({onednn_missing()})"
         else:
             _state = "onednn"
         log.info("CPU linear layers: %s", _state)

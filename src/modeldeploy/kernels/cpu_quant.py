@@ -18,11 +18,11 @@ The float32 path is for the LM head, which the engine applies to one row per sam
 a tied head is the embedding table itself, kept unpacked (the lookup needs it, and a packed copy
 would double its 113 MB on the real model), so it ran through torch's `mm`, whose GEMV falls to
 10-15 GB/s at 4-8 rows. Up to `FLOAT_MAX_ROWS` rows it goes through this kernel instead; beyond,
-F.linear, which MKL runs as a GEMM there and wins. The same holds for the layers' weights when
-MODELDEPLOY_CPU_GEMM=0 keeps them plain (`dispatch.linear`): on an Intel Xeon with AVX-512 this
-kernel ran the layers' 120 GEMMs 1.06-1.4x faster than oneDNN's packed weights at 1-16 rows,
-within 10 % of MKL at 1-2 rows and 1.1-1.4x faster than it at 4-16 (bench/results/
-serving_real_cpu.md, "Decode on the kernels' own calls").
+F.linear, which MKL runs as a GEMM there and wins. The same holds for the layers' weights where
+`kernels.cpu_gemm` keeps them plain (Intel CPUs, or MODELDEPLOY_CPU_GEMM=0; `dispatch.linear`): on
+an Intel Xeon with AVX-512 this kernel ran the layers' 120 GEMMs 1.06-1.4x faster than oneDNN's
+packed weights at 1-16 rows, within 10 % of MKL at 1-2 rows and 1.1-1.4x faster than it at 4-16
+(bench/results/serving_real_cpu.md, "Decode on the kernels' own calls").
 
 Built and loaded like the paged-attention kernel (kernels/cpu_build.py: prebuilt per x86-64 level
 in the image, else compiled here on first use); without either, or with MODELDEPLOY_CPU_KERNELS=0,

@@ -122,7 +122,7 @@ def linear(x, weight, bias=None):
             return cpu_quant.linear(x, weight, bias)
         return _quant_impl(x)(x, weight, bias)
     if isinstance(weight, torch.Tensor) and x.dim() == 2 and cpu_quant.streams_float(x, weight):
-        # an unpacked CPU float32 weight (MODELDEPLOY_CPU_GEMM=0) at decode sizes: the streaming kernel
+        # a plain CPU float32 weight (cpu_gemm's choice on Intel) at decode sizes: the streaming kernel
         out = cpu_quant.linear_float(x, weight)
         return out if bias is None else out.add_(bias)
     return cpu_gemm.linear(x, weight, bias)

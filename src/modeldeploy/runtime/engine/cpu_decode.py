@@ -11,9 +11,9 @@ with the same pointers and the same arguments, that the generic path would make.
 
 Eligible (`CpuDecode.build` says why not, and the runner keeps its generic path):
 - CPU float32 weights and KV cache, with both C++ kernel objects loaded;
-- every layer GEMM a QuantLinear, a plain float32 weight (MODELDEPLOY_CPU_GEMM=0) or a
-  oneDNN-packed one (the float32 default). The packed ones run as the torch op they are, its result
-  copied into the static buffer: the only calls left in Python;
+- every layer GEMM a QuantLinear, a plain float32 weight (the float32 default on Intel CPUs) or a
+  oneDNN-packed one (the default elsewhere; `kernels/cpu_gemm.py`). The packed ones run as the
+  torch op they are, its result copied into the static buffer: the only calls left in Python;
 - no q/k/v bias, no q/k norm, one rank;
 - MODELDEPLOY_CPU_DECODE not "0".
 
