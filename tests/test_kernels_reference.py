@@ -381,6 +381,50 @@ def test_cpu_kernel_prefill(dtype, lens, new, hkv, group, d, block_size):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
 
+LANE_CASES = [  # lens, new, hkv, group, d, block_size: tiles of 48+ rows take the lanes form
+    ([300], [300], 3, 3, 64, 16),  # SmolLM2's heads, a fresh prompt
+    ([1000, 70], [200, 70], 2, 4, 128, 32),  # cached prefix + chunk, D 128
+    ([97, 40], [97, 9], 1, 8, 32, 8),  # D 32, small blocks, a short chunk on the dot form
+    ([130], [130], 2, 1, 64, 64),  # MHA: 48-token tiles, 64-key blocks
+]
+
+
+def test_each_x86_level_attends_a_prefill_like_the_twin(tmp_path):
+    """The prefill's float32 tiles run with query rows along the vector lanes, 16 with AVX-512,
+    8 with AVX2 and the portable build: every level this CPU runs is built and checked against
+    float64, on both forms (a tile's last few tokens and decode's rows keep the dot form)."""
+    import ctypes
+    import platform
+
+    from modeldeploy.kernels import cpu_build
+
+    if cpu_build.compiler() is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C++ compiler on x86-64")
+    levels = cpu_build.levels_of(cpu_build.cpu_flags())
+    built = cpu_build.build_prebuilt(tmp_path, levels, (cpu_build.SOURCE,))
+    for level, path in zip(levels, built, strict=True):
+        lib = ctypes.CDLL(str(path))
+        argtypes, _ = cpu_attention._signatures()["md_paged_prefill"]
+        lib.md_paged_prefill.argtypes = argtypes
+        lib.md_paged_prefill.restype = None
+        for lens, new, hkv, group, d, block_size in LANE_CASES:
+            gen = torch.Generator().manual_seed(sum(lens) + d)
+            k_cache, v_cache, tables, ctx = paged_problem(lens, hkv, group, d, block_size, torch.float32, gen)
+            tables = tables.clamp_min(0).to(torch.int32)
+            cu = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.int32)
+            q = torch.randn(int(cu[-1]), hkv * group, d, generator=gen)
+            out = torch.full_like(q, float("nan"))
+            tile = cpu_attention.prefill_tile(group, torch.float32)
+            assert tile * group >= 32, (tile, group)  # the lanes form at 16 lanes too
+            lib.md_paged_prefill(
+                0, q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                tables.data_ptr(), tables.stride(0), cu.data_ptr(), ctx.to(torch.int32).data_ptr(),
+                out.data_ptr(), len(lens), hkv * group, hkv, d, block_size, tile, d**-0.5, 2,
+            )  # fmt: skip
+            exact = prefill64(q, k_cache, v_cache, tables, cu, ctx, d**-0.5)
+            assert rel_err(out, exact) < TOL[torch.float32], (level, lens, new, d)
+
+
 @needs_cpp
 def test_cpu_kernel_random_tables_strided_q_and_int64_metadata():
     """Engine-like inputs: q a view of a wider tensor (token stride > H*D), int64 tables and

@@ -41,7 +41,20 @@ SOURCE = cpu_build.SOURCE
 ENV_SWITCH = "MODELDEPLOY_CPU_KERNELS"  # "0" = torch twins only
 ENV_CACHE = "MODELDEPLOY_KERNEL_CACHE"  # where the shared object is built (default ~/.cache)
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-PREFILL_TILE = 8  # query tokens per prefill task (x GROUP heads = rows sharing each K/V load)
+PREFILL_TILE = 8  # query tokens per prefill task (x GROUP heads = rows sharing each K/V load) ...
+PREFILL_ROWS = 48  # ... on float32 caches: enough tokens for about this many rows (see below)
+
+
+def prefill_tile(group: int, dtype: torch.dtype) -> int:
+    """Query tokens per prefill task. On float32 caches the kernel lays a task's tile x GROUP rows
+    along its vector lanes (16 with AVX-512), so a tile of about 48 rows fills three vectors: on
+    SmolLM2 (GROUP 3) 16 tokens attended a 1536-token prompt at 179 GFLOP/s where 8 tokens (24
+    rows, two vectors a quarter empty) gave 133 (bench/results/paged_attention_cpu.md). The
+    bfloat16 path keeps its dot-product form and 8 tokens."""
+    if dtype != torch.float32:
+        return PREFILL_TILE
+    return max(PREFILL_TILE, -(-PREFILL_ROWS // group))
+
 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
@@ -192,7 +205,8 @@ def paged_attention_prefill(
     lib.md_paged_prefill(
         DTYPES[q.dtype], q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
         tables.data_ptr(), tables.stride(0), cu.data_ptr(), lens.data_ptr(), out.data_ptr(),
-        lens.shape[0], H, k_cache.shape[2], D, k_cache.shape[1], PREFILL_TILE, float(scale),
+        lens.shape[0], H, k_cache.shape[2], D, k_cache.shape[1], prefill_tile(H // k_cache.shape[2], q.dtype),
+        float(scale),
         torch.get_num_threads(),
     )  # fmt: skip
     return out

@@ -88,28 +88,30 @@ inline v8 reduce8(const v8* a) {
 // away in a softmax sum or in 1 + e, where expf would return a denormal or 0; above, SiLU's
 // x / (1 + e) is -0 either way).
 typedef int32_t vi8 __attribute__((vector_size(32)));
-inline v8 exp8(v8 x) {
-  const v8 hi = v8{} + 88.0f, lo = v8{} - 87.3365447504019f;
+typedef uint32_t vu8 __attribute__((vector_size(32)));
+template <typename V, typename VI, typename VU>
+inline V expv(V x) {
+  const V hi = V{} + 88.0f, lo = V{} - 87.3365447504019f;
   x = x > hi ? hi : x;  // written so that a NaN lane stays NaN (and so does its result)
   x = x < lo ? lo : x;
-  const v8 fx = x * 1.44269504088896341f + 0.5f;
-  vi8 n = __builtin_convertvector(fx, vi8);  // toward zero, then down to floor(fx)
-  n += (__builtin_convertvector(n, v8) > fx);  // a true comparison lane is -1
-  const v8 nf = __builtin_convertvector(n, v8);
+  const V fx = x * 1.44269504088896341f + 0.5f;
+  VI n = __builtin_convertvector(fx, VI);  // toward zero, then down to floor(fx)
+  n += (__builtin_convertvector(n, V) > fx);  // a true comparison lane is -1
+  const V nf = __builtin_convertvector(n, V);
   x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
-  v8 y = v8{} + 1.9875691500e-4f;
+  V y = V{} + 1.9875691500e-4f;
   y = y * x + 1.3981999507e-3f;
   y = y * x + 8.3334519073e-3f;
   y = y * x + 4.1665795894e-2f;
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
   y = y * (x * x) + x + 1.0f;
-  typedef uint32_t vu8 __attribute__((vector_size(32)));
-  const vu8 bits = (vu8)(n + 127) << 23;  // unsigned: a NaN lane's n is INT_MIN
-  v8 scale;
+  const VU bits = (VU)(n + 127) << 23;  // unsigned: a NaN lane's n is INT_MIN
+  V scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return y * scale;
 }
+inline v8 exp8(v8 x) { return expv<v8, vi8, vu8>(x); }
 inline float exp1(float x) { return exp8(v8{} + x)[0]; }
 
 template <int DC>
@@ -149,6 +151,166 @@ inline const float* row(const T* cache, int64_t slot, int h, int Hkv, int D, flo
   }
 }
 
+// ---- Prefill on float32 caches: query rows along the vector lanes ----
+// A prefill task has R = tile x GROUP query rows (48 on SmolLM2) over up to thousands of keys.
+// The dot-product form below reloads every key row once per query row and spends a cross-lane
+// reduction per 8 keys, and reloads each V row per query row: it held 105-108 GFLOP/s on 2 cores
+// of an AVX-512 Xeon where MKL's GEMMs run at ~320, and a 1536-token prompt spent 0.76 s of its
+// ~1.9 s in attention (bench/results/paged_attention_cpu.md). Here the tile's rows lie along the
+// lanes instead (qt [D][RP], RP = R rounded up to the width W): a key's score for W rows is an FMA
+// per d with the key's element broadcast, KT keys x NR row vectors in registers, no reduction;
+// the softmax runs down the keys lane-wise (no horizontal max or sum either); and pass 2 keeps
+// DT output dims x NR row vectors in registers, one broadcast V element and NR weight vectors a
+// key. Transposing the query tile in and the output tile out costs R x D moves each, once a task.
+// W is the widest vector the build targets: 16 lanes with AVX-512, else 8.
+#if defined(__AVX512F__)
+constexpr int W = 16;
+constexpr int KT = 8, NR = 3, DT = 8;  // 24 accumulators + 3 vectors of 32 registers
+#else
+constexpr int W = 8;
+constexpr int KT = 4, NR = 3, DT = 4;  // 12 accumulators + 3 vectors of 16 registers
+#endif
+typedef float vw __attribute__((vector_size(4 * W)));
+typedef int32_t viw __attribute__((vector_size(4 * W)));
+typedef uint32_t vuw __attribute__((vector_size(4 * W)));
+
+inline vw loadw(const float* p) {
+  vw v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof v); }
+
+// Scores of keys t..t+K-1 (rows krow[0..K-1]) for the N row vectors at qt, st, lastv, mx (all
+// already offset to the row group): st[t][lanes], -inf past a lane's last key; mx keeps the max.
+template <int D, int K, int N>
+inline void lane_scores(const float* qt, int RP, const float* const* krow, int t, const viw* lastv,
+                        float* st, vw* mx) {
+  vw acc[K][N];
+  for (int u = 0; u < K; ++u)
+    for (int c = 0; c < N; ++c) acc[u][c] = vw{};
+  for (int d = 0; d < D; ++d) {
+    vw qv[N];
+    for (int c = 0; c < N; ++c) qv[c] = loadw(qt + d * RP + c * W);
+    for (int u = 0; u < K; ++u) {
+      const float kd = krow[u][d];
+      for (int c = 0; c < N; ++c) acc[u][c] += kd * qv[c];
+    }
+  }
+  const vw ninf = vw{} - std::numeric_limits<float>::infinity();
+  for (int u = 0; u < K; ++u)
+    for (int c = 0; c < N; ++c) {
+      const vw v = (viw{} + (t + u) > lastv[c]) ? ninf : acc[u][c];
+      storew(st + static_cast<int64_t>(t + u) * RP + c * W, v);
+      mx[c] = v > mx[c] ? v : mx[c];
+    }
+}
+
+template <int D, int K>
+inline void lane_scores_rows(const float* qt, int RP, int NV, const float* const* krow, int t,
+                             const viw* lastv, float* st, vw* mx) {
+  for (int c = 0; c < NV; c += NR) {
+    const int n = NV - c < NR ? NV - c : NR;
+    const float* q = qt + c * W;
+    float* s = st + c * W;
+    if (n == 3) lane_scores<D, K, 3>(q, RP, krow, t, lastv + c, s, mx + c);
+    else if (n == 2) lane_scores<D, K, 2>(q, RP, krow, t, lastv + c, s, mx + c);
+    else lane_scores<D, K, 1>(q, RP, krow, t, lastv + c, s, mx + c);
+  }
+}
+
+// ot[d][lanes] += sum over the n keys at v0 (rows of one block, from key t0) of st[t][lanes]
+// V[t][d], for dims d0..d0+DT-1 and the N row vectors at st, ot (offset to the row group). A
+// whole block is swept for every (row group, dim tile) while its V rows sit in L1: walking all
+// keys per dim tile instead touched a new cache line per key and waited on L2 for each.
+template <int D, int N>
+inline void lane_weigh(const float* st, int RP, int t0, int n, const float* const* vrow, int d0,
+                       float* ot) {
+  vw acc[DT][N];
+  for (int dd = 0; dd < DT; ++dd)
+    for (int c = 0; c < N; ++c) acc[dd][c] = loadw(ot + (d0 + dd) * RP + c * W);
+  for (int o = 0; o < n; ++o) {
+    const float* v = vrow[o] + d0;
+    const float* w = st + static_cast<int64_t>(t0 + o) * RP;
+    vw wv[N];
+    for (int c = 0; c < N; ++c) wv[c] = loadw(w + c * W);
+    for (int dd = 0; dd < DT; ++dd) {
+      const float vd = v[dd];
+      for (int c = 0; c < N; ++c) acc[dd][c] += vd * wv[c];
+    }
+  }
+  for (int dd = 0; dd < DT; ++dd)
+    for (int c = 0; c < N; ++c) storew(ot + (d0 + dd) * RP + c * W, acc[dd][c]);
+}
+
+// The same result as attend_rows: normalised rows into acc [R, D].
+template <int D>
+void attend_lanes(const float* qf, int R, const int* last, const float* kc, const float* vc,
+                  const int32_t* table, int L, int S, int h, int Hkv, float* acc) {
+  const int RP = (R + W - 1) / W * W, NV = RP / W;
+  thread_local std::vector<float> qt, st, ot;
+  thread_local std::vector<vw> mx, inv;
+  thread_local std::vector<viw> lastv;
+  qt.assign(static_cast<size_t>(D) * RP, 0.f);
+  st.resize(static_cast<size_t>(L) * RP);
+  mx.assign(NV, vw{} - std::numeric_limits<float>::infinity());
+  inv.assign(NV, vw{});
+  lastv.assign(NV, viw{} + (L - 1));  // padding lanes (q = 0) see every key: finite, unused
+  for (int r = 0; r < R; ++r) {
+    lastv[r / W][r % W] = last[r];
+    for (int d = 0; d < D; ++d) qt[d * RP + r] = qf[r * D + d];
+  }
+  // pass 1: scores, block by block, KT keys at a time
+  prefetch_block(kc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
+  if (S < L) prefetch_block(kc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
+  for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {
+    const int64_t base = static_cast<int64_t>(table[j]) * S;
+    const int n = (L - t0 < S) ? L - t0 : S;
+    if (t0 + 2 * S < L) prefetch_block(kc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
+    const float* krow[64];  // S <= 64 (the wrapper checks)
+    for (int o = 0; o < n; ++o) krow[o] = kc + ((base + o) * Hkv + h) * D;
+    int o = 0;
+    for (; o + KT <= n; o += KT)
+      lane_scores_rows<D, KT>(qt.data(), RP, NV, krow + o, t0 + o, lastv.data(), st.data(), mx.data());
+    for (; o < n; ++o)
+      lane_scores_rows<D, 1>(qt.data(), RP, NV, krow + o, t0 + o, lastv.data(), st.data(), mx.data());
+  }
+  // softmax down the keys, lane-wise; weights past a lane's last key are exactly 0
+  std::vector<vw>& sum = inv;
+  for (int t = 0; t < L; ++t)
+    for (int c = 0; c < NV; ++c) {
+      float* p = st.data() + static_cast<int64_t>(t) * RP + c * W;
+      vw e = expv<vw, viw, vuw>(loadw(p) - mx[c]);
+      e = (viw{} + t > lastv[c]) ? vw{} : e;
+      storew(p, e);
+      sum[c] += e;
+    }
+  for (int c = 0; c < NV; ++c) inv[c] = 1.f / sum[c];
+  // pass 2: weighted V into ot [D][RP] block by block, then back to rows, normalised
+  ot.assign(static_cast<size_t>(D) * RP, 0.f);
+  prefetch_block(vc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
+  if (S < L) prefetch_block(vc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
+  for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {
+    const int64_t base = static_cast<int64_t>(table[j]) * S;
+    const int n = (L - t0 < S) ? L - t0 : S;
+    if (t0 + 2 * S < L) prefetch_block(vc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
+    const float* vrow[64];
+    for (int o = 0; o < n; ++o) vrow[o] = vc + ((base + o) * Hkv + h) * D;
+    for (int c = 0; c < NV; c += NR) {
+      const int g = NV - c < NR ? NV - c : NR;
+      const float* sc = st.data() + c * W;
+      float* oc = ot.data() + c * W;
+      for (int d0 = 0; d0 < D; d0 += DT) {
+        if (g == 3) lane_weigh<D, 3>(sc, RP, t0, n, vrow, d0, oc);
+        else if (g == 2) lane_weigh<D, 2>(sc, RP, t0, n, vrow, d0, oc);
+        else lane_weigh<D, 1>(sc, RP, t0, n, vrow, d0, oc);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int d = 0; d < D; ++d) acc[r * D + d] = ot[d * RP + r] * inv[r / W][r % W];
+}
+
 // Attention of R query rows (qf [R, D], already scaled) over the keys 0..L-1 of one sequence's
 // block table, row r seeing keys 0..last[r]. Writes normalised rows into acc [R, D].
 template <typename T, int DC>
@@ -157,6 +319,13 @@ void attend_rows(const float* qf, int R, const int* last, const T* kc, const T* 
                  float* acc, float* buf) {
   const int D = DC > 0 ? DC : Drt;
   const float ninf = -std::numeric_limits<float>::infinity();
+  if constexpr (DC > 0 && DC % DT == 0 && sizeof(T) == sizeof(float)) {
+    if (R >= 2 * W) {  // prefill tiles; decode's GROUP rows keep the dot form
+      attend_lanes<DC>(qf, R, last, reinterpret_cast<const float*>(kc),
+                       reinterpret_cast<const float*>(vc), table, L, S, h, Hkv, acc);
+      return;
+    }
+  }
   prefetch_block(kc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
   if (S < L) prefetch_block(kc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
   constexpr bool grouped = DC > 0 && sizeof(T) == sizeof(float);
