@@ -10,6 +10,7 @@
 // contiguous. Math in float32. One task = (sequence, kv head[, query tile]); the GROUP
 // query heads of a kv head share each K/V row load (GQA). Two passes over the keys:
 // scores (exact max), then exp-weighted V sum, so no online rescaling is needed.
+// Float32 prefill tiles put their query rows along the vector lanes instead (attend_lanes).
 
 #include <cmath>
 #include <cstdint>
