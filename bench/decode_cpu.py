@@ -37,7 +37,8 @@ HEAD = (49152, 576)
 ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
 
 
-def build(source_text: str, out: Path, march: str) -> ctypes.CDLL:
+def compile_source(source_text: str, out: Path, march: str) -> ctypes.CDLL:
+    """A kernel source's text (any revision's) built here for `march` and loaded."""
     from modeldeploy.kernels import cpu_build
 
     src = out.with_suffix(".cpp")
@@ -46,7 +47,11 @@ def build(source_text: str, out: Path, march: str) -> ctypes.CDLL:
     if cxx is None:
         raise SystemExit("kernel: needs a C++ compiler")
     cpu_build.compile_to(cxx, out, (f"-march={march}",), source=src)
-    lib = ctypes.CDLL(str(out))
+    return ctypes.CDLL(str(out))
+
+
+def build(source_text: str, out: Path, march: str) -> ctypes.CDLL:
+    lib = compile_source(source_text, out, march)
     i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     lib.mdq_linear.argtypes = [i, p, i64, i64, p, p, p, i64, p, i]
     return lib

@@ -26,9 +26,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from decode_cpu import compile_source
 
 from modeldeploy.conformance.bench.report import git_revision
-from modeldeploy.kernels import cpu_attention, cpu_build, reference
+from modeldeploy.kernels import cpu_attention, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "src/modeldeploy/kernels/cpu/paged_attention.cpp"
@@ -37,13 +38,7 @@ CASES = [(1536, 1536), (1536, 512), (512, 512), (256, 256)]  # (tokens in contex
 
 
 def build(source_text: str, out: Path, march: str) -> ctypes.CDLL:
-    src = out.with_suffix(".cpp")
-    src.write_text(source_text)
-    cxx = cpu_build.compiler()
-    if cxx is None:
-        raise SystemExit("needs a C++ compiler")
-    cpu_build.compile_to(cxx, out, (f"-march={march}",), source=src)
-    lib = ctypes.CDLL(str(out))
+    lib = compile_source(source_text, out, march)
     lib.md_paged_prefill.argtypes = cpu_attention._signatures()["md_paged_prefill"][0]
     lib.md_paged_prefill.restype = None
     return lib

@@ -244,6 +244,21 @@ inline void lane_weigh(const float* st, int RP, int t0, int n, const float* cons
     for (int c = 0; c < N; ++c) storew(ot + (d0 + dd) * RP + c * W, acc[dd][c]);
 }
 
+// Row pointers of block j (keys t0.., S of them or up to L) of kv head h; returns how many.
+// Prefetches blocks 0 and 1 on the first call and the block two ahead on every call.
+inline int block_rows(const float* cache, const int32_t* table, int j, int t0, int L, int S, int h,
+                      int Hkv, int D, const float** rows) {
+  if (j == 0) {
+    prefetch_block(cache, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
+    if (S < L) prefetch_block(cache, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
+  }
+  if (t0 + 2 * S < L) prefetch_block(cache, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
+  const int64_t base = static_cast<int64_t>(table[j]) * S;
+  const int n = (L - t0 < S) ? L - t0 : S;
+  for (int o = 0; o < n; ++o) rows[o] = cache + ((base + o) * Hkv + h) * D;
+  return n;
+}
+
 // The same result as attend_rows: normalised rows into acc [R, D].
 template <int D>
 void attend_lanes(const float* qf, int R, const int* last, const float* kc, const float* vc,
@@ -262,14 +277,9 @@ void attend_lanes(const float* qf, int R, const int* last, const float* kc, cons
     for (int d = 0; d < D; ++d) qt[d * RP + r] = qf[r * D + d];
   }
   // pass 1: scores, block by block, KT keys at a time
-  prefetch_block(kc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
-  if (S < L) prefetch_block(kc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
   for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {
-    const int64_t base = static_cast<int64_t>(table[j]) * S;
-    const int n = (L - t0 < S) ? L - t0 : S;
-    if (t0 + 2 * S < L) prefetch_block(kc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
     const float* krow[64];  // S <= 64 (the wrapper checks)
-    for (int o = 0; o < n; ++o) krow[o] = kc + ((base + o) * Hkv + h) * D;
+    const int n = block_rows(kc, table, j, t0, L, S, h, Hkv, D, krow);
     int o = 0;
     for (; o + KT <= n; o += KT)
       lane_scores_rows<D, KT>(qt.data(), RP, NV, krow + o, t0 + o, lastv.data(), st.data(), mx.data());
@@ -289,14 +299,9 @@ void attend_lanes(const float* qf, int R, const int* last, const float* kc, cons
   for (int c = 0; c < NV; ++c) inv[c] = 1.f / sum[c];
   // pass 2: weighted V into ot [D][RP] block by block, then back to rows, normalised
   ot.assign(static_cast<size_t>(D) * RP, 0.f);
-  prefetch_block(vc, static_cast<int64_t>(table[0]) * S, S, h, Hkv, D);
-  if (S < L) prefetch_block(vc, static_cast<int64_t>(table[1]) * S, S, h, Hkv, D);
   for (int j = 0, t0 = 0; t0 < L; ++j, t0 += S) {
-    const int64_t base = static_cast<int64_t>(table[j]) * S;
-    const int n = (L - t0 < S) ? L - t0 : S;
-    if (t0 + 2 * S < L) prefetch_block(vc, static_cast<int64_t>(table[j + 2]) * S, S, h, Hkv, D);
     const float* vrow[64];
-    for (int o = 0; o < n; ++o) vrow[o] = vc + ((base + o) * Hkv + h) * D;
+    const int n = block_rows(vc, table, j, t0, L, S, h, Hkv, D, vrow);
     for (int c = 0; c < NV; c += NR) {
       const int g = NV - c < NR ? NV - c : NR;
       const float* sc = st.data() + c * W;
