@@ -601,7 +601,8 @@ def llama(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--llama-server: {binary} is not a file (build it: bench/llama_cpp_build.sh)")
     ports = {"modeldeploy": free_port(), "llama.cpp": free_port()}
     cmds = {
-        "modeldeploy": ours_serve_cmd(ours_model, ports["modeldeploy"], args.slots, args.ctx_per_slot),
+        "modeldeploy": ours_serve_cmd(ours_model, ports["modeldeploy"], args.slots, args.ctx_per_slot)
+        + list(args.ours_arg),
         "llama.cpp": llama_server_cmd(
             binary, gguf, ports["llama.cpp"], args.slots, args.threads, args.ctx_per_slot
         )
@@ -845,6 +846,14 @@ def add_llama_parser(sub) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="an environment variable for modeldeploy serve only (repeatable), e.g. MODELDEPLOY_CPU_GEMM=0",
+    )
+    p.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more modeldeploy serve argument (repeatable; recorded with the command), e.g. "
+        "--ours-arg=--prefill-order=shortest --ours-arg=--target-itl-ms=150",
     )
     p.add_argument(
         "--llama-arg",

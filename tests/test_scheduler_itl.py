@@ -204,3 +204,64 @@ def test_greedy_outputs_are_unchanged_with_the_time_bound(llama_dir):
     bounded, chunks = run(50.0)
     assert len(base) == len(prompts) and bounded == base
     assert chunks.get("r1", 0) >= 300 // 40 and base_chunks.get("r1", 0) == 1, (chunks, base_chunks)
+
+
+# ---- prefill_order="shortest": shortest-remaining-first with an age limit ----
+
+
+def test_shortest_first_lets_a_short_prompt_overtake_a_long_prompts_chunks():
+    """A long prompt is cut to the time target even with nothing decoding, and a short prompt that
+    arrives while it prefills goes first in the next step: it waits one chunk, not the whole prompt."""
+    cost = FixedCost(decode_s=0.0, per_token_s=0.001)
+    sch = Scheduler(BlockManager(256, 16), 8, 2048, target_step_s=0.200, cost=cost, prefill_order="shortest")
+    long = seq("long", 1500)
+    sch.add(long)
+    first = sch.schedule()
+    assert rows(first) == [("long", 200)]  # 0.200 s / 0.001 s a token, not the 2048-token budget
+    ran(first)
+    short = seq("short", 60, 9000)
+    sch.add(short)
+    second = sch.schedule()
+    assert sorted(rows(second)) == [("long", 140), ("short", 60)]  # the short one whole, the long the rest
+    ran(second)
+    assert short.num_uncomputed_tokens == 1  # prefilled: its first token is out after this step
+    fcfs = Scheduler(BlockManager(256, 16), 8, 2048, target_step_s=0.200, cost=cost)
+    fcfs.add(seq("long", 1500))
+    assert rows(fcfs.schedule()) == [("long", 1500)]  # arrival order: nothing decodes, no bound
+
+
+def test_shortest_first_orders_waiting_prompts_by_length_but_aged_ones_go_first(monkeypatch):
+    from modeldeploy.runtime.engine import scheduler as sched
+
+    sch = Scheduler(BlockManager(256, 16), 8, 300, prefill_order="shortest")
+    a, b, c = seq("a", 250), seq("b", 40, 1000), seq("c", 120, 2000)
+    for s in (a, b, c):
+        sch.add(s)
+    assert rows(sch.schedule()) == [("b", 40), ("c", 120), ("a", 140)]  # shortest first, a chunked last
+    sch2 = Scheduler(BlockManager(256, 16), 8, 300, prefill_order="shortest")
+    old, new = seq("old", 250), seq("new", 40, 1000)
+    sch2.add(old)
+    sch2.add(new)
+    clock = old.arrival_time + sched.AGE_S + 1  # "old" has waited past the age limit, "new" not
+    new.arrival_time = clock - 0.5
+    monkeypatch.setattr(sched.time, "monotonic", lambda: clock)
+    assert rows(sch2.schedule()) == [("old", 250), ("new", 40)]
+
+
+def test_shortest_first_stops_at_a_prompt_the_blocks_cannot_take():
+    """Nothing longer overtakes a prompt that waits for blocks (it would starve it further)."""
+    sch = Scheduler(BlockManager(6, 16), 8, 2048, prefill_order="shortest")
+    big, bigger = seq("big", 120), seq("bigger", 200, 1000)  # 8 and 13 blocks: neither fits in 6
+    small = seq("small", 20, 2000)
+    for s in (bigger, big, small):
+        sch.add(s)
+    assert rows(sch.schedule()) == [("small", 20)]
+    assert [s.request_id for s in sch.waiting] == ["bigger", "big"]
+
+
+def test_prefill_order_is_validated_and_a_serve_flag():
+    from modeldeploy.runtime.server.cli import ENGINE_FLAGS
+
+    with pytest.raises(ValueError, match="prefill_order: 'sjf' is not one of fcfs, shortest"):
+        EngineConfig(model="m", prefill_order="sjf").validate()
+    assert "prefill_order" in ENGINE_FLAGS

@@ -13,6 +13,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("safetensors", "dummy")
+PREFILL_ORDERS = ("fcfs", "shortest")
 ADAPTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS label: also a URL/metric-safe model name
 
 
@@ -37,6 +38,14 @@ class EngineConfig:
         "target step time in milliseconds, the inter-token latency decoding streams see while prompts "
         "prefill: each step's prefill chunk is sized from the measured per-token prefill cost to stay "
         "under it (default: off, only max_num_batched_tokens bounds a step)",
+    )
+    # engine/scheduler.py: which prompts' prefill a step carries first
+    prefill_order: str = knob(
+        "fcfs",
+        "fcfs: prompts prefill in arrival order; shortest: fewest prompt tokens left first (a prompt "
+        "waiting longer than 4 s goes first), and with target_itl_ms every step's prefill is bounded "
+        "by time, so a short prompt arriving during a long one waits one chunk, not the whole prompt",
+        choices=PREFILL_ORDERS,
     )
     max_model_len: int | None = knob(
         None,
@@ -103,12 +112,14 @@ class EngineConfig:
         """Raise ValueError naming the first bad field."""
         if not self.model:
             raise ValueError("model: a model directory is required")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.device not in DEVICES:
-            raise ValueError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"load_format: {self.load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+        for name, allowed in (
+            ("dtype", DTYPES),
+            ("device", DEVICES),
+            ("prefill_order", PREFILL_ORDERS),
+            ("load_format", LOAD_FORMATS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "grammar_cache_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

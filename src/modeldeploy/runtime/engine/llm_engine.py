@@ -165,6 +165,7 @@ class LLMEngine:
             config.enable_chunked_prefill,
             self.adapters.num_slots if self.adapters else None,
             target_step_s=config.target_itl_ms / 1e3 if config.target_itl_ms else None,
+            prefill_order=config.prefill_order,
         )
         self.sampler = Sampler(self.eos_token_ids, apply_bitmask)
         vocab = loaded.args.vocab_size

@@ -13,6 +13,13 @@ decodes' own time (nor MIN_PREFILL_CHUNK), so prompts still progress when decodi
 streams then see one step per token at about the target, instead of a step that carries a whole
 long prompt chunk (vLLM's chunked-prefill policy, with the chunk from measured cost, as in
 Sarathi-Serve's stall-free batching).
+
+`prefill_order="shortest"` serves prefills shortest-remaining-first instead: running chunks and
+waiting prompts together, by prompt tokens left, except that a prompt waiting longer than AGE_S goes
+first (arrival order among those), so long prompts still finish under a stream of short ones; and
+with a target step time every step's prefill is bounded by it, decodes or not. Why: on 2 CPU cores a
+1536-token prompt takes ~1.7 s as one step, and a short prompt arriving meanwhile waited for all of
+it, missing a 1.5 s TTFT that its own prefill (~0.1 s) would meet (bench/results/serving_real_cpu.md).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from modeldeploy.runtime.engine.sequence import Sequence, Status
 
 MIN_PREFILL_CHUNK = 32  # tokens a step's prefill always gets: progress when decodes alone fill the target
 COLD_PREFILL_CHUNK = 64  # before any prefill has been measured
+AGE_S = 4.0  # prefill_order "shortest": a prompt waiting longer than this goes first
 
 
 class PrefillCost:
@@ -100,6 +108,7 @@ class Scheduler:
         max_adapters: int | None = None,
         target_step_s: float | None = None,
         cost: PrefillCost | None = None,
+        prefill_order: str = "fcfs",
     ):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
@@ -109,6 +118,7 @@ class Scheduler:
         # The time bound needs chunks: a whole prompt cannot be cut to fit (EngineConfig.validate).
         self.target_step_s = target_step_s if enable_chunked_prefill else None
         self.cost = cost if cost is not None else PrefillCost()
+        self.shortest_first = prefill_order == "shortest"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
@@ -138,6 +148,10 @@ class Scheduler:
                     stalled = True
                     break
         prefill_left = self._prefill_limit(len(picked))
+        if self.shortest_first:
+            if not stalled:
+                preempted += self._prefills_shortest_first(picked, prefill_left)
+            return self._batch(picked, preempted)
         for seq in [] if stalled else list(self.running):
             budget = min(self._room(picked), prefill_left)
             if seq.status is not Status.RUNNING or seq.request_id in picked or budget <= 0:
@@ -157,28 +171,73 @@ class Scheduler:
             n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
             if budget <= 0 or n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
                 break
-            self.waiting.popleft()
-            self.bm.admit(seq, hits)
-            self.bm.grow(seq, seq.num_computed_tokens + n)
-            seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
-            picked[seq.request_id] = n
+            self._admit(seq, hits, n, picked)
             prefill_left -= n
+        return self._batch(picked, preempted)
+
+    def _batch(self, picked: dict[str, int], preempted: int) -> ScheduledBatch:
         order = [s for s in self.running if s.request_id in picked]
         order.sort(
             key=lambda s: not (picked[s.request_id] == 1 and s.num_uncomputed_tokens == 1)
         )  # decodes first
         return ScheduledBatch(order, [picked[s.request_id] for s in order], preempted)
 
+    def _admit(self, seq: Sequence, hits: list, n: int, picked: dict[str, int]) -> None:
+        self.waiting.remove(seq)
+        self.bm.admit(seq, hits)
+        self.bm.grow(seq, seq.num_computed_tokens + n)
+        seq.status = Status.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        self.running.append(seq)
+        picked[seq.request_id] = n
+
+    def _prefills_shortest_first(self, picked: dict[str, int], prefill_left: int) -> int:
+        """Running chunks and waiting prompts in one line: aged ones (waiting > AGE_S) by arrival,
+        then the rest by prompt tokens left. Stops at the first that cannot have its share (blocks,
+        sequence limit, adapter slots), so nothing behind it overtakes it. Returns preemptions."""
+        now = time.monotonic()
+        line = [s for s in self.running if s.request_id not in picked] + list(self.waiting)
+        line.sort(
+            key=lambda s: (
+                (0, s.arrival_time, 0)
+                if now - s.arrival_time > AGE_S
+                else (1, s.num_uncomputed_tokens, s.arrival_time)
+            )
+        )
+        preempted = 0
+        for seq in line:
+            budget = min(self._room(picked), prefill_left)
+            if budget <= 0:
+                break
+            if seq.status is Status.RUNNING:
+                n = self._chunk(seq.num_uncomputed_tokens, budget)
+                if n == 0:
+                    continue
+                ok, p = self._grow(seq, n, picked)
+                preempted += p
+                if not ok:
+                    break
+            else:
+                if preempted or len(self.running) >= self.max_num_seqs or seq.status is not Status.WAITING:
+                    break
+                hits = self.bm.match_prefix(seq)
+                n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
+                if n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
+                    break
+                self._admit(seq, hits, n, picked)
+            prefill_left -= n
+        return preempted
+
     def _room(self, picked: dict[str, int]) -> int:
         return self.token_budget - sum(picked.values())
 
     def _prefill_limit(self, decodes: int) -> int:
         """Prefill tokens this step may carry: unbounded (the token budget decides) without a target
-        or without decodes (no stream waits on this step), else what fits the target's time."""
-        if self.target_step_s is None or decodes == 0:
+        or, in arrival order, without decodes (no stream waits on this step); else what fits the
+        target's time (shortest-first: also without decodes, so a prompt arriving next waits a
+        chunk, not a whole long prompt)."""
+        if self.target_step_s is None or (decodes == 0 and not self.shortest_first):
             return self.token_budget
         return self.cost.prefill_tokens(self.target_step_s, decodes)
 
