@@ -156,24 +156,35 @@ class Scheduler:
             budget = min(self._room(picked), prefill_left)
             if seq.status is not Status.RUNNING or seq.request_id in picked or budget <= 0:
                 continue
-            n = self._chunk(seq.num_uncomputed_tokens, budget)
-            if n == 0:
-                continue
-            ok, p = self._grow(seq, n, picked)
+            n, ok, p = self._take_running(seq, budget, picked)
             preempted += p
             if not ok:
                 break
             prefill_left -= n
         while self.waiting and not preempted and len(self.running) < self.max_num_seqs:
-            budget = min(self._room(picked), prefill_left)
-            seq = self.waiting[0]
-            hits = self.bm.match_prefix(seq)
-            n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
-            if budget <= 0 or n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
+            n = self._take_waiting(self.waiting[0], min(self._room(picked), prefill_left), picked)
+            if n == 0:
                 break
-            self._admit(seq, hits, n, picked)
             prefill_left -= n
         return self._batch(picked, preempted)
+
+    def _take_running(self, seq: Sequence, budget: int, picked: dict[str, int]) -> tuple[int, bool, int]:
+        """The next chunk of a running prefill: (tokens, whether `seq` still runs, preemptions)."""
+        n = self._chunk(seq.num_uncomputed_tokens, budget)
+        if n == 0:
+            return 0, True, 0
+        ok, p = self._grow(seq, n, picked)
+        return n, ok, p
+
+    def _take_waiting(self, seq: Sequence, budget: int, picked: dict[str, int]) -> int:
+        """Admit a waiting prompt with its first chunk where the budget, blocks and adapter slots
+        allow: its tokens, else 0."""
+        hits = self.bm.match_prefix(seq)
+        n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
+        if budget <= 0 or n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
+            return 0
+        self._admit(seq, hits, n, picked)
+        return n
 
     def _batch(self, picked: dict[str, int], preempted: int) -> ScheduledBatch:
         order = [s for s in self.running if s.request_id in picked]
@@ -211,21 +222,16 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.status is Status.RUNNING:
-                n = self._chunk(seq.num_uncomputed_tokens, budget)
-                if n == 0:
-                    continue
-                ok, p = self._grow(seq, n, picked)
+                n, ok, p = self._take_running(seq, budget, picked)
                 preempted += p
                 if not ok:
                     break
             else:
                 if preempted or len(self.running) >= self.max_num_seqs or seq.status is not Status.WAITING:
                     break
-                hits = self.bm.match_prefix(seq)
-                n = self._chunk(seq.num_tokens - len(hits) * self.bm.block_size, budget)
-                if n == 0 or not self.bm.can_admit(seq, hits, n) or not self._adapter_fits(seq):
+                n = self._take_waiting(seq, budget, picked)
+                if n == 0:
                     break
-                self._admit(seq, hits, n, picked)
             prefill_left -= n
         return preempted
 
