@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 from decode_cpu import compile_source
+from paged_attention_cpu import paged_problem, timeit
 
 from modeldeploy.conformance.bench.report import git_revision
-from modeldeploy.kernels import cpu_attention, reference
+from modeldeploy.kernels import cpu_attention, cpu_build, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "src/modeldeploy/kernels/cpu/paged_attention.cpp"
@@ -42,25 +43,6 @@ def build(source_text: str, out: Path, march: str) -> ctypes.CDLL:
     lib.md_paged_prefill.argtypes = cpu_attention._signatures()["md_paged_prefill"][0]
     lib.md_paged_prefill.restype = None
     return lib
-
-
-def problem(context: int, new: int, gen: torch.Generator):
-    blocks = -(-context // BLOCK)
-    n = blocks + 8
-    table = torch.randperm(n, generator=gen)[:blocks].to(torch.int32)[None]
-    k_cache = torch.randn(n, BLOCK, HKV, D, generator=gen)
-    v_cache = torch.randn(n, BLOCK, HKV, D, generator=gen)
-    q = torch.randn(new, HKV * GROUP, D, generator=gen)
-    cu = torch.tensor([0, new], dtype=torch.int32)
-    lens = torch.tensor([context], dtype=torch.int32)
-    return q, k_cache, v_cache, table, cu, lens
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def calls(libs: dict, q, kc, vc, table, cu, lens, threads: int) -> dict:
@@ -76,16 +58,6 @@ def calls(libs: dict, q, kc, vc, table, cu, lens, threads: int) -> dict:
         return out
 
     return {name: partial(call, lib, t) for name, (lib, t) in libs.items()}
-
-
-def timed(fn, min_s: float = 0.3) -> float:
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        if time.perf_counter() - t0 >= min_s:
-            return (time.perf_counter() - t0) / n
 
 
 def main() -> None:
@@ -111,7 +83,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     rows = []
     for context, new in CASES:
-        q, kc, vc, table, cu, lens = problem(context, new, gen)
+        q, kc, vc, table, cu, lens = paged_problem([context], [new], HKV, GROUP, D, BLOCK, gen, spare=8)
         fns = calls(libs, q, kc, vc, table, cu, lens, args.threads)
         if new == context:
             keys = kc[table[0].long()].reshape(-1, HKV, D)[:context]
@@ -122,7 +94,7 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.rounds):
             for name, fn in fns.items():
-                times[name].append(timed(fn))
+                times[name].append(timeit(fn, 0.3))
         pairs = sum(context - new + i + 1 for i in range(new))
         flop = 4 * D * pairs * HKV * GROUP
         for name, ts in times.items():
@@ -144,7 +116,7 @@ def main() -> None:
             "tile": tile,
             "threads": args.threads,
             "load_avg_start": os.getloadavg()[0],
-            "cpu": cpu_model(),
+            "cpu": cpu_build.cpuinfo_line("model name").partition(":")[2].strip(),
             "rows": rows,
         }
         args.out.write_text(json.dumps(result, indent=2) + "\n")

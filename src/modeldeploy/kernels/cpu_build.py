@@ -46,15 +46,20 @@ _LEVEL_NEEDS = {  # a level needs its own flags and those of every level below i
 }
 
 
-def cpu_flags() -> str:
-    """The `flags` line of /proc/cpuinfo ('' where there is none)."""
+def cpuinfo_line(key: str) -> str:
+    """The first line of /proc/cpuinfo starting with `key` ('' where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(key):
                 return line
     except OSError:
         pass
     return ""
+
+
+def cpu_flags() -> str:
+    """The `flags` line of /proc/cpuinfo ('' where there is none)."""
+    return cpuinfo_line("flags")
 
 
 def compiler() -> str | None:

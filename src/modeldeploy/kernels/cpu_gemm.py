@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from modeldeploy.kernels import cpu_build
+
 log = logging.getLogger("modeldeploy.kernels")
 
 ENV_SWITCH = "MODELDEPLOY_CPU_GEMM"  # "1" oneDNN-packed, "0" torch's F.linear (BLAS), "auto" per CPU
@@ -51,14 +53,7 @@ _state: str | None = None  # "onednn" | "blas (...why...)", decided once per pro
 
 def cpu_vendor() -> str:
     """The x86 vendor string of this CPU ("GenuineIntel", "AuthenticAMD"), "" where unknown."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpu_build.cpuinfo_line("vendor_id").partition(":")[2].strip()
 
 
 def onednn_missing() -> str:
@@ -82,8 +77,8 @@ def path_in_use() -> str:
             _state = f"blas ({ENV_SWITCH}=0)"
         elif vendor == "GenuineIntel":
             _state = f"blas ({ENV_SWITCH}=auto on {vendor}: plain weights)"
-        elif onednn_missing():
-            _state = f"blas ({onednn_missing()})"
+        elif why := onednn_missing():
+            _state = f"blas ({why})"
         else:
             _state = "onednn"
         log.info("CPU linear layers: %s", _state)
