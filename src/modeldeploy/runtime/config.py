@@ -7,7 +7,7 @@ server publishes on /v1/bundle, so nothing here may be implicit.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -112,14 +112,10 @@ class EngineConfig:
         """Raise ValueError naming the first bad field."""
         if not self.model:
             raise ValueError("model: a model directory is required")
-        for name, allowed in (
-            ("dtype", DTYPES),
-            ("device", DEVICES),
-            ("prefill_order", PREFILL_ORDERS),
-            ("load_format", LOAD_FORMATS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for f in fields(self):  # every knob declared with `choices` (dtype, device, prefill_order, ...)
+            allowed = f.metadata.get("choices")
+            if allowed is not None and getattr(self, f.name) not in allowed:
+                raise ValueError(f"{f.name}: {getattr(self, f.name)!r} is not one of {', '.join(allowed)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "grammar_cache_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -148,24 +148,8 @@ class Scheduler:
                     stalled = True
                     break
         prefill_left = self._prefill_limit(len(picked))
-        if self.shortest_first:
-            if not stalled:
-                preempted += self._prefills_shortest_first(picked, prefill_left)
-            return self._batch(picked, preempted)
-        for seq in [] if stalled else list(self.running):
-            budget = min(self._room(picked), prefill_left)
-            if seq.status is not Status.RUNNING or seq.request_id in picked or budget <= 0:
-                continue
-            n, ok, p = self._take_running(seq, budget, picked)
-            preempted += p
-            if not ok:
-                break
-            prefill_left -= n
-        while self.waiting and not preempted and len(self.running) < self.max_num_seqs:
-            n = self._take_waiting(self.waiting[0], min(self._room(picked), prefill_left), picked)
-            if n == 0:
-                break
-            prefill_left -= n
+        if not stalled:
+            preempted += self._prefills(picked, prefill_left)
         return self._batch(picked, preempted)
 
     def _take_running(self, seq: Sequence, budget: int, picked: dict[str, int]) -> tuple[int, bool, int]:
@@ -203,19 +187,22 @@ class Scheduler:
         self.running.append(seq)
         picked[seq.request_id] = n
 
-    def _prefills_shortest_first(self, picked: dict[str, int], prefill_left: int) -> int:
-        """Running chunks and waiting prompts in one line: aged ones (waiting > AGE_S) by arrival,
-        then the rest by prompt tokens left. Stops at the first that cannot have its share (blocks,
-        sequence limit, adapter slots), so nothing behind it overtakes it. Returns preemptions."""
-        now = time.monotonic()
+    def _prefills(self, picked: dict[str, int], prefill_left: int) -> int:
+        """Prompt chunks for this step from one line: running prefills, then waiting prompts, in
+        arrival order (fcfs); or (shortest) aged ones (waiting > AGE_S) by arrival, then the rest by
+        prompt tokens left. The line stops at the first prompt that cannot have its share (blocks,
+        sequence limit, adapter slots; no admission after a preemption), so nothing behind it
+        overtakes it. Returns preemptions."""
         line = [s for s in self.running if s.request_id not in picked] + list(self.waiting)
-        line.sort(
-            key=lambda s: (
-                (0, s.arrival_time, 0)
-                if now - s.arrival_time > AGE_S
-                else (1, s.num_uncomputed_tokens, s.arrival_time)
+        if self.shortest_first:
+            now = time.monotonic()
+            line.sort(
+                key=lambda s: (
+                    (0, s.arrival_time, 0)
+                    if now - s.arrival_time > AGE_S
+                    else (1, s.num_uncomputed_tokens, s.arrival_time)
+                )
             )
-        )
         preempted = 0
         for seq in line:
             budget = min(self._room(picked), prefill_left)
@@ -226,8 +213,8 @@ class Scheduler:
                 preempted += p
                 if not ok:
                     break
-            else:
-                if preempted or len(self.running) >= self.max_num_seqs or seq.status is not Status.WAITING:
+            else:  # waiting, or preempted by a chunk earlier in this line
+                if preempted or len(self.running) >= self.max_num_seqs:
                     break
                 n = self._take_waiting(seq, budget, picked)
                 if n == 0:
