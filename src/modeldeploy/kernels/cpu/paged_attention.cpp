@@ -220,7 +220,7 @@ inline void lane_scores_rows(const float* qt, int RP, int NV, const float* const
   }
 }
 
-// ot[d][lanes] += sum over the n keys at v0 (rows of one block, from key t0) of st[t][lanes]
+// ot[d][lanes] += sum over the n keys of one block (V rows vrow, from key t0) of st[t][lanes]
 // V[t][d], for dims d0..d0+DT-1 and the N row vectors at st, ot (offset to the row group). A
 // whole block is swept for every (row group, dim tile) while its V rows sit in L1: walking all
 // keys per dim tile instead touched a new cache line per key and waited on L2 for each.
