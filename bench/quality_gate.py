@@ -48,6 +48,7 @@ class Variant:
     flags: tuple[str, ...] = ()
     model: str | None = None  # a derived model dir (made on demand), else the stable model
     tokenizer: str | None = None  # a derived tokenizer dir
+    env: dict[str, str] = field(default_factory=dict)  # added to the canary server's environment
     verdicts: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     last: dict = field(default_factory=dict)
@@ -120,6 +121,23 @@ def variants(model: Path, work: Path) -> list[Variant]:
         Variant(
             "gguf-q8_0", None, "that GGUF's layers re-quantized to Q8_0, served so", model=made("gguf-q8_0")
         ),
+        # Long chunks (prefill, > 32 rows) on float32 activations instead of the int8 ones the CPU
+        # kernel uses by default where the CPU has AVX-512 VNNI (kernels/cpu_quant.py): the cost of
+        # the activations' rounding is the difference between these rows and the two above.
+        Variant(
+            "gguf-q4_1-float-act",
+            None,
+            "as gguf-q4_1, prefill on float32 activations (MODELDEPLOY_CPU_QUANT_PREFILL=float)",
+            model=made("gguf-q4_1"),
+            env={"MODELDEPLOY_CPU_QUANT_PREFILL": "float"},
+        ),
+        Variant(
+            "gguf-q8_0-float-act",
+            None,
+            "as gguf-q8_0, prefill on float32 activations (MODELDEPLOY_CPU_QUANT_PREFILL=float)",
+            model=made("gguf-q8_0"),
+            env={"MODELDEPLOY_CPU_QUANT_PREFILL": "float"},
+        ),
         Variant(
             "gguf-q4_0", None, "that GGUF's layers re-quantized to Q4_0, served so", model=made("gguf-q4_0")
         ),
@@ -186,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 if d is not None:
                     make_dir(a.model, Path(d))
             flags = [*BASE_FLAGS, *v.flags, *(["--tokenizer", v.tokenizer] if v.tokenizer else [])]
-            proc, c_url = serve(v.model or str(a.model), work / f"{v.name}.log", *flags)
+            proc, c_url = serve(v.model or str(a.model), work / f"{v.name}.log", *flags, env=v.env)
             try:
                 for _ in range(a.repeats if v.harmful is False else a.bad_repeats):
                     r = run_quality(q, es, Cohort(s_url), Cohort(c_url), timeout_s=300)

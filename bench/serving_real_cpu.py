@@ -251,10 +251,46 @@ def quant(args: argparse.Namespace) -> dict:
     return res
 
 
+def quant_prefill(args: argparse.Namespace) -> dict:
+    """Prefill wall time of fresh prompts on each quantized model, its long chunks on int8
+    activations and on float32 ones (de-quantize + BLAS), alternated round by round in one engine
+    (the choice flipped in-process); the float32 model as the baseline. Medians of `--rounds` (ms)."""
+    import torch
+
+    from modeldeploy.kernels import cpu_quant
+    from modeldeploy.runtime import EngineConfig
+    from modeldeploy.runtime.engine.llm_engine import LLMEngine
+
+    torch.set_num_threads(args.threads)
+    models = {"q4_1": real_gguf_dir(Path(args.out_dir)), "f32": real_model()}
+    models.update({k: Path(v) for k, v in (m.split("=", 1) for m in args.model)})
+    settings = {"int8": "int8 activations (AVX-512 VNNI)", "float": "float32 (bench: float)"}
+    if not cpu_quant.prefill_path().startswith("int8"):
+        raise SystemExit(f"quant-prefill: long chunks cannot run on int8 here: {cpu_quant.prefill_path()}")
+    res: dict = {"threads": args.threads, "rounds": args.rounds, "tokens": args.tokens, "models": {}}
+    for name, d in models.items():
+        cfg = EngineConfig(model=str(d), dtype="float32", max_model_len=2048, max_num_batched_tokens=2048)
+        eng = LLMEngine(cfg)
+        quantized = bool(eng.info().get("quantization"))
+        samples: dict[str, list[float]] = {}
+        for r in range(args.rounds):
+            for how, state in settings.items() if quantized else [("float", "")]:
+                cpu_quant._prefill = state or cpu_quant._prefill
+                for n in args.tokens:
+                    samples.setdefault(f"{how}_{n}", []).append(_prefill_ms(eng, n, f"{name}-{how}-{r}-{n}"))
+        cpu_quant._prefill = None
+        eng.close()
+        med = {k: round(statistics.median(v), 1) for k, v in samples.items()}
+        res["models"][name] = {"model": str(d), "median_ms": med, "samples": samples}
+        print(name, med, flush=True)
+    return res
+
+
 def quant_gemm(args: argparse.Namespace) -> dict:
     """One GEMM of each SmolLM2 shape: oneDNN on the packed float32 weight against the quantized
-    kernel (Q4_1 and Q8_0 blocks from gguf-py's quantizer), fused and de-quantize + BLAS, by rows;
-    best of `--repeats` (ms)."""
+    kernel (Q4_1 and Q8_0 blocks from gguf-py's quantizer), fused, de-quantize + BLAS, and on int8
+    activations where the CPU has AVX-512 VNNI (the head excepted: over DEQUANT_MAX_WEIGHTS), by
+    rows; best of `--repeats` (ms)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -264,6 +300,7 @@ def quant_gemm(args: argparse.Namespace) -> dict:
     from modeldeploy.kernels import cpu_gemm, cpu_quant, quant
 
     torch.set_num_threads(args.threads)
+    i8 = cpu_quant.prefill_path().startswith("int8")
     shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
     shapes["head"] = (49152, 576)
 
@@ -297,9 +334,18 @@ def quant_gemm(args: argparse.Namespace) -> dict:
                 row[f"{f}_fused"] = best(lambda x=x, ql=ql: cpu_quant.linear(x, ql))
                 cpu_quant.FUSED_MAX_ROWS = limit
                 row[f"{f}_dequant_blas"] = best(lambda x=x, ql=ql: F.linear(x, cpu_quant.dequantize(ql)))
+                if i8 and n * k <= cpu_quant.DEQUANT_MAX_WEIGHTS:
+                    row[f"{f}_int8_act"] = best(
+                        lambda x=x, ql=ql: cpu_quant._linear_i8(cpu_quant._load(), x, ql)
+                    )
             rows_out.append(row)
             print(row, flush=True)
-    return {"threads": args.threads, "rows": rows_out, "fused_max_rows": limit}
+    return {
+        "threads": args.threads,
+        "rows": rows_out,
+        "fused_max_rows": limit,
+        "long_chunks": cpu_quant.prefill_path(),
+    }
 
 
 def quant_load(args: argparse.Namespace, models: dict[str, Path], out: Path) -> list[dict]:
@@ -895,6 +941,15 @@ def main() -> None:
     u.add_argument("--duration", type=float, default=60)
     u.add_argument("--out-dir", default="/tmp/serving_real_cpu")
     u.add_argument("--out", type=Path, default=None)
+    qp = sub.add_parser("quant-prefill")
+    qp.add_argument(
+        "--model", action="append", default=[], help="NAME=DIR, another model (e.g. a Q8_0 GGUF dir)"
+    )
+    qp.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=[64, 384, 1536])
+    qp.add_argument("--rounds", type=int, default=5)
+    qp.add_argument("--threads", type=int, default=2)
+    qp.add_argument("--out-dir", default="/tmp/serving_real_cpu")
+    qp.add_argument("--out", type=Path, default=None)
     g = sub.add_parser("quant-gemm")
     g.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     g.add_argument("--threads", type=int, default=1)
@@ -909,7 +964,14 @@ def main() -> None:
         peer = data.get("kind") in ("serving_real_cpu/llama", "serving_real_cpu/peer")
         print(llama_markdown(data) if peer else markdown(args.path))
         return
-    modes = {"profile": profile, "load": load, "quant": quant, "quant-gemm": quant_gemm, "llama": llama}
+    modes = {
+        "profile": profile,
+        "load": load,
+        "quant": quant,
+        "quant-gemm": quant_gemm,
+        "quant-prefill": quant_prefill,
+        "llama": llama,
+    }
     res = modes[args.cmd](args)
     res["git"] = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT

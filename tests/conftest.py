@@ -82,3 +82,15 @@ def real_model_dir() -> Path:
     from modeldeploy_dev.real_model import cached_real_model
 
     return cached_real_model()
+
+
+@pytest.fixture
+def float_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantized GEMMs over 32 rows on float32 activations (MODELDEPLOY_CPU_QUANT_PREFILL=float),
+    here and in servers started from here: for tests comparing quantized serving with a float
+    reference token for token. The default rounds those activations to int8 where the CPU has
+    AVX-512 VNNI (kernels/cpu_quant.py), tested against its own twin in test_quantized.py."""
+    from modeldeploy.kernels import cpu_quant
+
+    monkeypatch.setenv(cpu_quant.ENV_PREFILL, "float")
+    monkeypatch.setattr(cpu_quant, "_prefill", None)

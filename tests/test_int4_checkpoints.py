@@ -257,7 +257,7 @@ def test_every_gemm_weight_is_kept_quantized_and_dequantizes_to_the_reference(ch
     assert set(q["float"]) == {"float16"}
 
 
-def test_served_greedy_equals_transformers_on_the_dequantized_weights(checkpoint):
+def test_served_greedy_equals_transformers_on_the_dequantized_weights(checkpoint, float_prefill):
     from test_engine_equality import TEXT_PROMPTS, TOKEN_PROMPTS, hf_greedy
 
     from modeldeploy.runtime import LLM, SamplingParams

@@ -15,6 +15,12 @@
 - Errors: two .gguf files, tensor parallelism, a type gguf-py cannot read, a bad shape.
 - Slow: the real model's Q4_1 GGUF (the pinned wheel) served natively against the float32 model
   de-quantized from the same file (the `real_model_dir` import), greedy over chat prompts.
+- Long chunks on int8 activations (the default where the CPU has AVX-512 VNNI): the kernel against
+  its float64 twin `quant.linear_int8_act` (strip tails, row tails, a group of zeros, a bias), the
+  twin against the float product (the rounding it costs, bounded and not zero), the choice and its
+  refusal of a bad value. Every other test here compares with a float reference exactly, so the
+  module runs with MODELDEPLOY_CPU_QUANT_PREFILL=float (the `float_prefill` fixture) and those tests
+  set int8 themselves.
 """
 
 from __future__ import annotations
@@ -35,6 +41,20 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
 KEPT = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+
+pytestmark = pytest.mark.usefixtures("float_prefill")
+
+
+@pytest.fixture
+def int8_prefill(monkeypatch):
+    """The default: chunks over FUSED_MAX_ROWS on int8 activations where the CPU can."""
+    monkeypatch.setenv(cpu_quant.ENV_PREFILL, "int8")
+    monkeypatch.setattr(cpu_quant, "_prefill", None)
+
+
+def _i8_runs() -> bool:
+    lib = cpu_quant._load()
+    return lib is not None and bool(lib.mdq_i8_supported())
 
 
 def random_q4k(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
@@ -183,6 +203,70 @@ def test_unpacked_float_layers_stream_at_decode_sizes_and_go_to_blas_beyond(monk
     assert calls == [1, 5, cpu_quant.FLOAT_MAX_ROWS]
     assert dispatch.linear(torch.randn(2, 3, 64), w).shape == (2, 3, 40)  # 3-D: F.linear
     assert calls == [1, 5, cpu_quant.FLOAT_MAX_ROWS]
+
+
+@pytest.mark.skipif(
+    not cpu_quant.available() or not _i8_runs(), reason="needs the C++ kernel and AVX-512 VNNI"
+)
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q4_0", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize(
+    ("rows", "n"), [(33, 80), (37, 48), (100, 144), (203, 960)]
+)  # odd strip counts, row tails
+def test_long_chunks_on_int8_activations_match_their_twin(fmt, rows, n, int8_prefill):
+    rng = np.random.default_rng(rows + n)
+    k = 512
+    w = quant.from_gguf(fmt, blocks(fmt, rng.standard_normal((n, k)).astype(np.float32) * 0.05, rng), k)
+    x = torch.randn(rows, k)
+    x[0, :32] = 0  # a group of zeros: scale 0, no division by it
+    x[1, 64:96] *= 100  # an outlier group: its own scale, the row's others keep theirs
+    bias = torch.randn(n)
+    got = dispatch.linear(x, w, bias)
+    assert cpu_quant.prefill_path() == "int8 activations (AVX-512 VNNI)"
+    twin = quant.linear_int8_act(x, w).double() + bias.double()
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    assert (got.double() - twin).abs().max().item() <= 2e-6 * twin.abs().max().item()
+    # the rounding it costs against the float product: bounded, and not zero (it did round)
+    ref = x.double() @ w.dequantize().double().T + bias.double()
+    err = ((twin - ref).norm() / (ref - bias.double()).norm()).item()
+    assert 1e-4 < err < 1e-2, err
+    # at FUSED_MAX_ROWS and below nothing is rounded: the decode path stays exact
+    few = dispatch.linear(x[: cpu_quant.FUSED_MAX_ROWS], w, bias).double()
+    assert (few - ref[: cpu_quant.FUSED_MAX_ROWS]).abs().max().item() <= 2e-6 * ref.abs().max().item()
+
+
+def test_activation_quantization_rounds_each_group_to_its_own_scale():
+    """The twin's half that both paths share: |ia| <= 127 with the group's max at 127, the rebuilt
+    values within half a step, a group of zeros all 0 with scale 0."""
+    x = torch.randn(3, 96)
+    x[1, 32:64] = 0
+    x[2, 0] = -50.0
+    ia, s = quant.quantize_activations(x)
+    assert ia.shape == (3, 3, 32) and s.shape == (3, 3)
+    assert ia.abs().max() <= 127 and torch.equal(ia.abs().amax(-1)[s > 0], torch.full_like(s[s > 0], 127))
+    assert torch.all((ia * s[..., None] - x.reshape(3, 3, 32)).abs() <= s[..., None] / 2 + 1e-6)
+    assert s[1, 1] == 0 and torch.equal(ia[1, 1], torch.zeros(32))
+    assert ia[2, 0, 0] == -127 and s[2, 0] == pytest.approx(50 / 127)
+
+
+@pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
+def test_the_long_chunk_path_is_chosen_once_and_a_bad_value_is_refused_naming_the_variable(monkeypatch):
+    rng = np.random.default_rng(3)
+    w = quant.from_gguf("Q8_0", gq.quantize(rng.standard_normal((32, 64)).astype(np.float32), QT.Q8_0), 64)
+    x = torch.randn(40, 64)
+    exact = x.double() @ w.dequantize().double().T
+    assert cpu_quant.prefill_path() == "float32 (MODELDEPLOY_CPU_QUANT_PREFILL=float)"
+    assert (dispatch.linear(x, w).double() - exact).abs().max().item() <= 2e-6 * exact.abs().max().item()
+    assert dispatch.describe("cpu")["quantized_long_chunks"] == cpu_quant.prefill_path()
+    monkeypatch.setenv(cpu_quant.ENV_PREFILL, "int8")
+    monkeypatch.setattr(cpu_quant, "_prefill", None)
+    expect = "int8 activations (AVX-512 VNNI)" if _i8_runs() else "float32 (this CPU has no AVX-512 VNNI)"
+    assert cpu_quant.prefill_path() == expect
+    monkeypatch.setenv(cpu_quant.ENV_PREFILL, "bf16")
+    monkeypatch.setattr(cpu_quant, "_prefill", None)
+    with pytest.raises(
+        ValueError, match=r"MODELDEPLOY_CPU_QUANT_PREFILL='bf16': expected one of int8, float"
+    ):
+        dispatch.pack_linear(w)  # at model load, not at the first long prompt
 
 
 def test_the_twin_runs_where_the_kernel_does_not(monkeypatch):

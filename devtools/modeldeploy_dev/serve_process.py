@@ -24,11 +24,17 @@ def free_port() -> int:
 
 
 def serve(
-    model: str, log: Path, *flags: str, pin: bool = False, ready_s: float = 300
+    model: str,
+    log: Path,
+    *flags: str,
+    pin: bool = False,
+    ready_s: float = 300,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """`modeldeploy serve` on CPU, logging to `log`; with `pin`, its processes on CPU 1 with one torch
-    thread. Returns (process, base URL) once /health/ready says 200; raises with the log's tail if the
-    server exits or is not ready within `ready_s`."""
+    thread; `env` added to this process's environment. Returns (process, base URL) once
+    /health/ready says 200; raises with the log's tail if the server exits or is not ready within
+    `ready_s`."""
     port = free_port()
     cmd = [
         *(["taskset", "-c", "1"] if pin else []),
@@ -43,8 +49,8 @@ def serve(
         "--device",
         "cpu",
     ]
-    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if pin else {})}
-    proc = subprocess.Popen([*cmd, *flags], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+    full = {**os.environ, **({"OMP_NUM_THREADS": "1"} if pin else {}), **(env or {})}
+    proc = subprocess.Popen([*cmd, *flags], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=full)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

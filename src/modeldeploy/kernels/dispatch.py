@@ -74,6 +74,7 @@ def describe(device: str) -> dict[str, object]:
         "attention": cpu_attention.build(),
         "linear": cpu_gemm.path_in_use(),
         "quantized_linear": cpu_quant.path_in_use(),
+        "quantized_long_chunks": cpu_quant.prefill_path(),
         "head": (
             f"{cpu_quant.path_in_use()} up to {cpu_quant.FLOAT_MAX_ROWS} rows of a float32 head"
             if cpu_quant.available()
@@ -111,6 +112,8 @@ def pack_linear(weight):
     on CPU float32 (`kernels.cpu_gemm`), a QuantLinear as it is, the tensor itself elsewhere.
     The model keeps only this."""
     if isinstance(weight, quant.QuantLinear):
+        if weight.device.type == "cpu":
+            cpu_quant.prefill_path()  # decided (and a bad MODELDEPLOY_CPU_QUANT_PREFILL refused) at load
         return weight
     return cpu_gemm.pack(weight)
 

@@ -115,6 +115,39 @@ def linear(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) ->
     return F.linear(x, w.dequantize(x.dtype), bias)
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] float32 -> (ia int [T, K/32, 32] in -127..127, scale float32 [T, K/32]): per row and
+    group of 32 inputs, ia = round(x * 127 / amax) and scale = amax / 127 (a group of zeros: 0 and 0).
+    Round half to even, as the C++ kernel's conversion."""
+    g = x.float().reshape(x.shape[0], -1, GROUP)
+    amax = g.abs().amax(dim=-1)
+    # a true float32 division, as the kernel's (`127.0 / tensor` is 127 * reciprocal, which can
+    # differ in the last bit and flip a value that lands on .5)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    return torch.round(g * inv[..., None]), amax / 127.0
+
+
+def linear_int8_act(x: torch.Tensor, w: QuantLinear) -> torch.Tensor:
+    """The twin of the C++ kernel's long-chunk path (`cpu_quant.linear` beyond FUSED_MAX_ROWS rows
+    where the CPU has AVX-512 VNNI): x [T, K] float32 @ w.T with the activations quantized to int8 per
+    group of 32 (`quantize_activations`), in float64. Per group, sum_k w_k x_k becomes
+    scale_w * scale_x * sum_k q_k ia_k, plus zero * sum_k x_k on the float activations (4-bit, with q
+    centred on 0 and the zero moved by 8 scales, as the kernel packs it)."""
+    ia, sx = quantize_activations(x)
+    n, g = w.scales.shape
+    if w.zeros is None:
+        q = w.qweight.reshape(n, g, GROUP).double()
+    else:  # centred: s q + z = s (q - 8) + (z + 8 s), so the int8 part carries only s (q - 8)
+        b = w.qweight.reshape(n, g, GROUP // 2)
+        q = torch.cat([b & 15, b >> 4], dim=-1).double() - 8
+    dots = torch.einsum("tgk,ngk->tng", ia.double(), q)  # exact: integers well under 2**53
+    out = (dots * w.scales.double()[None] * sx.double()[:, None, :]).sum(-1)
+    if w.zeros is not None:
+        xsum = x.double().reshape(x.shape[0], g, GROUP).sum(-1)
+        out += xsum @ (w.zeros.double() + 8 * w.scales.double()).T
+    return out.float()
+
+
 def nbytes(w: torch.Tensor | QuantLinear) -> int:
     """Resident bytes of a weight, quantized or not."""
     if isinstance(w, QuantLinear):
