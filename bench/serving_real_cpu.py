@@ -289,8 +289,7 @@ def quant_prefill(args: argparse.Namespace) -> dict:
 def quant_gemm(args: argparse.Namespace) -> dict:
     """One GEMM of each SmolLM2 shape: oneDNN on the packed float32 weight against the quantized
     kernel (Q4_1 and Q8_0 blocks from gguf-py's quantizer), fused, de-quantize + BLAS, and on int8
-    activations where the CPU has AVX-512 VNNI (the head excepted: over DEQUANT_MAX_WEIGHTS), by
-    rows; best of `--repeats` (ms)."""
+    activations where the CPU has AVX-512 VNNI, by rows; best of `--repeats` (ms)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -334,7 +333,7 @@ def quant_gemm(args: argparse.Namespace) -> dict:
                 row[f"{f}_fused"] = best(lambda x=x, ql=ql: cpu_quant.linear(x, ql))
                 cpu_quant.FUSED_MAX_ROWS = limit
                 row[f"{f}_dequant_blas"] = best(lambda x=x, ql=ql: F.linear(x, cpu_quant.dequantize(ql)))
-                if i8 and n * k <= cpu_quant.DEQUANT_MAX_WEIGHTS:
+                if i8 and n * k <= cpu_quant.I8_MAX_WEIGHTS:
                     row[f"{f}_int8_act"] = best(
                         lambda x=x, ql=ql: cpu_quant._linear_i8(cpu_quant._load(), x, ql)
                     )

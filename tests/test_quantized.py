@@ -234,6 +234,24 @@ def test_long_chunks_on_int8_activations_match_their_twin(fmt, rows, n, int8_pre
     assert (few - ref[: cpu_quant.FUSED_MAX_ROWS]).abs().max().item() <= 2e-6 * ref.abs().max().item()
 
 
+@pytest.mark.skipif(
+    not cpu_quant.available() or not _i8_runs(), reason="needs the C++ kernel and AVX-512 VNNI"
+)
+def test_a_weight_too_big_to_rebuild_as_float_takes_the_int8_path(monkeypatch, int8_prefill):
+    """The head (over DEQUANT_MAX_WEIGHTS, under I8_MAX_WEIGHTS) at many rows, as prompt log-probs
+    ask: int8 activations, not the fused kernel; over I8_MAX_WEIGHTS the fused kernel, exact."""
+    rng = np.random.default_rng(7)
+    w = quant.from_gguf("Q8_0", gq.quantize(rng.standard_normal((64, 256)).astype(np.float32), QT.Q8_0), 256)
+    x = torch.randn(40, 256)
+    monkeypatch.setattr(cpu_quant, "DEQUANT_MAX_WEIGHTS", 0)
+    monkeypatch.setattr(cpu_quant, "dequantize", lambda w: pytest.fail("rebuilt a big weight"))
+    twin = quant.linear_int8_act(x, w).double()
+    assert (cpu_quant.linear(x, w).double() - twin).abs().max().item() <= 2e-6 * twin.abs().max().item()
+    monkeypatch.setattr(cpu_quant, "I8_MAX_WEIGHTS", 0)
+    exact = x.double() @ w.dequantize().double().T
+    assert (cpu_quant.linear(x, w).double() - exact).abs().max().item() <= 2e-6 * exact.abs().max().item()
+
+
 def test_activation_quantization_rounds_each_group_to_its_own_scale():
     """The twin's half that both paths share: |ia| <= 127 with the group's max at 127, the rebuilt
     values within half a step, a group of zeros all 0 with scale 0."""

@@ -12,17 +12,20 @@ whose float32 weights sit in cache in that micro-benchmark (in the model they do
 batch 1 is 1.8x faster), and 1.7-2.6x slower at 64-256 rows. So longer chunks (prefill) rebuild
 the float32 weight once per call (`mdq_dequant`, a transient [N, K] buffer) and multiply with
 torch's BLAS, within 10 % of oneDNN there; except for weights too big for that buffer to pay
-(over `DEQUANT_MAX_WEIGHTS`: the head, 28 M weights, where the fused kernel stays faster).
+(over `DEQUANT_MAX_WEIGHTS`: the head, 28 M weights, where the fused kernel stays faster than that).
 
 Where the CPU has AVX-512 VNNI, those longer chunks run on int8 activations instead
 (`mdq_linear_i8`, W4A8 / W8A8, what llama.cpp does for these formats): each row quantized per group
 of 32 inputs, one exact int32 dot product per group (VPDPBUSD, 64 byte pairs an instruction against
-an FMA's 16 floats), scaled by both groups' scales. 1.7-2.3x faster than de-quantize + MKL at 256-1536
-rows and 3-6x at 33-64 (`bench/serving_real_cpu.py quant-gemm`); a prompt's prefill on the real
-model 1.5-1.9x (`quant-prefill`). The price is the activations' rounding: about 0.4 % (4-bit) and
-0.5 % (8-bit) relative error of a layer's output against the float32 product on random data; on the
-real model the quality gate saw no loss (Q4_1: 34/34 items, log-prob drop -0.002 nats/token, greedy
-agreement 0.94; Q8_0 as on float activations: bench/results/quality.md).
+an FMA's 16 floats), scaled by both groups' scales. 1.9-3.8x faster than de-quantize + MKL at 33-1536
+rows (`bench/serving_real_cpu.py quant-gemm`); a prompt's prefill on the real model 1.5-1.9x
+(`quant-prefill`); served, 4x llama.cpp's capacity on Q8_0 (bench/results/serving_real_cpu.md).
+Its per-call copy is 1 byte a weight, so it also takes the tied head (up to `I8_MAX_WEIGHTS`) when
+a request asks for prompt log-probabilities (the quality gate's teacher forcing): 1.4-3.1x the fused
+kernel on the real model's Q8_0 head at 33-512 rows. The price is the activations' rounding: about
+0.4 % (4-bit) and 0.5 % (8-bit) relative error of a layer's output against the float32 product on
+random data; on the real model the quality gate saw no loss (Q4_1: 34/34 items, log-prob drop
+-0.002 nats/token, greedy agreement 0.94; Q8_0 as on float activations: bench/results/quality.md).
 MODELDEPLOY_CPU_QUANT_PREFILL=float keeps the float32 path (bit-comparable with a float reference
 on the de-quantized weights); the int8 path's twin is `quant.linear_int8_act`.
 
@@ -65,6 +68,9 @@ PREFILL_CHOICES = ("int8", "float")
 I8_COLUMNS = 16  # the int8 path packs output columns in strips of this many
 FUSED_MAX_ROWS = 32  # more rows: de-quantize once, then BLAS (see the docstring)
 DEQUANT_MAX_WEIGHTS = 1 << 22  # ... for weights up to this many (a 16 MB float32 buffer)
+I8_MAX_WEIGHTS = (
+    1 << 25
+)  # int8 activations: weights up to this many (a 32 MB int8 copy per call; the head too)
 FLOAT_MAX_ROWS = 16  # a plain float32 weight: this kernel up to here, F.linear beyond
 
 _lib: ctypes.CDLL | None = None
@@ -188,12 +194,14 @@ def linear(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) ->
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features).contiguous()
     rows = x2.shape[0]
-    if rows > FUSED_MAX_ROWS and w.out_features * w.in_features <= DEQUANT_MAX_WEIGHTS:
-        if w.out_features % I8_COLUMNS == 0 and prefill_path().startswith("int8"):
+    size = w.out_features * w.in_features
+    if rows > FUSED_MAX_ROWS and size <= I8_MAX_WEIGHTS and w.out_features % I8_COLUMNS == 0:
+        if prefill_path().startswith("int8"):
             out = _linear_i8(lib, x2, w)
             if bias is not None:
                 out += bias
             return out.reshape(*lead, w.out_features)
+    if rows > FUSED_MAX_ROWS and size <= DEQUANT_MAX_WEIGHTS:
         return F.linear(x, dequantize(w), bias)
     out = torch.empty(rows, w.out_features, dtype=torch.float32)
     lib.mdq_linear(

@@ -21,6 +21,9 @@ significant bits), so `dequantize()` equals gguf-py's (and transformers') de-qua
 weights bit for bit (tests/test_quantized.py). The price of float32 scales over fp16: 0.25 bytes
 per weight for 4-bit (0.75 B/weight in all, against 0.5625 in the file; Q8_0 1.125 against 1.0625).
 
+`linear_int8_act` is the twin of the CPU kernel's other path, for prefill chunks where the CPU has
+AVX-512 VNNI: the activations rounded to int8 per group of 32, one integer dot product per group.
+
 torch's own `_weight_int4pack_mm_for_cpu` takes float32 activations only on a scalar path (15-60x
 slower than oneDNN's float32 GEMM here) and its fast path wants bfloat16 activations and scales
 (lossy); `_weight_int8pack_mm` has one scale per row, not per 32: hence our kernel.

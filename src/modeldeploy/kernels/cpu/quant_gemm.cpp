@@ -426,7 +426,7 @@ MDQ_VNNI inline void micro_i8(const I8& a) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    __m512i ia[R][C] = {};  // (each set below; the initializer quiets -Wmaybe-uninitialized)
+    __m512i ia[R][C];
     for (int c = 0; c < C; ++c) {
       const __m512i k0 = _mm512_loadu_si512(corr + c * strip_groups + g * STRIP);
       for (int r = 0; r < R; ++r) ia[r][c] = k0;
@@ -519,6 +519,20 @@ MDQ_VNNI void linear_i8(int bits, const float* x, int64_t M, int64_t K, const vo
       else
         strips_i8<false>(rows, a, s + 1 < strips);
     }
+  }
+  // A big call (the head's 28 M weights, a long prompt) would otherwise keep its copies for the
+  // life of the thread.
+  constexpr int64_t KEEP = int64_t(8) << 20;
+  if (N * K > KEEP) {
+    std::vector<uint8_t>().swap(w_buf);
+    std::vector<int32_t>().swap(corr_buf);
+    std::vector<float>().swap(ws_buf);
+    std::vector<float>().swap(wz_buf);
+  }
+  if (M * K > KEEP) {
+    std::vector<uint8_t>().swap(xa_buf);
+    std::vector<float>().swap(sa_buf);
+    std::vector<float>().swap(xs_buf);
   }
 }
 
