@@ -3,6 +3,11 @@
 
   .venv/bin/python bench/serving_real_hf.py [--duration 90] [--start-rate 0.25] --out F.json
   .venv/bin/python bench/serving_real_cpu.py table F.json
+  ... --ours-model DIR   # ours on another form of the same model, e.g. the shipped Q4_1 GGUF
+
+The model as it ships is a Q4_1 GGUF; transformers can only de-quantize it to float32 (which is
+what the float32 directory holds, value for value), while ours can serve the file itself with its
+weights kept quantized: `--ours-model` measures that, on the same weight values.
 
 The same harness as `serving_real_cpu.py llama`: both servers up together on SmolLM2-135M-Instruct
 in float32 (the same HF directory), one `modeldeploy bench --find-capacity` over both URLs (it
@@ -65,6 +70,7 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = real_model()
+    ours_model = args.ours_model or model
     ports = {"modeldeploy": free_port(), "transformers": free_port()}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     lifetime = str(int(args.lifetime))
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
         "kind": "serving_real_cpu/peer",
         "peer": "transformers",
         "goal": 4.0,
-        "models": {"modeldeploy": str(model), "transformers": str(model)},
+        "models": {"modeldeploy": str(ours_model), "transformers": str(model)},
         **run_fields(args),
     }
     try:
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> dict:
                 env=env,
             )
 
-        launch("modeldeploy", ours_serve_cmd(model, ports["modeldeploy"], args.slots, args.ctx_per_slot))
+        launch("modeldeploy", ours_serve_cmd(ours_model, ports["modeldeploy"], args.slots, args.ctx_per_slot))
         wait_http(urls["modeldeploy"] + "/health/ready", procs["modeldeploy"])
         engine = httpx.get(urls["modeldeploy"] + "/v1/bundle", timeout=10).json()["engine_config"]
         hf = hf_serve_cmd(model, ports["transformers"], engine)
@@ -122,6 +128,12 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--ctx-per-slot", type=int, default=2048)
     ap.add_argument("--lifetime", type=float, default=5400, help="seconds the servers may live at most")
+    ap.add_argument(
+        "--ours-model",
+        type=Path,
+        default=None,
+        help="the model directory ours serves (default: the float32 one transformers serves)",
+    )
     ap.add_argument("--out-dir", default="/tmp/serving_real_hf")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
