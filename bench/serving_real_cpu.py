@@ -334,9 +334,7 @@ def quant_gemm(args: argparse.Namespace) -> dict:
                 cpu_quant.FUSED_MAX_ROWS = limit
                 row[f"{f}_dequant_blas"] = best(lambda x=x, ql=ql: F.linear(x, cpu_quant.dequantize(ql)))
                 if i8 and n * k <= cpu_quant.I8_MAX_WEIGHTS:
-                    row[f"{f}_int8_act"] = best(
-                        lambda x=x, ql=ql: cpu_quant._linear_i8(cpu_quant._load(), x, ql)
-                    )
+                    row[f"{f}_int8_act"] = best(lambda x=x, ql=ql: cpu_quant.linear_i8(x, ql))
             rows_out.append(row)
             print(row, flush=True)
     return {

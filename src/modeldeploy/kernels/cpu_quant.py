@@ -50,6 +50,7 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -195,41 +196,38 @@ def linear(x: torch.Tensor, w: QuantLinear, bias: torch.Tensor | None = None) ->
     x2 = x.reshape(-1, w.in_features).contiguous()
     rows = x2.shape[0]
     size = w.out_features * w.in_features
-    if rows > FUSED_MAX_ROWS and size <= I8_MAX_WEIGHTS and w.out_features % I8_COLUMNS == 0:
-        if prefill_path().startswith("int8"):
-            out = _linear_i8(lib, x2, w)
-            if bias is not None:
-                out += bias
-            return out.reshape(*lead, w.out_features)
-    if rows > FUSED_MAX_ROWS and size <= DEQUANT_MAX_WEIGHTS:
-        return F.linear(x, dequantize(w), bias)
-    out = torch.empty(rows, w.out_features, dtype=torch.float32)
-    lib.mdq_linear(
-        w.bits,
-        _ptr(x2),
-        rows,
-        w.in_features,
-        _ptr(w.qweight),
-        _ptr(w.scales),
-        _ptr(w.zeros),
-        w.out_features,
-        _ptr(out),
-        torch.get_num_threads(),
+    i8 = (
+        rows > FUSED_MAX_ROWS
+        and size <= I8_MAX_WEIGHTS
+        and w.out_features % I8_COLUMNS == 0
+        and prefill_path().startswith("int8")
     )
+    if rows > FUSED_MAX_ROWS and size <= DEQUANT_MAX_WEIGHTS and not i8:
+        return F.linear(x, dequantize(w), bias)
+    out = _gemm(lib.mdq_linear_i8 if i8 else lib.mdq_linear, x2, w)
     if bias is not None:
         out += bias
     return out.reshape(*lead, w.out_features)
 
 
-def _linear_i8(lib: ctypes.CDLL, x: torch.Tensor, w: QuantLinear) -> torch.Tensor:
-    """x [T, K] contiguous float32 @ w.T on int8 activations (see the module docstring)."""
-    rows, k = x.shape
-    out = torch.empty(rows, w.out_features, dtype=torch.float32)
-    lib.mdq_linear_i8(
+def linear_i8(x: torch.Tensor, w: QuantLinear) -> torch.Tensor:
+    """x [T, K] float32 @ w.T on int8 activations at any row count, whatever `linear` would pick
+    (benches; callers check `prefill_path()` first)."""
+    lib = _load()
+    if lib is None or not lib.mdq_i8_supported():
+        raise RuntimeError(f"CPU int8-activation GEMM unavailable: {prefill_path()}")
+    return _gemm(lib.mdq_linear_i8, x.contiguous(), w)
+
+
+def _gemm(fn: Callable[..., None], x: torch.Tensor, w: QuantLinear) -> torch.Tensor:
+    """One of the kernel's two GEMMs (mdq_linear, mdq_linear_i8: the same arguments) on a contiguous
+    [T, K] float32 x."""
+    out = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+    fn(
         w.bits,
         _ptr(x),
-        rows,
-        k,
+        x.shape[0],
+        w.in_features,
         _ptr(w.qweight),
         _ptr(w.scales),
         _ptr(w.zeros),
