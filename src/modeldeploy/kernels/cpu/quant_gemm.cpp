@@ -1,6 +1,7 @@
-// Weight-streaming linear layers on CPU for few rows: float32 activations times weights read once
-// from memory, either kept as 4-bit or 8-bit integers in groups of 32 along the input dimension, each
-// group with a float32 scale (and, for 4-bit, a float32 zero): w = q * scale + zero; or float32 as
+// Weight-streaming linear layers on CPU for few rows (and, further down, long chunks on int8
+// activations): float32 activations times weights read once from memory, either kept as 4-bit or
+// 8-bit integers in groups of 32 along the input dimension, each group with a float32 scale (and,
+// for 4-bit, a float32 zero): w = q * scale + zero; or float32 as
 // they are (the tied head's embedding table, never packed for oneDNN; and the layers' weights when
 // MODELDEPLOY_CPU_GEMM=0 keeps them plain). GGUF's Q4_0, Q4_1 and Q4_K and Q8_0 map onto the
 // integer layouts exactly (kernels/quant.py). Twins: `quant.QuantLinear.dequantize` then F.linear;
@@ -312,7 +313,7 @@ void dequant(const void* qw, const float* sc, const float* zr, int64_t N, int64_
 // Layout, packed per call from the QuantLinear's own bytes (so memory stays at its 0.75 / 1.125
 // bytes a weight): strips of 16 output columns; strip s, group g, quad j (inputs 4j..4j+3 of the
 // group) is 64 bytes, column l's four signed values at bytes 4l..4l+3, the int32 lane l of one
-// register. 4-bit q in 0..15 become q - 8 (the caller's zero absorbs 8 * scale). VPDPBUSD wants one
+// register. 4-bit q in 0..15 become q - 8 (the zero, moved to z + 8 * scale, absorbs it). VPDPBUSD wants one
 // operand unsigned: the activations go in as ia + 128 (1..255), and each (strip, group) carries
 // -128 * sum(q) as its accumulator's start, which cancels the offset exactly. Centring the 4-bit q
 // (and moving the zero to z + 8 * scale) halves the rounding error the activations bring: the int8
