@@ -275,7 +275,8 @@ def quant_prefill(args: argparse.Namespace) -> dict:
         samples: dict[str, list[float]] = {}
         for r in range(args.rounds):
             for how, state in settings.items() if quantized else [("float", "")]:
-                cpu_quant._prefill = state or cpu_quant._prefill
+                if state:  # flip the long-chunk path in-process (a float32 model has none to flip)
+                    cpu_quant._prefill = state
                 for n in args.tokens:
                     samples.setdefault(f"{how}_{n}", []).append(_prefill_ms(eng, n, f"{name}-{how}-{r}-{n}"))
         cpu_quant._prefill = None

@@ -313,8 +313,8 @@ void dequant(const void* qw, const float* sc, const float* zr, int64_t N, int64_
 // Layout, packed per call from the QuantLinear's own bytes (so memory stays at its 0.75 / 1.125
 // bytes a weight): strips of 16 output columns; strip s, group g, quad j (inputs 4j..4j+3 of the
 // group) is 64 bytes, column l's four signed values at bytes 4l..4l+3, the int32 lane l of one
-// register. 4-bit q in 0..15 become q - 8 (the zero, moved to z + 8 * scale, absorbs it). VPDPBUSD wants one
-// operand unsigned: the activations go in as ia + 128 (1..255), and each (strip, group) carries
+// register. 4-bit q in 0..15 become q - 8 (the zero, moved to z + 8 * scale, absorbs it). VPDPBUSD
+// wants one operand unsigned: the activations go in as ia + 128 (1..255), and each (strip, group) carries
 // -128 * sum(q) as its accumulator's start, which cancels the offset exactly. Centring the 4-bit q
 // (and moving the zero to z + 8 * scale) halves the rounding error the activations bring: the int8
 // part then carries only scale * (q - 8).
@@ -368,27 +368,23 @@ MDQ_VNNI void pack_strips(int bits, const void* qw, const float* scales, const f
       const int64_t cg = (s * G + g) * STRIP;
       for (int l = 0; l < STRIP; ++l) {
         const int64_t n = s * STRIP + l;
-        __m128i lo, hi;
-        int32_t sum;
+        __m128i lo, hi;  // the group's 32 signed values
         if (bits == 4) {
-          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(qw) + n * (K / 2) + g * 16));
-          const __m128i m4 = _mm_set1_epi8(15);
-          lo = _mm_and_si128(b, m4);
-          hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
-          const __m128i sad = _mm_add_epi64(_mm_sad_epu8(lo, _mm_setzero_si128()), _mm_sad_epu8(hi, _mm_setzero_si128()));
-          sum = static_cast<int32_t>(_mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1)) - 8 * GROUP;
-          const __m128i eight = _mm_set1_epi8(8);
-          lo = _mm_sub_epi8(lo, eight);
-          hi = _mm_sub_epi8(hi, eight);
+          const uint8_t* r = static_cast<const uint8_t*>(qw) + n * (K / 2) + g * 16;
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+          const __m128i m4 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+          lo = _mm_sub_epi8(_mm_and_si128(b, m4), eight);
+          hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m4), eight);
         } else {
           const int8_t* r = static_cast<const int8_t*>(qw) + n * K + g * GROUP;
           lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
           hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 16));
-          const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));  // v + 128 as unsigned bytes
-          const __m128i sad = _mm_add_epi64(_mm_sad_epu8(_mm_xor_si128(lo, flip), _mm_setzero_si128()),
-                                            _mm_sad_epu8(_mm_xor_si128(hi, flip), _mm_setzero_si128()));
-          sum = static_cast<int32_t>(_mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1)) - 128 * GROUP;
         }
+        // their sum: the bytes read as v + 128 (sign bit flipped), summed unsigned, less 32 * 128
+        const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80)), zero = _mm_setzero_si128();
+        const __m128i sad = _mm_add_epi64(_mm_sad_epu8(_mm_xor_si128(lo, flip), zero),
+                                          _mm_sad_epu8(_mm_xor_si128(hi, flip), zero));
+        const int32_t sum = static_cast<int32_t>(_mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1)) - 128 * GROUP;
         _mm_store_si128(reinterpret_cast<__m128i*>(tmp + l * GROUP), lo);
         _mm_store_si128(reinterpret_cast<__m128i*>(tmp + l * GROUP + 16), hi);
         corr[cg + l] = -128 * sum;
@@ -397,7 +393,8 @@ MDQ_VNNI void pack_strips(int bits, const void* qw, const float* scales, const f
       }
       int8_t* dst = wp + (s * G + g) * (STRIP * GROUP);
       for (int j = 0; j < GROUP / 4; ++j)
-        _mm512_storeu_si512(dst + j * 64, _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(j)), tmp, 4));
+        _mm512_storeu_si512(dst + j * 64,
+                            _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(j)), tmp, 4));
     }
   }
 }
@@ -447,7 +444,8 @@ MDQ_VNNI inline void micro_i8(const I8& a) {
     for (int c = 0; c < C; ++c) {
       const __m512 s = _mm512_loadu_ps(ws + c * strip_groups + g * STRIP);
       for (int r = 0; r < R; ++r)
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][c]), _mm512_mul_ps(s, _mm512_set1_ps(sa[r * G + g])), acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][c]), _mm512_mul_ps(s, _mm512_set1_ps(sa[r * G + g])),
+                                    acc[r][c]);
       if constexpr (ZERO) {
         const __m512 z = _mm512_loadu_ps(wz + c * strip_groups + g * STRIP);
         for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(z, _mm512_set1_ps(xs[r * G + g]), acc[r][c]);
