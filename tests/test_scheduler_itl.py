@@ -157,6 +157,8 @@ def test_target_needs_chunked_prefill_and_is_a_serve_flag():
         EngineConfig(model="/m", target_itl_ms=100, enable_chunked_prefill=False).validate()
     with pytest.raises(ValueError, match="target_itl_ms"):
         EngineConfig(model="/m", target_itl_ms=0).validate()
+    with pytest.raises(ValueError, match="target_ttft_ms: must be > 0, got -1"):
+        EngineConfig(model="/m", target_ttft_ms=-1).validate()
     import argparse
 
     from modeldeploy.runtime.server.cli import configure
@@ -164,6 +166,7 @@ def test_target_needs_chunked_prefill_and_is_a_serve_flag():
     p = argparse.ArgumentParser()
     configure(p)
     assert p.parse_args(["--model", "/m", "--target-itl-ms", "150"]).target_itl_ms == 150.0
+    assert p.parse_args(["--model", "/m", "--target-ttft-ms", "900"]).target_ttft_ms == 900.0
 
 
 def test_greedy_outputs_are_unchanged_with_the_time_bound(llama_dir):
@@ -181,6 +184,7 @@ def test_greedy_outputs_are_unchanged_with_the_time_bound(llama_dir):
                 max_model_len=512,
                 num_kv_blocks=200,
                 target_itl_ms=target_itl_ms,
+                prefill_order="fcfs",  # the CPU default ("auto") would bound the baseline too
                 enable_prefix_caching=False,
             )
         )
@@ -248,6 +252,49 @@ def test_shortest_first_orders_waiting_prompts_by_length_but_aged_ones_go_first(
     assert rows(sch2.schedule()) == [("old", 250), ("new", 40)]
 
 
+def test_ttft_target_keeps_a_prompt_that_can_meet_it_ahead_and_demotes_one_that_cannot(monkeypatch):
+    """With a TTFT target, a long prompt whose prefill still fits before its deadline is not overtaken
+    by a short one that arrived later, nor cut by the step's time bound; once it cannot make it (the
+    cost doubled, or it waited), the short goes first and the long one gets what is left of the
+    bound. Without a measured cost the order is plain shortest-first."""
+    from modeldeploy.runtime.engine import scheduler as sched
+
+    def line(per_token_s: float | None, after_long: float, streamed: bool = False) -> list[tuple[str, int]]:
+        cost = FixedCost(decode_s=0.0, per_token_s=0.001)
+        cost.per_token_s = per_token_s
+        sch = Scheduler(
+            BlockManager(256, 16),
+            8,
+            2048,
+            target_step_s=0.5,
+            cost=cost,
+            prefill_order="shortest",
+            target_ttft_s=1.5,
+        )
+        long, short = seq("long", 1200), seq("short", 60, 9000)
+        short.arrival_time = long.arrival_time + 0.1
+        if streamed:  # preempted after its first token: recomputing, its TTFT is history
+            long.first_token_time = long.arrival_time + 0.05
+        sch.add(long)
+        sch.add(short)
+        clock = long.arrival_time + after_long
+        monkeypatch.setattr(sched.time, "monotonic", lambda: clock)
+        return rows(sch.schedule())
+
+    # 1200 tokens x 1 ms = 1.2 s <= 1.5 - 0.2 s: the long prompt keeps arrival order, whole (no time
+    # bound cuts a prompt that can meet its deadline: only the token budget), and the short, which can
+    # too, after it in the same step
+    assert line(0.001, 0.2) == [("long", 1200), ("short", 60)]
+    # at 2 ms a token (2.4 s) it cannot make it: shortest-first, the short whole, the long the rest
+    assert sorted(line(0.002, 0.2)) == [("long", 190), ("short", 60)]
+    # 1.2 s of work but 0.5 s left (waited 1.0 s): demoted as well
+    assert sorted(line(0.001, 1.0)) == [("long", 440), ("short", 60)]
+    # a preempted stream recomputing keeps arrival order, however long its recompute
+    assert line(0.002, 0.2, streamed=True) == [("long", 1200), ("short", 60)]
+    # nothing measured yet: plain shortest-first within the cold chunk
+    assert line(None, 0.2) == [("short", 60), ("long", COLD_PREFILL_CHUNK - 60)]
+
+
 def test_shortest_first_stops_at_a_prompt_the_blocks_cannot_take():
     """Nothing longer overtakes a prompt that waits for blocks (it would starve it further)."""
     sch = Scheduler(BlockManager(6, 16), 8, 2048, prefill_order="shortest")
@@ -262,6 +309,41 @@ def test_shortest_first_stops_at_a_prompt_the_blocks_cannot_take():
 def test_prefill_order_is_validated_and_a_serve_flag():
     from modeldeploy.runtime.server.cli import ENGINE_FLAGS
 
-    with pytest.raises(ValueError, match="prefill_order: 'sjf' is not one of fcfs, shortest"):
+    with pytest.raises(ValueError, match="prefill_order: 'sjf' is not one of auto, fcfs, shortest"):
         EngineConfig(model="m", prefill_order="sjf").validate()
     assert "prefill_order" in ENGINE_FLAGS
+
+
+def test_auto_order_resolves_per_device():
+    """The default: shortest-first with a CPU_STEP_TARGET_MS bound on cpu (a step carrying a whole long
+    prompt there lasts seconds), arrival order on cuda; what the user set is kept."""
+    from modeldeploy.runtime.config import CPU_STEP_TARGET_MS, CPU_TTFT_TARGET_MS
+
+    assert EngineConfig().prefill_order == "auto" and EngineConfig().target_itl_ms is None
+    cpu = EngineConfig(model="m")
+    cpu.resolve_schedule("cpu")
+    assert (cpu.prefill_order, cpu.target_itl_ms) == ("shortest", CPU_STEP_TARGET_MS) == ("shortest", 500.0)
+    assert cpu.target_ttft_ms == CPU_TTFT_TARGET_MS == 1500.0
+    mine = EngineConfig(model="m", target_itl_ms=300)
+    mine.resolve_schedule("cpu")
+    assert (mine.prefill_order, mine.target_itl_ms) == ("shortest", 300)
+    whole = EngineConfig(model="m", enable_chunked_prefill=False)  # a bound needs chunks
+    whole.resolve_schedule("cpu")
+    assert (whole.prefill_order, whole.target_itl_ms) == ("shortest", None)
+    whole.validate()
+    gpu = EngineConfig(model="m")
+    gpu.resolve_schedule("cuda")
+    assert (gpu.prefill_order, gpu.target_itl_ms, gpu.target_ttft_ms) == ("fcfs", None, None)
+    fcfs = EngineConfig(model="m", prefill_order="fcfs")
+    fcfs.resolve_schedule("cpu")
+    assert (fcfs.prefill_order, fcfs.target_itl_ms) == ("fcfs", None)
+
+
+def test_engine_publishes_the_resolved_schedule(llama_dir):
+    """/v1/bundle shows engine.config: after load it holds the policy that runs, not "auto"."""
+    from modeldeploy.runtime.engine.llm_engine import LLMEngine
+
+    eng = LLMEngine(EngineConfig(model=str(llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=64))
+    assert (eng.config.prefill_order, eng.config.target_itl_ms) == ("shortest", 500.0)
+    assert eng.scheduler.shortest_first and eng.scheduler.target_step_s == pytest.approx(0.5)
+    assert eng.config.target_ttft_ms == 1500.0 and eng.scheduler.target_ttft_s == pytest.approx(1.5)

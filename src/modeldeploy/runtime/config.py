@@ -13,7 +13,15 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("safetensors", "dummy")
-PREFILL_ORDERS = ("fcfs", "shortest")
+PREFILL_ORDERS = ("auto", "fcfs", "shortest")
+# prefill_order "auto" on cpu: shortest-first with this step bound unless target_itl_ms is given. Why
+# 500 ms: a 1536-token prompt takes ~2 s to prefill on 2 cores, so one unbounded step made a short
+# prompt arriving during it miss a 1.5 s TTFT; in 500 ms steps it waits one step, and the chunks stay
+# big enough to keep the GEMMs efficient and decodes a small share of each step (150 ms collapsed past
+# capacity: bench/results/serving_real_cpu.md).
+CPU_STEP_TARGET_MS = 500.0
+# and this TTFT target: a prompt that can still meet it keeps its place in arrival order (scheduler.py)
+CPU_TTFT_TARGET_MS = 1500.0
 ADAPTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS label: also a URL/metric-safe model name
 
 
@@ -39,12 +47,20 @@ class EngineConfig:
         "prefill: each step's prefill chunk is sized from the measured per-token prefill cost to stay "
         "under it (default: off, only max_num_batched_tokens bounds a step)",
     )
+    target_ttft_ms: float | None = knob(
+        None,
+        "target time to first token in milliseconds, for prefill_order shortest: a prompt whose "
+        "remaining prefill (at the measured per-token cost) still fits before it keeps its place in "
+        "arrival order, one that cannot falls behind the shortest-first rest (default: off)",
+    )
     # engine/scheduler.py: which prompts' prefill a step carries first
     prefill_order: str = knob(
-        "fcfs",
+        "auto",
         "fcfs: prompts prefill in arrival order; shortest: fewest prompt tokens left first (a prompt "
         "waiting longer than 4 s goes first), and with target_itl_ms every step's prefill is bounded "
-        "by time, so a short prompt arriving during a long one waits one chunk, not the whole prompt",
+        "by time, so a short prompt arriving during a long one waits one chunk, not the whole prompt; "
+        f"auto: shortest on cpu with target_itl_ms {CPU_STEP_TARGET_MS:.0f} and target_ttft_ms "
+        f"{CPU_TTFT_TARGET_MS:.0f} unless set, fcfs on cuda",
         choices=PREFILL_ORDERS,
     )
     max_model_len: int | None = knob(
@@ -108,6 +124,21 @@ class EngineConfig:
         "replay pure-decode steps from CUDA graphs captured at load (cuda only, no tensor parallelism)",
     )
 
+    def resolve_schedule(self, device: str) -> None:
+        """prefill_order "auto" -> what runs on `device` (see CPU_STEP_TARGET_MS), so /v1/bundle shows
+        the policy used. A GPU step carrying a whole long prompt is tens of milliseconds, so arrival
+        order costs nothing there; on CPU it is seconds."""
+        if self.prefill_order != "auto":
+            return
+        if device != "cpu":
+            self.prefill_order = "fcfs"
+            return
+        self.prefill_order = "shortest"
+        if self.target_itl_ms is None and self.enable_chunked_prefill:
+            self.target_itl_ms = CPU_STEP_TARGET_MS
+        if self.target_ttft_ms is None:
+            self.target_ttft_ms = CPU_TTFT_TARGET_MS
+
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
         if not self.model:
@@ -127,6 +158,8 @@ class EngineConfig:
                 f"target_itl_ms: must be > 0 and needs chunked prefill, got {self.target_itl_ms} "
                 f"(enable_chunked_prefill {self.enable_chunked_prefill})"
             )
+        if self.target_ttft_ms is not None and not self.target_ttft_ms > 0:
+            raise ValueError(f"target_ttft_ms: must be > 0, got {self.target_ttft_ms}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {self.kv_cache_fraction}")
         for name in ("model_digest", "tokenizer_digest"):

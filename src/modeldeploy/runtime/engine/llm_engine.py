@@ -138,6 +138,7 @@ class LLMEngine:
         # The effective configuration: every 'auto' resolved, so /v1/bundle shows what runs.
         config.max_model_len, config.num_kv_blocks = loaded.max_model_len, num_blocks
         config.dtype, config.device = str(loaded.dtype).removeprefix("torch."), loaded.device.type
+        config.resolve_schedule(loaded.device.type)
         config.model_digest = config.model_digest or loaded.model_digest
         config.tokenizer_digest = config.tokenizer_digest or loaded.tokenizer_digest
         if self.adapters:
@@ -166,6 +167,7 @@ class LLMEngine:
             self.adapters.num_slots if self.adapters else None,
             target_step_s=config.target_itl_ms / 1e3 if config.target_itl_ms else None,
             prefill_order=config.prefill_order,
+            target_ttft_s=config.target_ttft_ms / 1e3 if config.target_ttft_ms else None,
         )
         self.sampler = Sampler(self.eos_token_ids, apply_bitmask)
         vocab = loaded.args.vocab_size

@@ -20,6 +20,15 @@ first (arrival order among those), so long prompts still finish under a stream o
 with a target step time every step's prefill is bounded by it, decodes or not. Why: on 2 CPU cores a
 1536-token prompt takes ~1.7 s as one step, and a short prompt arriving meanwhile waited for all of
 it, missing a 1.5 s TTFT that its own prefill (~0.1 s) would meet (bench/results/serving_real_cpu.md).
+With a TTFT target as well (target_ttft_s), a prompt whose remaining prefill (its tokens at the
+learned per-token cost) still fits before its deadline (arrival + target) keeps its place in arrival
+order ahead of the shortest-first rest, cut by the token budget only, and one that can no longer
+make it falls behind them, its share of a step bounded by the target step time: a long prompt that
+can meet the target is neither overtaken nor cut into extra steps into missing it (measured: on int8
+prefill a 1536-token prompt takes ~1.2 s, and shortest-first in 500 ms steps pushed it to 1.5-2.2 s),
+and one that cannot (float32: ~2 s) does not hold up the prompts that can, which overtake it at the
+next step. The default on CPU: shortest with a 500 ms step and a 1500 ms TTFT target (EngineConfig
+prefill_order "auto", resolve_schedule).
 """
 
 from __future__ import annotations
@@ -109,6 +118,7 @@ class Scheduler:
         target_step_s: float | None = None,
         cost: PrefillCost | None = None,
         prefill_order: str = "fcfs",
+        target_ttft_s: float | None = None,
     ):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
@@ -119,6 +129,7 @@ class Scheduler:
         self.target_step_s = target_step_s if enable_chunked_prefill else None
         self.cost = cost if cost is not None else PrefillCost()
         self.shortest_first = prefill_order == "shortest"
+        self.target_ttft_s = target_ttft_s  # "shortest" only: prompts that can meet it keep arrival order
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
@@ -194,18 +205,19 @@ class Scheduler:
         sequence limit, adapter slots; no admission after a preemption), so nothing behind it
         overtakes it. Returns preemptions."""
         line = [s for s in self.running if s.request_id not in picked] + list(self.waiting)
+        ranks: dict[str, tuple[int, float, float]] = {}
         if self.shortest_first:
             now = time.monotonic()
-            line.sort(
-                key=lambda s: (
-                    (0, s.arrival_time, 0)
-                    if now - s.arrival_time > AGE_S
-                    else (1, s.num_uncomputed_tokens, s.arrival_time)
-                )
-            )
-        preempted = 0
+            ranks = {s.request_id: self._rank(s, now) for s in line}
+            line.sort(key=lambda s: ranks[s.request_id])
+        preempted = taken = 0
         for seq in line:
-            budget = min(self._room(picked), prefill_left)
+            limit = prefill_left
+            if self.target_ttft_s is not None and ranks and ranks[seq.request_id][0] == 1:
+                # it can meet its deadline: only the token budget cuts it. A later arrival that can
+                # too waits for it anyway (earliest deadline first); a time bound would only add steps
+                limit = self.token_budget
+            budget = min(self._room(picked), limit - taken)
             if budget <= 0:
                 break
             if seq.status is Status.RUNNING:
@@ -219,8 +231,24 @@ class Scheduler:
                 n = self._take_waiting(seq, budget, picked)
                 if n == 0:
                     break
-            prefill_left -= n
+            taken += n
         return preempted
+
+    def _rank(self, seq: Sequence, now: float) -> tuple[int, float, float]:
+        """Place in the shortest-first line: aged prompts by arrival; then, with a TTFT target, those
+        that can still meet it by arrival (earliest deadline first); then the rest by tokens left."""
+        waited = now - seq.arrival_time
+        if waited > AGE_S:
+            return (0, seq.arrival_time, 0)
+        per_token = self.cost.per_token_s
+        if self.target_ttft_s is not None and per_token is not None:
+            # a preempted stream (its first token long out) recomputes in arrival order: its TTFT is
+            # history, and what it waits for now is its next token
+            if seq.first_token_time is not None:
+                return (1, seq.arrival_time, 0)
+            if seq.num_uncomputed_tokens * per_token <= self.target_ttft_s - waited:
+                return (1, seq.arrival_time, 0)
+        return (2, seq.num_uncomputed_tokens, seq.arrival_time)
 
     def _room(self, picked: dict[str, int]) -> int:
         return self.token_budget - sum(picked.values())

@@ -44,6 +44,7 @@ ENGINE_FLAGS: dict[str, str | None] = {
     "max_model_len": None,
     "max_num_batched_tokens": None,
     "target_itl_ms": None,
+    "target_ttft_ms": None,
     "prefill_order": None,
     "block_size": None,
     "num_kv_blocks": None,
