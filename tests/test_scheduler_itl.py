@@ -291,8 +291,9 @@ def test_ttft_target_keeps_a_prompt_that_can_meet_it_ahead_and_demotes_one_that_
     assert sorted(line(0.001, 1.0)) == [("long", 440), ("short", 60)]
     # a preempted stream recomputing keeps arrival order, however long its recompute
     assert line(0.002, 0.2, streamed=True) == [("long", 1200), ("short", 60)]
-    # nothing measured yet: plain shortest-first within the cold chunk
-    assert line(None, 0.2) == [("short", 60), ("long", COLD_PREFILL_CHUNK - 60)]
+    # nothing measured yet and nothing decoding: plain shortest-first, the token budget only (this
+    # step measures the cost)
+    assert line(None, 0.2) == [("short", 60), ("long", 1200)]
 
 
 def test_shortest_first_stops_at_a_prompt_the_blocks_cannot_take():

@@ -257,8 +257,11 @@ class Scheduler:
         """Prefill tokens this step may carry: unbounded (the token budget decides) without a target
         or, in arrival order, without decodes (no stream waits on this step); else what fits the
         target's time (shortest-first: also without decodes, so a prompt arriving next waits a
-        chunk, not a whole long prompt)."""
+        chunk, not a whole long prompt, once a prefill has been measured: before that, with no
+        stream waiting, the first step measures it rather than cut every prompt to the cold chunk)."""
         if self.target_step_s is None or (decodes == 0 and not self.shortest_first):
+            return self.token_budget
+        if decodes == 0 and self.cost.per_token_s is None:
             return self.token_budget
         return self.cost.prefill_tokens(self.target_step_s, decodes)
 
