@@ -159,6 +159,10 @@ def test_target_needs_chunked_prefill_and_is_a_serve_flag():
         EngineConfig(model="/m", target_itl_ms=0).validate()
     with pytest.raises(ValueError, match="target_ttft_ms: must be > 0, got -1"):
         EngineConfig(model="/m", target_ttft_ms=-1).validate()
+    with pytest.raises(
+        ValueError, match="target_ttft_ms: orders prompts by deadline, which needs prefill_order"
+    ):
+        EngineConfig(model="/m", target_ttft_ms=900, prefill_order="fcfs").validate()  # never a silent ignore
     import argparse
 
     from modeldeploy.runtime.server.cli import configure
@@ -335,6 +339,14 @@ def test_auto_order_resolves_per_device():
     gpu = EngineConfig(model="m")
     gpu.resolve_schedule("cuda")
     assert (gpu.prefill_order, gpu.target_itl_ms, gpu.target_ttft_ms) == ("fcfs", None, None)
+    deadline = EngineConfig(model="m", target_ttft_ms=800)  # asked for: its order on a GPU too
+    deadline.resolve_schedule("cuda")
+    assert (deadline.prefill_order, deadline.target_itl_ms, deadline.target_ttft_ms) == (
+        "shortest",
+        None,
+        800,
+    )
+    deadline.validate()
     fcfs = EngineConfig(model="m", prefill_order="fcfs")
     fcfs.resolve_schedule("cpu")
     assert (fcfs.prefill_order, fcfs.target_itl_ms) == ("fcfs", None)

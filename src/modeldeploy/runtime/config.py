@@ -49,7 +49,7 @@ class EngineConfig:
     )
     target_ttft_ms: float | None = knob(
         None,
-        "target time to first token in milliseconds, for prefill_order shortest: a prompt whose "
+        "target time to first token in milliseconds, for prefill_order shortest or auto: a prompt whose "
         "remaining prefill (at the measured per-token cost) still fits before it keeps its place in "
         "arrival order, one that cannot falls behind the shortest-first rest (default: off)",
     )
@@ -130,8 +130,8 @@ class EngineConfig:
         order costs nothing there; on CPU it is seconds."""
         if self.prefill_order != "auto":
             return
-        if device != "cpu":
-            self.prefill_order = "fcfs"
+        if device != "cpu":  # a TTFT target given asks for its order on any device
+            self.prefill_order = "fcfs" if self.target_ttft_ms is None else "shortest"
             return
         self.prefill_order = "shortest"
         if self.target_itl_ms is None and self.enable_chunked_prefill:
@@ -153,13 +153,7 @@ class EngineConfig:
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_cpu_bytes"):  # None: sized at load
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.target_itl_ms is not None and not (self.target_itl_ms > 0 and self.enable_chunked_prefill):
-            raise ValueError(
-                f"target_itl_ms: must be > 0 and needs chunked prefill, got {self.target_itl_ms} "
-                f"(enable_chunked_prefill {self.enable_chunked_prefill})"
-            )
-        if self.target_ttft_ms is not None and not self.target_ttft_ms > 0:
-            raise ValueError(f"target_ttft_ms: must be > 0, got {self.target_ttft_ms}")
+        self._validate_schedule()
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {self.kv_cache_fraction}")
         for name in ("model_digest", "tokenizer_digest"):
@@ -178,6 +172,20 @@ class EngineConfig:
             raise ValueError(
                 "max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
                 f"({self.max_num_batched_tokens} < {self.max_model_len})"
+            )
+
+    def _validate_schedule(self) -> None:
+        if self.target_itl_ms is not None and not (self.target_itl_ms > 0 and self.enable_chunked_prefill):
+            raise ValueError(
+                f"target_itl_ms: must be > 0 and needs chunked prefill, got {self.target_itl_ms} "
+                f"(enable_chunked_prefill {self.enable_chunked_prefill})"
+            )
+        if self.target_ttft_ms is not None and not self.target_ttft_ms > 0:
+            raise ValueError(f"target_ttft_ms: must be > 0, got {self.target_ttft_ms}")
+        if self.target_ttft_ms is not None and self.prefill_order == "fcfs":
+            raise ValueError(
+                f"target_ttft_ms: orders prompts by deadline, which needs prefill_order shortest or auto, "
+                f"got fcfs (target_ttft_ms {self.target_ttft_ms})"
             )
 
     def _validate_parallel(self) -> None:
