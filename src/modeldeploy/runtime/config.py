@@ -60,7 +60,7 @@ class EngineConfig:
         "waiting longer than 4 s goes first), and with target_itl_ms every step's prefill is bounded "
         "by time, so a short prompt arriving during a long one waits one chunk, not the whole prompt; "
         f"auto: shortest on cpu with target_itl_ms {CPU_STEP_TARGET_MS:.0f} and target_ttft_ms "
-        f"{CPU_TTFT_TARGET_MS:.0f} unless set, fcfs on cuda",
+        f"{CPU_TTFT_TARGET_MS:.0f} unless set, fcfs on cuda (shortest if target_ttft_ms is set)",
         choices=PREFILL_ORDERS,
     )
     max_model_len: int | None = knob(
