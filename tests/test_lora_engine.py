@@ -13,6 +13,7 @@ import torch
 from modeldeploy.digest import DigestMismatch, dir_digest
 from modeldeploy.kernels import reference
 from modeldeploy.runtime import LLM, EngineConfig, SamplingParams
+from modeldeploy.runtime.engine.kv_budget import auto_blocks
 from modeldeploy.runtime.engine.llm_engine import LLMEngine
 from modeldeploy_dev.lora_fixtures import hf_greedy, make_adapters
 
@@ -241,9 +242,9 @@ def test_adapter_memory_is_taken_before_kv_blocks_are_sized(monkeypatch, setup):
     )
     cfg = EngineConfig(model=str(base), kv_cache_fraction=1.0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 30, 4 << 30))
-    without = LLMEngine._auto_blocks(cfg, loaded, 0)
+    without = auto_blocks(cfg, loaded, 0)
     reserved = 256 << 20
-    with_lora = LLMEngine._auto_blocks(cfg, loaded, reserved)
+    with_lora = auto_blocks(cfg, loaded, reserved)
     per_block = 2 * args.num_layers * cfg.block_size * args.num_kv_heads * args.head_dim * 2
     assert without - with_lora == pytest.approx(reserved / per_block, abs=1)
 

@@ -10,13 +10,13 @@ import logging
 import pytest
 
 from modeldeploy.runtime import EngineConfig, SamplingParams
-from modeldeploy.runtime.engine.llm_engine import (
+from modeldeploy.runtime.engine.kv_budget import (
     CPU_KV_CAP,
     CPU_KV_UNKNOWN,
-    LLMEngine,
     available_memory_bytes,
     cpu_kv_budget,
 )
+from modeldeploy.runtime.engine.llm_engine import LLMEngine
 from modeldeploy.runtime.server.cli import configure
 
 
