@@ -213,7 +213,7 @@ class Scheduler:
         preempted = taken = 0
         for seq in line:
             limit = prefill_left
-            if self.target_ttft_s is not None and ranks and ranks[seq.request_id][0] == 1:
+            if ranks and ranks[seq.request_id][0] == 1:  # rank 1 exists only with a TTFT target
                 # it can meet its deadline: only the token budget cuts it. A later arrival that can
                 # too waits for it anyway (earliest deadline first); a time bound would only add steps
                 limit = self.token_budget
