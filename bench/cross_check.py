@@ -14,7 +14,7 @@ guidellm's "inter_token_latency"; guidellm's "time_per_output_token" is e2e / ou
 
   python -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm==0.8.1   # its own venv: it pins its own deps
   .venv/bin/python bench/cross_check.py --guidellm /tmp/gl/bin/guidellm --model out/tiny --out bench/results
-  ... --pin   # server on CPU 1, clients on CPU 0 (the client-CPU term of serving_cpu.md section 3 removed)
+  ... --pin   # server on CPU 1, clients on CPU 0 (clients cannot slow the server: serving_cpu.md)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Timings interleave the options round by round (the machine is shared); each figu
 median over rounds, and the ratio is the baseline's median over the option's, same run.
 
     .venv/bin/python bench/paged_attention_cpu.py --threads 2 --rounds 7 --flex \
-        --out bench/results/paged_attention_cpu.json
+        --out bench/results/paged_attention_cpu_t2.json
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Engine.step is reported as "step remainder". A torch.profiler pass over a few mo
 gives the top ops (C++ kernels included, labelled). `--compare` alternates steps between the C++
 CPU kernels and the torch twins in the same engine, so their ratio is measured in one run.
 
-    .venv/bin/python bench/profile_decode_cpu.py --steps 60 --out bench/results/profile_decode_cpu.json
-    .venv/bin/python bench/profile_decode_cpu.py --compare ...  # alternate C++ kernels / torch twins
+    .venv/bin/python bench/profile_decode_cpu.py --threads 1 --steps 40 --profile-steps 8 --compare \
+        --out bench/results/profile_decode_cpu_t1.json  # --compare: alternate C++ kernels / torch twins
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ Records (JSON + PNG) go to --out; bench/results/serving_cpu.md is written from t
 `--issue16` runs the long-prompt workload and SLO instead: a 70/25/5 mix of 64/384/1536-token
 prompts with 64-128 output tokens, TTFT <= 1.5 s and TPOT (mean ITL) <= 0.15 s per request,
 rates of `--duration` seconds each; transformers at `--hf-threads` (default 1: its best on two
-cores, section 1 of serving_cpu.md), our server at torch's default threads with `--queue-budget`
+cores: the short-prompt mix in serving_cpu.md), our server at torch's default threads with `--queue-budget`
 (default 1.5 s, the TTFT objective, as the operator sets it); both capacities searched; then our
 server at its capacity and at twice it (the overload check: goodput kept, 429s within 50 ms).
 
-  .venv/bin/python bench/serving_cpu.py --out bench/results/serving_cpu
+  .venv/bin/python bench/serving_cpu.py --out out/serving_cpu
   .venv/bin/python bench/serving_cpu.py --issue16 --out out/serving_issue16
 """
 

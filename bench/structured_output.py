@@ -54,7 +54,7 @@ def med(xs: list[float]) -> float:
 
 def step_overhead(model: str, batch: int, steps: int, rounds: int) -> dict:
     from modeldeploy.runtime import LLM, SamplingParams
-    from modeldeploy.runtime.engine.grammar import schema_spec
+    from modeldeploy.runtime.engine.structured_output.grammar import schema_spec
 
     llm = LLM(model, dtype="float32", max_num_seqs=max(batch, 1), max_model_len=512)
     eng = llm.engine
@@ -142,7 +142,7 @@ def large_vocab_masks(vocab: int, batches: list[int], reps: int) -> dict:
 def compile_times(model: str) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from modeldeploy.runtime.engine.grammar import GrammarCompiler, schema_spec
+    from modeldeploy.runtime.engine.structured_output.grammar import GrammarCompiler, schema_spec
     from modeldeploy_dev.structured_schemas import SCHEMAS
 
     tok = AutoTokenizer.from_pretrained(model)
@@ -165,8 +165,8 @@ def compile_times(model: str) -> list[dict]:
 
 async def ttft_while_compiling(model: str, rounds: int) -> dict:
     from modeldeploy.runtime import AsyncEngine, EngineConfig, SamplingParams
-    from modeldeploy.runtime.engine.grammar import schema_spec
-    from modeldeploy.runtime.engine.stream import OutputStream
+    from modeldeploy.runtime.engine.client.stream import OutputStream
+    from modeldeploy.runtime.engine.structured_output.grammar import schema_spec
 
     eng = AsyncEngine(
         EngineConfig(model=model, dtype="float32", device="cpu", max_num_seqs=8, max_model_len=512)

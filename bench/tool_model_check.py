@@ -20,7 +20,7 @@ import time
 import jsonschema
 
 from modeldeploy.runtime import LLM, SamplingParams
-from modeldeploy.runtime.engine.grammar import schema_spec, tool_tag_spec
+from modeldeploy.runtime.engine.structured_output.grammar import schema_spec, tool_tag_spec
 from modeldeploy.runtime.server.toolcalls import CALL_BEGIN, CALL_END, parse
 from modeldeploy_dev.tool_model import ASKS, CHATS, CITIES, TOOLS, WEATHER, make_tool_model
 

@@ -21,8 +21,8 @@ def measure() -> dict:
         import xgrammar  # noqa: F401
     except ImportError as e:
         return {"skipped": f"xgrammar not installed ({e})"}
-    from modeldeploy.runtime.engine.grammar import apply_bitmask
-    from modeldeploy.runtime.engine.sampler import _apply_bitmask as torch_twin
+    from modeldeploy.runtime.engine.sample.sampler import _apply_bitmask as torch_twin
+    from modeldeploy.runtime.engine.structured_output.grammar import apply_bitmask
 
     real, _, compile_s = grammar_bitmasks(VOCAB, BATCH)
     rows = [i for i in range(BATCH) if i % 4]  # every 4th row unconstrained
