@@ -13,9 +13,9 @@ _EXPORTS = {
     "SamplingParams": "modeldeploy.runtime.engine.sampling_params",
     "EngineConfig": "modeldeploy.runtime.config",
     "RequestOutput": "modeldeploy.runtime.engine.output",
-    "AsyncEngine": "modeldeploy.runtime.engine.async_engine",
-    "EngineClient": "modeldeploy.runtime.engine.client",
-    "make_client": "modeldeploy.runtime.engine.client",
+    "AsyncEngine": "modeldeploy.runtime.engine.client.async_engine",
+    "EngineClient": "modeldeploy.runtime.engine.client.base",
+    "make_client": "modeldeploy.runtime.engine.client.factory",
 }
 
 __all__ = list(_EXPORTS)

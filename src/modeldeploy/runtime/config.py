@@ -20,7 +20,8 @@ PREFILL_ORDERS = ("auto", "fcfs", "shortest")
 # big enough to keep the GEMMs efficient and decodes a small share of each step (150 ms collapsed past
 # capacity: bench/results/serving_real_cpu.md).
 CPU_STEP_TARGET_MS = 500.0
-# and this TTFT target: a prompt that can still meet it keeps its place in arrival order (scheduler.py)
+# and this TTFT target: a prompt that can still meet it keeps its place in arrival order
+# (engine/core/scheduler.py)
 CPU_TTFT_TARGET_MS = 1500.0
 ADAPTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS label: also a URL/metric-safe model name
 
@@ -39,7 +40,7 @@ class EngineConfig:
     device: str = knob("auto", "auto: cuda when available", choices=DEVICES)
     max_num_seqs: int = knob(16, "sequences running in the engine at once")
     max_num_batched_tokens: int = knob(2048, "tokens per step, prefill chunks and decodes together")
-    # The chunked-prefill time bound (engine/scheduler.py, PrefillCost): a step's prefill chunk is sized
+    # The chunked-prefill time bound (engine/core/scheduler.py, PrefillCost): a step's prefill chunk is sized
     # from the measured seconds per prefill token so the step (decode rows first) stays under this.
     target_itl_ms: float | None = knob(
         None,
@@ -53,7 +54,7 @@ class EngineConfig:
         "remaining prefill (at the measured per-token cost) still fits before it keeps its place in "
         "arrival order, one that cannot falls behind the shortest-first rest (default: off)",
     )
-    # engine/scheduler.py: which prompts' prefill a step carries first
+    # engine/core/scheduler.py: which prompts' prefill a step carries first
     prefill_order: str = knob(
         "auto",
         "fcfs: prompts prefill in arrival order; shortest: fewest prompt tokens left first (a prompt "
@@ -117,8 +118,9 @@ class EngineConfig:
     tp_timeout_s: float = knob(
         30.0, "seconds a collective may wait for a rank before the engine fails (a hung rank)"
     )
-    # Pure-decode steps replay CUDA graphs captured at load, one per batch-size bucket (engine/graphs.py);
-    # cuda only, without tensor parallelism. Off by default until the GPU check has measured it.
+    # Pure-decode steps replay CUDA graphs captured at load, one per batch-size bucket
+    # (engine/worker/graphs.py); cuda only, without tensor parallelism. Off by default until the GPU
+    # check has measured it.
     cuda_graphs: bool = knob(
         False,
         "replay pure-decode steps from CUDA graphs captured at load (cuda only, no tensor parallelism)",

@@ -15,24 +15,29 @@ import torch
 
 from modeldeploy.kernels import dispatch, quant
 from modeldeploy.runtime.config import EngineConfig
-from modeldeploy.runtime.engine.block_manager import BlockManager
-from modeldeploy.runtime.engine.detokenizer import Detokenizer
-from modeldeploy.runtime.engine.grammar import LIBRARY, GrammarCompiler, GrammarMasks, apply_bitmask
-from modeldeploy.runtime.engine.kv_budget import (
+from modeldeploy.runtime.engine.core.block_manager import BlockManager
+from modeldeploy.runtime.engine.core.kv_budget import (
     auto_blocks,
     available_memory_bytes,
     cpu_kv_budget,
     fit_max_model_len,
 )
-from modeldeploy.runtime.engine.lora import AdapterPool
-from modeldeploy.runtime.engine.model_runner import ModelRunner
+from modeldeploy.runtime.engine.core.scheduler import PrefillCost, ScheduledBatch, Scheduler
+from modeldeploy.runtime.engine.core.sequence import Sequence
+from modeldeploy.runtime.engine.detokenizer import Detokenizer
+from modeldeploy.runtime.engine.lora.pool import AdapterPool
 from modeldeploy.runtime.engine.output import EngineStats, RequestMetrics, RequestOutput
-from modeldeploy.runtime.engine.parallel import TensorParallel
+from modeldeploy.runtime.engine.parallel.tensor_parallel import TensorParallel
 from modeldeploy.runtime.engine.request_check import check_adapter, check_request
-from modeldeploy.runtime.engine.sampler import Sampler
+from modeldeploy.runtime.engine.sample.sampler import Sampler
 from modeldeploy.runtime.engine.sampling_params import SamplingParams
-from modeldeploy.runtime.engine.scheduler import PrefillCost, ScheduledBatch, Scheduler
-from modeldeploy.runtime.engine.sequence import Sequence
+from modeldeploy.runtime.engine.structured_output.grammar import (
+    LIBRARY,
+    GrammarCompiler,
+    GrammarMasks,
+    apply_bitmask,
+)
+from modeldeploy.runtime.engine.worker.model_runner import ModelRunner
 from modeldeploy.runtime.loader import load
 
 
@@ -61,9 +66,9 @@ class LLMEngine:
         if self.tp is not None:
             progress("waiting for ranks", 0.9)
             reports = self.tp.wait_ready(config.tp_timeout_s + 600)
-            frees = [r["free_bytes"] for r in reports if r["free_bytes"] is not None]
+            frees = [r.free_bytes for r in reports if r.free_bytes is not None]
             worker_free = min(frees) if frees else None
-            self.weight_bytes += [r["weight_bytes"] for r in reports]
+            self.weight_bytes += [r.weight_bytes for r in reports]
         self.adapters = (
             AdapterPool(config.adapters, loaded.args, loaded.dtype, loaded.device, config.max_loras, progress)
             if config.adapters
@@ -91,7 +96,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.eos_token_ids)
         if self.tp is not None:
-            self.tp.send(("alloc", num_blocks, config.block_size, loaded.max_model_len))
+            self.tp.alloc(num_blocks, config.block_size, loaded.max_model_len)
         reduce = self.tp.collective.all_reduce if self.tp is not None else None
         self.runner = ModelRunner(
             loaded, num_blocks, config.block_size, loaded.max_model_len, self.adapters, self.tp, reduce

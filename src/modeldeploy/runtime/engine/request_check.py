@@ -4,13 +4,10 @@ A request must have a prompt, and the prompt plus the tokens it may generate mus
 model's context (`max_model_len`); its adapter, if any, must be a configured one. The server
 checks first, to answer 400 naming the field; the engine clients check before queueing, and the
 engine once more as the backstop for offline use. All of them call these functions, so they
-cannot disagree. `SchemaLimits` bounds a request's grammar (size, depth, enum values, pattern
-expansion) before anything is compiled (engine/grammar.py enforces it, the server sets it).
+cannot disagree. A request's grammar has bounds of its own (structured_output/limits.py).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's error code for this case
 
@@ -60,22 +57,3 @@ def check_adapter(name: str | None, adapters: list[str]) -> None:
         raise ValueError(f"model: unknown adapter {name!r}; no adapters are configured")
     if name not in adapters:
         raise ValueError(f"model: unknown adapter {name!r}; adapters: {', '.join(adapters)}")
-
-
-@dataclass(frozen=True)
-class SchemaLimits:
-    """Bounds on one request's grammar, checked before it is compiled (the server's flags set them:
-    runtime/server/limits.py). The defaults are the server's; `None` fields are unbounded."""
-
-    max_bytes: int | None = 64 * 1024  # the canonical schema JSON plus the EBNF written for its patterns
-    max_depth: int | None = 32  # nested subschemas
-    max_enum: int | None = 1000  # enum and const values, together
-    max_pattern_rules: int | None = 256  # EBNF rules one pattern x length window may expand into
-
-
-class GrammarLimitExceeded(ValueError):
-    """A grammar over one of SchemaLimits' bounds; `limit` names the field, `where` the schema path."""
-
-    def __init__(self, message: str, limit: str, where: str = "") -> None:
-        super().__init__(message)
-        self.limit, self.where = limit, where

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from modeldeploy.kernels.cpu_gemm import PackedLinear
-    from modeldeploy.runtime.models.lora import LoraBatch
 
 SUPPORTED = {
     "LlamaForCausalLM": dict(qkv_bias=False, qk_norm=False),
@@ -37,6 +36,15 @@ SUPPORTED = {
     "Qwen3ForCausalLM": dict(qkv_bias=False, qk_norm=True),
 }
 ROPE_TYPES = ("default", "llama3")
+
+
+class LoraDelta(Protocol):
+    """A step's LoRA adapters as the layers apply them (`lora.LoraBatch`): a protocol, so this module
+    does not import lora.py, which imports ModelArgs from here."""
+
+    def apply(self, layer: int, site: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out [T, N] += the LoRA delta of x [T, K] at `site` of `layer`, per token's adapter."""
+        ...
 
 
 @dataclass
@@ -162,15 +170,16 @@ class Layer:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttnMeta,
-        lora: LoraBatch | None = None,
+        lora: LoraDelta | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         a, w = self.args, self.w
         T = x.shape[0]
+        res: torch.Tensor  # the residual stream this layer hands on
         if residual is None:  # first layer: x is the stream
-            residual = x
+            res = x
             h, _ = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps)
         else:
-            h, residual = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps, residual)
+            h, res = dispatch.rms_norm(x, w["input_norm"], a.rms_norm_eps, residual)
         qkv = dispatch.linear(h, w["qkv"], w.get("qkv_bias"))  # [T, (H + 2Hkv) D]
         if lora is not None:
             lora.apply(self.index, "qkv", h, qkv)
@@ -212,7 +221,7 @@ class Layer:
             lora.apply(self.index, "o", o, x)
         if self.reduce is not None:
             x = self.reduce(x)
-        h, residual = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, residual)
+        h, res = dispatch.rms_norm(x, w["post_norm"], a.rms_norm_eps, res)
         gate_up = dispatch.linear(h, w["gate_up"])
         if lora is not None:
             lora.apply(self.index, "gate_up", h, gate_up)
@@ -222,7 +231,7 @@ class Layer:
             lora.apply(self.index, "down", act, x)
         if self.reduce is not None:
             x = self.reduce(x)
-        return x, residual
+        return x, res
 
 
 class LlamaModel:
@@ -258,7 +267,7 @@ class LlamaModel:
         positions: torch.Tensor,
         meta: AttnMeta,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        lora: LoraBatch | None = None,
+        lora: LoraDelta | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, E] (LoRA deltas per token when given)."""
         x = dispatch.embedding(input_ids, self.embed, self.norm.dtype)
