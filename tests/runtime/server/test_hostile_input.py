@@ -1,4 +1,4 @@
-"""Hostile requests (issue 39, item 3): each is refused with a 4xx naming the bound (field and flag)
+"""Hostile requests: each is refused with a 4xx naming the bound (field and flag)
 within a second, on a real server (random-weight tiny llama with a tool-call template), and the server
 keeps serving. The bounds are runtime/server/limits.py; bench/hostile_input.py measures the same
 requests on the real model against a concurrent stream's inter-token latency."""
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from modeldeploy.runtime import EngineConfig
-from modeldeploy.runtime.engine.grammar import check_schema
-from modeldeploy.runtime.engine.request_check import GrammarLimitExceeded, SchemaLimits
+from modeldeploy.runtime.engine.structured_output.grammar import check_schema
+from modeldeploy.runtime.engine.structured_output.limits import GrammarLimitExceeded, SchemaLimits
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.limits import Limits, add_limit_flags, limits_from_args
 from modeldeploy_dev.harness import ThreadedServer

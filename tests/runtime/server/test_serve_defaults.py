@@ -1,4 +1,4 @@
-"""Issue 38 item 4: `modeldeploy serve` starts with defaults. The CPU KV budget is sized from available
+"""`modeldeploy serve` starts with defaults. The CPU KV budget is sized from available
 memory, a context the budget cannot hold is lowered (or refused when the user set it), and every flag
 says what it does and its default."""
 
@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from modeldeploy.runtime import EngineConfig, SamplingParams
-from modeldeploy.runtime.engine.kv_budget import (
+from modeldeploy.runtime.engine.core.kv_budget import (
     CPU_KV_CAP,
     CPU_KV_UNKNOWN,
     available_memory_bytes,

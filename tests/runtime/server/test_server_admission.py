@@ -8,7 +8,7 @@ import threading
 
 import httpx
 import pytest
-from test_server_contract import BUNDLE, _cfg, metrics, outcome
+from support.server_contract import BUNDLE, _cfg, metrics, outcome
 
 from modeldeploy.runtime.server.admission import Admission
 from modeldeploy.runtime.server.errors import APIError

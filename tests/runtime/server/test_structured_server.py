@@ -301,7 +301,7 @@ def test_auto_tool_choice_on_a_random_model(tool_server, server):
     assert (
         "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == choice["message"]["content"]
     )
-    from modeldeploy.runtime.engine.grammar import GrammarCompiler
+    from modeldeploy.runtime.engine.structured_output.grammar import GrammarCompiler
     from modeldeploy.runtime.server.protocol import ChatCompletionRequest
     from modeldeploy.runtime.server.structured import tool_plan
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server_process import _get, _spawn, _stop
-from test_tensor_parallel import _alive
+from support.processes import _alive
+from support.server_process import _get, _spawn, _stop
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.http import iter_sse

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from modeldeploy.runtime import LLM, EngineConfig, SamplingParams
-from modeldeploy.runtime.engine.grammar import schema_spec
+from modeldeploy.runtime.engine.structured_output.grammar import schema_spec
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy_dev.harness import ThreadedServer
 from modeldeploy_dev.tool_model import CITIES, TOOLS, WEATHER

@@ -21,12 +21,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from modeldeploy.runtime.engine.client import EngineClient, make_client
-from modeldeploy.runtime.server import endpoints, readiness
+from modeldeploy.runtime.engine.client.base import EngineClient
+from modeldeploy.runtime.engine.client.factory import make_client
+from modeldeploy.runtime.server import readiness
 from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy.runtime.server.context import ServerContext
 from modeldeploy.runtime.server.errors import APIError
 from modeldeploy.runtime.server.evidence import EvidenceMiddleware
+from modeldeploy.runtime.server.serving_chat import OpenAIServingChat
+from modeldeploy.runtime.server.serving_completion import OpenAIServingCompletion
+from modeldeploy.runtime.server.serving_models import OpenAIServingModels
+from modeldeploy.runtime.server.serving_responses import OpenAIServingResponses
 from modeldeploy.runtime.server.tracing import Tracing
 
 log = logging.getLogger("modeldeploy.server")
@@ -99,42 +104,31 @@ def _health_routes(app: FastAPI, ctx: ServerContext) -> None:
 
 
 def _api_routes(app: FastAPI, ctx: ServerContext) -> None:
-    cfg = ctx.cfg
+    """The OpenAI-compatible API: one serving object per endpoint (serving_*.py)."""
+    serving_models = OpenAIServingModels(ctx)
+    serving_completion = OpenAIServingCompletion(ctx)
+    serving_chat = OpenAIServingChat(ctx)
+    serving_responses = OpenAIServingResponses(ctx)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        max_len = ctx.effective_config().get("max_model_len")
-
-        def card(name: str, parent: str | None) -> dict[str, Any]:
-            return {
-                "id": name,
-                "object": "model",
-                "created": ctx.created,
-                "owned_by": "modeldeploy",
-                "root": cfg.served_model_name,
-                "parent": parent,  # LoRA adapters name their base model
-                "max_model_len": max_len,
-            }
-
-        base = cfg.served_model_name
-        cards = [card(base, None)] + [card(n, base) for n in ctx.adapter_names]
-        return JSONResponse({"object": "list", "data": cards})
+        return await serving_models.models()
 
     @app.get("/v1/bundle")
     async def bundle() -> JSONResponse:
-        return JSONResponse(ctx.bundle())
+        return await serving_models.bundle()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await endpoints.generate(ctx, request, "completion")
+        return await serving_completion.handle(request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await endpoints.generate(ctx, request, "chat")
+        return await serving_chat.handle(request)
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
-        return await endpoints.generate(ctx, request, "responses")
+        return await serving_responses.handle(request)
 
 
 class BearerAuth:

@@ -295,7 +295,7 @@ def adapter_pins(paths: list[str], digests: list[str], revisions: list[str]) -> 
 
 
 def main(args: argparse.Namespace) -> int:
-    from modeldeploy.runtime.engine.engine_core import LOG_FORMAT  # the core process logs the same way
+    from modeldeploy.runtime.engine.client.engine_core import LOG_FORMAT  # the core process logs the same way
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     try:

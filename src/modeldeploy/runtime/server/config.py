@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from modeldeploy.runtime.config import EngineConfig
-from modeldeploy.runtime.engine.client import Layout
+from modeldeploy.runtime.engine.client.factory import Layout
 from modeldeploy.runtime.server.limits import Limits
 
 
@@ -30,7 +30,7 @@ class ServerConfig:
     retry_after_s: int = 1  # Retry-After sent with 429 / 503
     max_queued_tokens: int = 0  # prompt tokens allowed to wait together; beyond: 429 (0: no bound)
     queue_budget_s: float | None = None  # estimated wait for a slot beyond this: 429 at once (None: none)
-    # "process": the step loop in an engine core process of its own (runtime/engine/engine_core.py);
+    # "process": the step loop in an engine core process of its own (runtime/engine/client/engine_core.py);
     # "thread": on a thread of this process (one GIL with the HTTP work; tests that look inside it)
     engine_core: Layout = "process"
     limits: Limits = field(default_factory=Limits)  # request bounds (limits.py): hostile input gets a 4xx

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from modeldeploy.runtime.engine.client import EngineClient
+from modeldeploy.runtime.engine.client.base import EngineClient
 from modeldeploy.runtime.engine.request_check import RequestError, check_request
 from modeldeploy.runtime.server.admission import REASONS, Admission
 from modeldeploy.runtime.server.config import ServerConfig

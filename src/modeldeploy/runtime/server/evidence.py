@@ -16,6 +16,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +137,7 @@ class EvidenceMiddleware:
         ev = Evidence(rid, scope.get("method", ""), scope.get("path", ""), headers)
         scope[SCOPE_KEY] = ev
 
-        async def send_with_headers(message: dict[str, Any]) -> None:
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 ev.status = message["status"]
                 message["headers"] = [*message.get("headers", []), *extra]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
 from modeldeploy.runtime.server.errors import APIError
@@ -38,7 +38,7 @@ class Job:
         self.adapter = adapter  # LoRA adapter name; None = the base model
         self.tracker = ctx.metrics.tracker(arrival, adapter or "")
         self.ticket = None
-        self.agen: AsyncIterator | None = None
+        self.agen: AsyncGenerator[Any, None] | None = None
         self.final: Any = None  # the last output, once every choice has finished
         self.finals: dict[int, Any] = {}  # choice index -> its final output
         self.refused: str | None = None  # outcome of a request refused before generation
@@ -75,11 +75,12 @@ class Job:
             raise
         self.ctx.jobs[self.rid] = self
         if self.adapter:
-            self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params, adapter=self.adapter)
+            agen = self.ctx.engine.generate(self.rid, self.prompt, self.params, adapter=self.adapter)
         else:
-            self.agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
+            agen = self.ctx.engine.generate(self.rid, self.prompt, self.params)
+        self.agen = agen
         try:
-            first = await self.agen.__anext__()
+            first = await agen.__anext__()
         except ValueError as e:  # the engine's own prompt validation
             self.refused = "invalid"
             raise APIError(400, str(e), param="prompt") from None
@@ -88,7 +89,7 @@ class Job:
 
     async def outputs(self) -> AsyncIterator[Any]:
         """The outputs after the first one."""
-        if self.final is not None:
+        if self.final is not None or self.agen is None:
             return
         async for out in self.agen:
             self._see(out)

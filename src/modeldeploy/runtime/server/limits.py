@@ -1,5 +1,5 @@
 """Bounds on what one request may ask of the server, so a hostile or huge request is refused with a
-4xx naming the bound, fast, and never slows the requests already streaming (issue 39, item 3).
+4xx naming the bound, fast, and never slows the requests already streaming.
 
 Each bound is a `modeldeploy serve` flag (`add_limit_flags`) and a field of `Limits`; the refusal
 names the flag, so an operator knows which knob a client ran into. Defaults follow OpenAI's
@@ -20,7 +20,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from modeldeploy.runtime.engine.request_check import SchemaLimits
+from modeldeploy.runtime.engine.structured_output.limits import SchemaLimits
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -68,8 +68,8 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
-class _Common(BaseModel):
-    """Fields shared by the three generation endpoints."""
+class GenerationRequest(BaseModel):
+    """Fields shared by the three generation endpoints (sampling, stop, stream)."""
 
     model_config = _STRICT
     model: Annotated[StrictStr, Field(max_length=256)]
@@ -96,12 +96,15 @@ class _Common(BaseModel):
         return stops
 
 
-class _Choices(_Common):
+class ChoicesRequest(GenerationRequest):
+    """Completions and chat: `n` choices, `stream_options` and `response_format`."""
+
     n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
 
     def check_n(self) -> None:
+        """`stream_options` only on a streamed request (OpenAI refuses it otherwise)."""
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
 
@@ -113,7 +116,7 @@ class _Choices(_Common):
 PromptLogprobs = Annotated[StrictInt, Field(ge=0, le=20)] | None  # vLLM's extension: score the prompt
 
 
-class CompletionRequest(_Choices):
+class CompletionRequest(ChoicesRequest):
     prompt: StrictStr | list[StrictInt]
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = 16  # 0 only with echo (scoring a text)
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = (
@@ -222,7 +225,7 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_Choices):
+class ChatCompletionRequest(ChoicesRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
@@ -325,7 +328,7 @@ InputItem = Annotated[
 ]
 
 
-class ResponsesRequest(_Common):
+class ResponsesRequest(GenerationRequest):
     input: StrictStr | Annotated[list[InputItem], Field(min_length=1)]
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     text: TextConfig | None = None
@@ -385,7 +388,10 @@ class ResponsesRequest(_Common):
         )
 
 
-def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
     """Decode and validate a JSON body, raising a 400 APIError that names the field. JSON bodies are
     UTF-8 (RFC 8259): invalid UTF-8, or a lone surrogate escape (\\ud800: no UTF-8 spelling, the
     tokenizer could not take it), is a 400 naming the byte or field, never a 500 further in."""

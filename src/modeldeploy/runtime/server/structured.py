@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from modeldeploy.runtime.engine.request_check import GrammarLimitExceeded, SchemaLimits
+from modeldeploy.runtime.engine.structured_output.limits import GrammarLimitExceeded, SchemaLimits
 from modeldeploy.runtime.server.errors import APIError
 from modeldeploy.runtime.server.limits import SCHEMA_FLAG
 from modeldeploy.runtime.server.toolcalls import CALL_BEGIN, CALL_END
 
 
 def _spec(kind: str, schema: Any, param: str, limits: SchemaLimits | None = None) -> Any:
-    from modeldeploy.runtime.engine.grammar import UnsupportedSchema, schema_spec
+    from modeldeploy.runtime.engine.structured_output.grammar import UnsupportedSchema, schema_spec
 
     if kind == "json_schema" and not isinstance(schema, dict | bool):
         raise APIError(400, f"{param}: a JSON Schema object is required", param=param)
@@ -133,7 +133,7 @@ def tool_plan(
                 param="tool_choice",
                 code="unsupported_value",
             )
-        from modeldeploy.runtime.engine.grammar import UnsupportedSchema, tool_tag_spec
+        from modeldeploy.runtime.engine.structured_output.grammar import UnsupportedSchema, tool_tag_spec
 
         try:
             spec = tool_tag_spec(

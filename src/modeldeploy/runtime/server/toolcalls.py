@@ -24,7 +24,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 CALL_BEGIN, CALL_END = "<tool_call>", "</tool_call>"
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
@@ -112,7 +112,7 @@ def final_calls(mode: str, function: str | None, text: str) -> tuple[str | None,
 class Piece:
     """One streamed piece: content text, a call opened (id and name), or an argument fragment."""
 
-    kind: str  # "content" | "open" | "arguments"
+    kind: Literal["content", "open", "arguments"]
     text: str = ""
     index: int = 0  # the call's index
     call: dict[str, Any] | None = None  # for "open": id, type, function.name, arguments ""
