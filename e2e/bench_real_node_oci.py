@@ -1,4 +1,4 @@
-"""Issue 37's timings on the real node, as a bench: pre-pull time against artifact size, and a pod's
+"""oci:// model timings on the real node, as a bench: pre-pull time against artifact size, and a pod's
 apply -> Ready cold (nothing cached) against warm (pre-pulled), at three artifact sizes.
 
   MODELDEPLOY_BENCH_OUT=/tmp/model_artifacts_node.json \

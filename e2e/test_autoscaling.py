@@ -2,7 +2,7 @@
 """Autoscaling a ModelDeployment against the real API server.
 
 - examples/autoscaling: the HPA and, with KEDA's CRD from its pinned module installed, the ScaledObject
-  pass server-side validation with unknown fields refused (tests/test_autoscaling_examples.py checks
+  pass server-side validation with unknown fields refused (tests/examples/test_autoscaling_examples.py checks
   what they aim at).
 - A real HPA (kube-controller-manager's controller) scales a ModelDeployment of the tiny model on the
   process node on `modeldeploy_requests_waiting` from its runtime pods, up under load and back down

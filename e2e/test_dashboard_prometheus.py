@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modeldeploy.operator.rollout.children import PORT
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT
 from modeldeploy_dev.load import Load
 from modeldeploy_dev.prometheus import PROMETHEUS, Prom
 
@@ -45,7 +45,7 @@ DASHBOARD = (
 )
 OPERATOR_ONLY = {"Rollout phase", "Canary weight"}
 # Panels with series only once a quality gate ran: this canary has none (the panel's queries are
-# checked against a real Prometheus with gate figures in tests/test_dashboard.py); here they must
+# checked against a real Prometheus with gate figures in tests/chart/test_dashboard.py); here they must
 # only be valid PromQL.
 GATE_ONLY = {"Quality gate: last figures"}
 

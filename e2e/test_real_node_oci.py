@@ -1,8 +1,8 @@
-"""oci:// models on the real node (issue 37): `modeldeploy model push` to the node's registry, an image
+"""oci:// models on the real node: `modeldeploy model push` to the node's registry, an image
 volume in a restricted namespace, and a second bundle pre-pulled, canaried and promoted; the three
 corrupt artifacts that must never serve (a registry blob modified after push, a weights file
 truncated in the node's snapshot, a manifest holding another model than the bundle pins); and the
-real model in a container, where the quality gate (issue 36) rolls back a 3-bit re-quantized canary.
+real model in a container, where the quality gate rolls back a 3-bit re-quantized canary.
 
 The real node's kubelet is Kubernetes v1.36 (devtools/modeldeploy_dev/cluster/versions.env) with no
 feature-gate overrides in its KubeletConfiguration (realnode/config.py), so ImageVolume is on by
@@ -204,7 +204,7 @@ def blob_path(storage: Path, digest: str) -> Path:
 def test_a_registry_blob_modified_after_push_is_refused_and_the_rollout_rolls_back_with_stable_serving(
     rn, ns, images, operator_release, tmp_path
 ) -> None:
-    """Issue 37 item 4, first case. The weights layer of a pushed artifact is overwritten in the
+    """Corrupt artifact, first case. The weights layer of a pushed artifact is overwritten in the
     registry's storage with bytes of the same length (the registry serves them under the old digest);
     containerd hashes what it fetches and refuses the blob, so the pre-pull pod never gets its image
     volume. The operator must name that pull error as PrefetchFailed well before
@@ -279,7 +279,7 @@ def canary_refused_for_its_digest(st: dict, stable: str, expected: str) -> dict:
 def test_a_weights_file_truncated_on_the_node_never_serves_and_the_rollout_rolls_back(
     rn, ns, images, operator_release, tmp_path
 ) -> None:
-    """Issue 37 item 4, second case. The artifact is pulled into the node's containerd (what a
+    """Corrupt artifact, second case. The artifact is pulled into the node's containerd (what a
     pre-pull does: its layers unpacked into overlayfs snapshots), then its weights file is truncated
     there, as a failing disk or a careless hand would. The registry is sound, so containerd has
     nothing to refuse and the image volume mounts; the runtime hashes the mounted files against the
@@ -325,7 +325,7 @@ def test_a_weights_file_truncated_on_the_node_never_serves_and_the_rollout_rolls
 def test_a_manifest_pointing_at_another_model_never_serves_and_the_rollout_rolls_back(
     rn, ns, images, operator_release, tmp_path
 ) -> None:
-    """Issue 37 item 4, third case. The bundle names an artifact by a sound registry digest, but the
+    """Corrupt artifact, third case. The bundle names an artifact by a sound registry digest, but the
     artifact holds another model than the bundle's model digest pins (a copy-paste of the wrong
     `oci://` line). Registry, containerd and the image volume all agree; only the runtime's check of
     the files against the model digest can tell, and it must, before Ready: the canary fails naming

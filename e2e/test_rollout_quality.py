@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_operator are parameters here)
-"""The quality gate on the local cluster, on the real model (issue 36).
+"""The quality gate on the local cluster, on the real model.
 
 Stable serves SmolLM2-135M-Instruct on the process node. A canary whose weights are re-quantized to
 3 bits (round-to-nearest per group of 32, written by modeldeploy_dev.model_variants: a new model
@@ -9,7 +9,7 @@ and thresholds show in status.lastQuality, an Event and `modeldeploy rollout sta
 harmless bundle (the same weights, another maxNumSeqs) passes the same gate and is promoted. Last, a
 config regression (rope_theta 10x low through bundle.config.hfOverrides, the same weights) and a
 tokenizer revision whose chat template drops the system turn are each rolled back by the same gate:
-the three bad bundles of issue 36, none slower and none failing a request.
+the three kinds of bad bundle, none slower and none failing a request.
 
 The evaluation set is 8 items of the built-in set, inline and pinned by digest (the system-turn
 facts and the ~1.1k-token recall item among them), so each gate takes seconds, not a minute.

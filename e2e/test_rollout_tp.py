@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from modeldeploy.operator.rollout.children import PORT
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT
 from modeldeploy_dev.load import Load
 
 from .conftest import E2ECluster

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from lupa.lua51 import _LuaTable  # typeshed's name for a Lua table; no runtime class of that name
 
 LUA = Path(__file__).resolve().parents[2] / "charts/modeldeploy-operator/argocd/health.lua"
 
@@ -17,9 +20,12 @@ def health(obj: dict[str, Any], script: str | None = None) -> tuple[str, str]:
     """(status, message) of a ModelDeployment object, e.g. ("Suspended", "Canary paused: ...")."""
     from lupa import lua51  # dev dependency: only tests evaluate the Lua
 
-    lua = lua51.LuaRuntime()
-    lua.globals().obj = lua.table_from(obj, recursive=True)
-    hs = lua.execute(script if script is not None else LUA.read_text())
+    lua = lua51.LuaRuntime(unpack_returned_tuples=False)  # lupa's default, named for its type stubs
+    lua.globals()["obj"] = lua.table_from(obj, recursive=True)
+    ret = lua.execute(script if script is not None else LUA.read_text())
+    # Argo CD's contract: a health script returns a table {status=..., message=...}
+    assert lua51.lua_type(ret) == "table", f"health script returned {ret!r}, not a table"
+    hs = cast("_LuaTable", ret)
     return hs["status"], hs["message"]
 
 

@@ -29,6 +29,7 @@ import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.cluster.local import cache_root, pinned_versions
 
 ADAPTER = (
@@ -89,10 +90,14 @@ class Adapter:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"adapter exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             conds = {v: reg.read_api_service(f"{v}.{GROUP}").status for v in VERSIONS}
-            if all(
-                any(c.type == "Available" and c.status == "True" for c in (s.conditions or []))
+            available = (  # a status not written yet is not Available yet
+                (
+                    s is not None
+                    and any(c.type == "Available" and c.status == "True" for c in s.conditions or [])
+                )
                 for s in conds.values()
-            ):
+            )
+            if all(available):
                 return
             time.sleep(0.5)
         raise TimeoutError(
@@ -103,7 +108,7 @@ class Adapter:
         core, reg = client.CoreV1Api(self.api), client.ApiregistrationV1Api(self.api)
         svc = {"metadata": {"name": SERVICE}, "spec": {"type": "ExternalName", "externalName": "localhost"}}
         _create_or_replace(
-            lambda: core.create_namespaced_service(NAMESPACE, svc),
+            lambda: core.create_namespaced_service(NAMESPACE, K.body(svc)),
             lambda: core.delete_namespaced_service(SERVICE, NAMESPACE),
         )
         for i, v in enumerate(VERSIONS):
@@ -206,16 +211,17 @@ class Relay:
 
     def _round(self, http: httpx.Client) -> None:
         for p in self.core.list_namespaced_pod(self.ns, label_selector=self.selector).items:
-            ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-            if not ready or not p.status.pod_ip or p.metadata.deletion_timestamp is not None:
+            st, pod = K.pod_status(p), K.name(p)
+            ready = any(c.type == "Ready" and c.status == "True" for c in st.conditions or [])
+            if not ready or not st.pod_ip or K.meta(p).deletion_timestamp is not None:
                 continue
-            value = metric_value(http.get(f"http://{p.status.pod_ip}:{self.port}/metrics").text, self.metric)
+            value = metric_value(http.get(f"http://{st.pod_ip}:{self.port}/metrics").text, self.metric)
             if value is None:
                 continue
-            url = f"http://127.0.0.1:{WRITE_PORT}/write-metrics/namespaces/{self.ns}/pods/{p.metadata.name}/{self.metric}"
+            url = f"http://127.0.0.1:{WRITE_PORT}/write-metrics/namespaces/{self.ns}/pods/{pod}/{self.metric}"
             r = http.post(url, json=f"{value:g}")
             r.raise_for_status()
-            self.seen.append((time.monotonic(), p.metadata.name, value))
+            self.seen.append((time.monotonic(), pod, value))
 
     def __enter__(self) -> Relay:
         self._thread.start()

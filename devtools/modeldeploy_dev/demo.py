@@ -33,6 +33,7 @@ from rich.text import Text
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, PLURAL, VERSION
 from modeldeploy.operator.rollout_cli import VERDICT_STYLE, analysis_table, cohort_text
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.operator_process import OperatorProcess
 from modeldeploy_dev.rollout_scenario import ANALYSIS as E2E_ANALYSIS
 from modeldeploy_dev.wait import wait_until
@@ -365,9 +366,7 @@ def remove_volume(api: Any, ns: str, wait: bool = False) -> None:
     if wait:
         name = f"{ns}-models"
         with contextlib.suppress(TimeoutError):  # best effort: a later run recreates it
-            wait_until(
-                lambda: all(p.metadata.name != name for p in core.list_persistent_volume().items), 60, 0.5
-            )
+            wait_until(lambda: all(K.name(p) != name for p in core.list_persistent_volume().items), 60, 0.5)
 
 
 class _Story:
@@ -386,7 +385,8 @@ class _Story:
         self.out, self.stage = Outcome(), "starting"
 
     def get(self) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, NAME)
+        md = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, NAME)
+        return K.custom_object(md)
 
     def bundle_at(self, ip: str, at: float) -> str:
         """The bundle whose pod had `ip` at time `at` (the first one seen, for earlier answers)."""
@@ -411,8 +411,9 @@ class _Story:
         for p in self.core.list_namespaced_pod(
             self.ns, label_selector=f"app.kubernetes.io/instance={NAME}"
         ).items:
-            if p.status.pod_ip and (b := (p.metadata.labels or {}).get("modeldeploy.dev/bundle")):
-                seen = self.ips.setdefault(p.status.pod_ip, [])
+            ip = K.pod_status(p).pod_ip
+            if ip and (b := (K.meta(p).labels or {}).get("modeldeploy.dev/bundle")):
+                seen = self.ips.setdefault(ip, [])
                 if not seen or seen[-1][1] != b:
                     seen.append((time.monotonic(), b))
         evs = sorted(
@@ -424,7 +425,7 @@ class _Story:
                 time.monotonic() - self.t0,
                 self.stage,
                 st,
-                [(e.reason, e.message or "") for e in evs],
+                [(e.reason or "", e.message or "") for e in evs],  # rich shows None as empty
                 self.cohorts(st),
             )
         )
@@ -449,14 +450,16 @@ class _Story:
                 f"phase {last['md'].get('status', {}).get('phase')}"
             ) from e
 
-    def change(self, label: str, edit: Callable[[dict[str, Any]], None]) -> None:
+    def change(self, label: str, edit: Callable[[dict[str, Any]], object]) -> None:
         """Patch spec as GitOps would and record the new bundle id the operator will compute."""
         from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
         from modeldeploy.operator.rollout.bundle import bundle_id
 
         spec = copy.deepcopy(self.get()["spec"])
         edit(spec)
-        md = self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, NAME, {"spec": spec})
+        md = K.custom_object(
+            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, NAME, {"spec": spec})
+        )
         self.out.bundles[label] = bundle_id(ModelDeploymentSpec.model_validate(md["spec"]).bundle)
 
     def load(self, workers: int) -> None:
@@ -478,7 +481,7 @@ class _Story:
         import openai
 
         pods = self.core.list_namespaced_pod(self.ns, label_selector=f"modeldeploy.dev/bundle={bundle}").items
-        ip = next((p.status.pod_ip for p in pods if p.status.pod_ip), None)
+        ip = next((ip for ip in (K.pod_status(p).pod_ip for p in pods) if ip), None)
         if ip is None:
             raise DemoFailed(f"no pod IP for the stable bundle {bundle}")
         client = openai.OpenAI(base_url=f"http://{ip}:8000/v1", api_key="demo", timeout=120, max_retries=1)

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.crd_install import apply_crd
 from modeldeploy_dev.demo import (
     DEMO_LABEL,
@@ -47,19 +48,21 @@ def create_namespace(api: Any, ns: str) -> None:
     core = client.CoreV1Api(api)
     delete_namespace(api, ns, wait=True)
     core.create_namespace(
-        {
-            "metadata": {
-                "name": ns,
-                "labels": {
-                    "pod-security.kubernetes.io/enforce": "restricted",
-                    "pod-security.kubernetes.io/enforce-version": "latest",
-                    DEMO_LABEL: "true",
-                },
+        K.body(
+            {
+                "metadata": {
+                    "name": ns,
+                    "labels": {
+                        "pod-security.kubernetes.io/enforce": "restricted",
+                        "pod-security.kubernetes.io/enforce-version": "latest",
+                        DEMO_LABEL: "true",
+                    },
+                }
             }
-        }
+        )
     )
     _until(
-        lambda: any(a.metadata.name == "default" for a in core.list_namespaced_service_account(ns).items),
+        lambda: any(K.name(a) == "default" for a in core.list_namespaced_service_account(ns).items),
         30,
         f"default ServiceAccount in {ns}",
     )
@@ -71,7 +74,7 @@ def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
 
     core = client.CoreV1Api(api)
     try:
-        if (core.read_namespace(ns).metadata.labels or {}).get(DEMO_LABEL) != "true":
+        if (K.meta(core.read_namespace(ns)).labels or {}).get(DEMO_LABEL) != "true":
             raise DemoFailed(
                 f"namespace {ns} exists and was not made by the demo: choose another --namespace"
             )
@@ -81,7 +84,7 @@ def delete_namespace(api: Any, ns: str, wait: bool = False) -> None:
             raise
     if wait:
         _until(
-            lambda: ns not in {n.metadata.name for n in core.list_namespace().items},
+            lambda: ns not in {K.name(n) for n in core.list_namespace().items},
             180,
             f"namespace {ns} gone",
         )
@@ -146,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if cluster is not None:
             cluster.up(log=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
-        kubeconfig = args.kubeconfig or str(cluster.kubeconfig)
+        kubeconfig = args.kubeconfig if cluster is None else str(cluster.kubeconfig)  # one or the other
         api = config.new_client_from_config(config_file=kubeconfig)
         install_crd(api)
         create_namespace(api, ns)

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from kubernetes import client, config
 
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.cluster.local import LocalCluster
 from modeldeploy_dev.wait import wait_until
 
@@ -55,7 +56,7 @@ class E2ECluster:
         return self._run(self._helm, args, None, check, timeout)
 
     @staticmethod
-    def wait(fn: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+    def wait(fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
         return wait_until(fn, timeout, interval, what)
 
     def wait_established(self, *crds: str, timeout: float = 60) -> None:
@@ -78,7 +79,7 @@ class E2ECluster:
         if self.local is None:
             return ""
         try:
-            uid = self.core.read_namespaced_pod(pod, namespace).metadata.uid
+            uid = K.uid(self.core.read_namespaced_pod(pod, namespace))
         except client.ApiException:
             return ""
         return self.logs_by_uid(uid)
@@ -102,17 +103,17 @@ class E2ECluster:
             ]
             out.append("--- pods")
             for p in self.core.list_namespaced_pod(namespace).items:
-                conds = {c.type: c.status for c in p.status.conditions or []}
+                st, node = K.pod_status(p), K.pod_spec(p).node_name
+                conds = {c.type: c.status for c in st.conditions or []}
                 out.append(
-                    f"{p.metadata.name} node={p.spec.node_name} phase={p.status.phase} ip={p.status.pod_ip} "
-                    f"conditions={conds} message={p.status.message}"
+                    f"{K.name(p)} node={node} phase={st.phase} ip={st.pod_ip} "
+                    f"conditions={conds} message={st.message}"
                 )
-                for cs in p.status.container_statuses or []:
-                    out.append(
-                        f"  {cs.name} ready={cs.ready} restarts={cs.restart_count} state={cs.state.to_dict()}"
-                    )
-                if p.spec.node_name and p.spec.node_name == self.process_node:
-                    out.append(self.logs_by_uid(p.metadata.uid))
+                for cs in st.container_statuses or []:
+                    state = cs.state.to_dict() if cs.state is not None else None
+                    out.append(f"  {cs.name} ready={cs.ready} restarts={cs.restart_count} state={state}")
+                if node and node == self.process_node:
+                    out.append(self.logs_by_uid(K.uid(p)))
         except Exception as e:  # a dump must never hide the original failure
             out.append(f"(dump incomplete: {e})")
         if self.local is not None:

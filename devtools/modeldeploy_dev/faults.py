@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kubernetes.client.exceptions import ApiException
 
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.cluster.local import LocalCluster
 from modeldeploy_dev.cluster.nodes import node_ready
 from modeldeploy_dev.e2e_cluster import E2ECluster
@@ -131,7 +132,7 @@ def kill_pod_process(cluster: E2ECluster, ns: str, pod: str) -> int:
     real node (`containerd://<id>`) the container's main process, so the runtime sees its task exit.
     Returns the pid killed."""
     p = cluster.core.read_namespaced_pod(pod, ns)
-    cid = (p.status.container_statuses or [None])[0]
+    cid = (K.pod_status(p).container_statuses or [None])[0]
     ref = (cid.container_id or "") if cid is not None else ""
     if ref.startswith("process://"):
         pid = int(ref.removeprefix("process://"))

@@ -35,7 +35,7 @@ def make_adapter(base_dir: Path, out_dir: Path, seed: int, **lora) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     peft_model = get_peft_model(model, LoraConfig(init_lora_weights=False, **lora))
-    peft_model.save_pretrained(out_dir)
+    peft_model.save_pretrained(str(out_dir))
     return out_dir
 
 
@@ -58,7 +58,10 @@ def hf_greedy(
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
+    # transformers' own annotations reject its own model type here (the `to` wrapper's and
+    # GenerationMixin.generate's `self` types), so the two calls below carry pyright ignores
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = model.to(device)  # pyright: ignore[reportArgumentType]
     if adapter_dir is not None:
         from peft import PeftModel
 
@@ -68,7 +71,9 @@ def hf_greedy(
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids], device=device)
-            g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new)
+            g = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
+                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new
+            )
             outs.append(g[0, len(ids) :].tolist())
     return outs
 

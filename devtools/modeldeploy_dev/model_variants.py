@@ -1,9 +1,10 @@
 """Model directories derived from a good one, for the quality gate's tests and benches.
 
-Bad bundles that are neither slower nor failing, only worse (issue 36): weights re-quantized to
-fewer bits, and a chat template that silently drops the system turn. Harmless ones that must pass:
-the same weights split over another file layout. The product has no switch for any of this: a bad
-bundle is a different model or tokenizer directory, with its own digest, made here. Every writer is
+Bad bundles that are neither slower nor failing, only worse (what the quality gate must catch):
+weights re-quantized to fewer bits, and a chat template that silently drops the system turn.
+Harmless ones that must pass: the same weights split over another file layout. The product has no
+switch for any of this: a bad bundle is a different model or tokenizer directory, with its own
+digest, made here. Every writer is
 deterministic (same input, same bytes), so a variant's digest can be pinned like a real revision.
 
     python -m modeldeploy_dev.model_variants requantize SRC OUT --bits 3 --group 32
@@ -11,7 +12,7 @@ deterministic (same input, same bytes), so a variant's digest can be pinned like
     python -m modeldeploy_dev.model_variants split SRC OUT --parts 2
     python -m modeldeploy_dev.model_variants gguf-requantize SRC.gguf OUT --type Q8_0
 
-GGUF formats (issue 38: what a weight format costs in answers): `gguf_requantize` writes a GGUF
+GGUF formats (to measure what a weight format costs in answers): `gguf_requantize` writes a GGUF
 whose block weights are re-quantized to another GGML type, as `llama-quantize --allow-requantize`
 does, with gguf-py's reference quantizers. The served format is then that file, kept quantized.
 """

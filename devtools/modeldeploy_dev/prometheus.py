@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from modeldeploy.operator.rollout.children import PORT
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.cluster.local import Binaries, cache_root, pinned_versions
 from modeldeploy_dev.wait import wait_until
 
@@ -138,7 +139,7 @@ class PodTargets:
                 continue
             write_targets(
                 self.path,
-                [f"{p.status.pod_ip}:{PORT}" for p in pods.items if p.status.pod_ip],
+                [f"{ip}:{PORT}" for ip in (K.pod_status(p).pod_ip for p in pods.items) if ip],
                 {"namespace": self.ns},
             )
             self._stop.wait(0.5)

@@ -144,6 +144,7 @@ def copy_model(src: Path, dest: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None  # this module's docstring is the description
     p = argparse.ArgumentParser(
         prog="python -m modeldeploy_dev.real_model", description=__doc__.split("\n")[0]
     )

@@ -26,7 +26,8 @@ from kubernetes.client.exceptions import ApiException
 from modeldeploy.operator.api.v1alpha1.bundle import Bundle
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, KIND, PLURAL, VERSION
 from modeldeploy.operator.rollout.bundle import BUNDLE_LABEL, bundle_id
-from modeldeploy_dev.cluster.nodes import kwok_node
+from modeldeploy_dev import kubeobj as K
+from modeldeploy_dev.cluster.nodes import kwok_node, node_ready
 from modeldeploy_dev.e2e_cluster import E2ECluster
 from modeldeploy_dev.fake_prometheus import FakePrometheus
 
@@ -56,11 +57,11 @@ def manifest(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def create(cluster: E2ECluster, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return cluster.custom.create_namespaced_custom_object(G, V, ns, P, obj)
+    return K.custom_object(cluster.custom.create_namespaced_custom_object(G, V, ns, P, obj))
 
 
 def get_md(cluster: E2ECluster, ns: str, name: str) -> dict[str, Any]:
-    return cluster.custom.get_namespaced_custom_object(G, V, ns, P, name)
+    return K.custom_object(cluster.custom.get_namespaced_custom_object(G, V, ns, P, name))
 
 
 def condition(md: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -70,9 +71,10 @@ def condition(md: dict[str, Any], ctype: str) -> dict[str, Any]:
 def events(cluster: E2ECluster, ns: str, name: str) -> list[tuple[str, str]]:
     evs = sorted(
         (e for e in cluster.core.list_namespaced_event(ns).items if e.involved_object.name == name),
-        key=lambda e: e.metadata.creation_timestamp,
+        key=K.created,
     )
-    return [(e.reason, e.message) for e in evs]
+    # "" for an absent field (the operator always sets both), so callers match text without a None check
+    return [(e.reason or "", e.message or "") for e in evs]
 
 
 def brief(cluster: E2ECluster, ns: str, md: dict[str, Any] | None) -> str:
@@ -85,8 +87,8 @@ def brief(cluster: E2ECluster, ns: str, md: dict[str, Any] | None) -> str:
         for c in st.get("conditions", [])
     ]
     pods = [
-        f"{p.metadata.name} {p.status.phase} node={p.spec.node_name} "
-        + ",".join(f"{c.name}:ready={c.ready}" for c in p.status.container_statuses or [])
+        f"{K.name(p)} {K.pod_status(p).phase} node={K.pod_spec(p).node_name} "
+        + ",".join(f"{c.name}:ready={c.ready}" for c in K.pod_status(p).container_statuses or [])
         for p in cluster.core.list_namespaced_pod(ns).items
     ]
     return f"phase={st.get('phase')} canary={st.get('canary')} conditions={conds} pods={pods}"
@@ -249,16 +251,10 @@ def gpu_pool(cluster: E2ECluster, ns: str, nodes: int) -> Iterator[str]:
         body = kwok_node(n)
         body["metadata"]["labels"][POOL] = ns
         body["spec"]["taints"].append({"key": POOL, "value": ns, "effect": "NoSchedule"})
-        cluster.core.create_node(body)
+        cluster.core.create_node(K.body(body))
     try:
         cluster.wait(
-            lambda: all(
-                any(
-                    c.type == "Ready" and c.status == "True"
-                    for c in cluster.core.read_node(n).status.conditions or []
-                )
-                for n in names
-            ),
+            lambda: all(node_ready(cluster.core.read_node(n)) for n in names),
             60,
             f"pool nodes {names} Ready",
         )
@@ -299,10 +295,10 @@ def ready_by_bundle(cluster: E2ECluster, ns: str, name: str) -> Counter[str]:
     """Ready pods that are not terminating, per bundle id."""
     pods = cluster.core.list_namespaced_pod(ns, label_selector=f"app.kubernetes.io/instance={name}").items
     return Counter(
-        (p.metadata.labels or {}).get(BUNDLE_LABEL, "")
+        (K.meta(p).labels or {}).get(BUNDLE_LABEL, "")
         for p in pods
-        if p.metadata.deletion_timestamp is None
-        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        if K.meta(p).deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in K.pod_status(p).conditions or [])
     )
 
 

@@ -70,6 +70,7 @@ async def sse_request(host: str, port: int, body: bytes) -> tuple[float, int]:
         tail = (tail + data)[-4096:]
     writer.close()
     assert b"data: [DONE]" in tail, tail[-300:]
+    assert ttft is not None, "the stream ended without text (every request sets ignore_eos)"
     usage = json.loads(tail[tail.rindex(b'"usage":') + 8 :].split(b"}", 1)[0] + b"}")
     return ttft, usage["completion_tokens"]
 

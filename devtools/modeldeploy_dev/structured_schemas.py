@@ -2,7 +2,8 @@
 numbers, string patterns and (`limits`) what pydantic writes: `minLength`/`maxLength`, a pattern
 with a `maxLength`, formats, `minItems`/`maxItems`. Strings are bounded (by a pattern or a length
 limit) because a random-weight model rarely closes a free string within a test's token budget.
-tests/test_structured_engine.py decodes them; bench/structured_output.py times their compilation.
+tests/runtime/engine/structured_output/test_structured_engine.py decodes them;
+bench/structured_output.py times their compilation.
 """
 
 from __future__ import annotations

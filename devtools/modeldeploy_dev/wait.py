@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 
 def wait_until(
-    pred: Callable[[], T],
+    pred: Callable[[], T | None],
     timeout: float,
     interval: float = 0.5,
     what: str = "the condition",
@@ -24,16 +24,18 @@ def wait_until(
     """Call `pred` every `interval` seconds until it returns something truthy, and return that.
 
     An exception of a type in `ignore` counts as "not yet" (the last one is chained to the
-    TimeoutError); any other exception, an assertion included, propagates at once.
+    TimeoutError); any other exception, an assertion included, propagates at once. `pred` may
+    return None for "not yet", which is why the result is typed without it.
     """
     deadline = time.monotonic() + timeout
     last: object = None
     error: BaseException | None = None
     while True:
         try:
-            last, error = pred(), None
-            if last:
-                return last  # type: ignore[return-value]
+            value, error = pred(), None
+            if value:
+                return value
+            last = value
         except ignore as e:
             error = e
         if time.monotonic() >= deadline:

@@ -131,7 +131,7 @@ build_prometheus() {
   go_install prometheus prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
     "-X $pv.Version=$v -X $pv.Branch=modeldeploy -X $pv.Revision=$PROMETHEUS_VERSION" remove_all_sd
   # promtool from the same module and version: `check rules` / `test rules` on the chart's alerts
-  # and the dashboard's queries (tests/test_alert_rules.py, tests/test_dashboard.py)
+  # and the dashboard's queries (tests/chart/test_alert_rules.py, tests/chart/test_dashboard.py)
   go_install promtool prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool \
     "-X $pv.Version=$v -X $pv.Branch=modeldeploy -X $pv.Revision=$PROMETHEUS_VERSION" remove_all_sd
 }

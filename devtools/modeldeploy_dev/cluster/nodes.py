@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.wait import wait_until
 
 if TYPE_CHECKING:
@@ -62,14 +63,14 @@ def apply_nodes(kubeconfig: str, s: Settings) -> None:
     for i in range(s.gpu_nodes):
         body = kwok_node(f"gpu-{i}")
         try:
-            core.create_node(body)
+            core.create_node(K.body(body))
         except ApiException as e:
             if e.status != 409:
                 raise
 
 
-def node_ready(node: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+def node_ready(node: client.V1Node) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (K.node_status(node).conditions or []))
 
 
 def wait_ready(kubeconfig: str, s: Settings, timeout: float) -> None:
@@ -79,10 +80,10 @@ def wait_ready(kubeconfig: str, s: Settings, timeout: float) -> None:
     want = {f"gpu-{i}" for i in range(s.gpu_nodes)} | ({s.process_node} if s.process_node else set())
 
     def ready() -> bool:
-        nodes = {n.metadata.name: n for n in core.list_node().items}
+        nodes = {K.name(n): n for n in core.list_node().items}
         missing = sorted(n for n in want if n not in nodes or not node_ready(nodes[n]))
         sa = core.list_namespaced_service_account("default").items
-        if missing or not any(a.metadata.name == "default" for a in sa):
+        if missing or not any(K.name(a) == "default" for a in sa):
             raise NotYet(f"nodes not Ready: {missing}" if missing else "no default ServiceAccount yet")
         return True
 

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from modeldeploy.operator.rollout.progression import RFC3339
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.cluster.nodes import gpu_node
 from modeldeploy_dev.procnode.net import Network
 from modeldeploy_dev.procnode.pids import kill_leftovers
@@ -80,7 +81,7 @@ class ProcessNode:
     def register(self) -> None:
         body = gpu_node(self.name, "process")
         try:
-            self.core.create_node(body)
+            self.core.create_node(K.body(body))
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -119,9 +120,10 @@ class ProcessNode:
             if e.status != 404:
                 raise
             node = self.core.read_node(self.name)
-            owner = {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node.metadata.uid}
+            owner = {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": K.uid(node)}
             self.coord.create_namespaced_lease(
-                "kube-node-lease", {"metadata": {"name": self.name, "ownerReferences": [owner]}, "spec": spec}
+                "kube-node-lease",
+                K.body({"metadata": {"name": self.name, "ownerReferences": [owner]}, "spec": spec}),
             )
 
     def _heartbeat(self) -> None:
@@ -142,21 +144,21 @@ class ProcessNode:
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.name}").items
         seen = set()
         for pod in pods:
-            uid = pod.metadata.uid
+            uid, meta = K.uid(pod), K.meta(pod)
             seen.add(uid)
             w = self.workers.get(uid)
-            if pod.metadata.deletion_timestamp is not None:
+            if meta.deletion_timestamp is not None:
                 if w is None:
                     self._finalize(pod)
                     continue
-                g = pod.metadata.deletion_grace_period_seconds
+                g = meta.deletion_grace_period_seconds
                 w.request_stop(float(30 if g is None else g))
                 if w.stopped.is_set():
                     self._finalize(pod)
                     del self.workers[uid]
                 continue
             if w is None:
-                if pod.status.phase in ("Succeeded", "Failed"):
+                if K.pod_status(pod).phase in ("Succeeded", "Failed"):
                     continue
                 w = PodWorker(pod, self.core, self.net, self.state, self.ip)
                 self.workers[uid] = w

@@ -24,6 +24,8 @@ from typing import Any
 
 from kubernetes import client
 
+from modeldeploy_dev import kubeobj as K
+
 MODELDEPLOY = Path(sys.executable).with_name("modeldeploy")
 # ENTRYPOINT and CMD of Dockerfile.runtime, used when a pod leaves `command` (and `args`) unset
 IMAGE_ENTRYPOINT = ["serve"]
@@ -64,13 +66,13 @@ def _volume_dir(pod: Any, vol: Any, core: client.CoreV1Api, state: Path) -> Path
         return base
     if vol.persistent_volume_claim is not None:
         claim = core.read_namespaced_persistent_volume_claim(vol.persistent_volume_claim.claim_name, ns)
-        if claim.spec.volume_name:
-            pv = core.read_persistent_volume(claim.spec.volume_name)
-            if pv.spec.host_path is not None:
-                return Path(pv.spec.host_path.path)
-            if pv.spec.local is not None:
-                return Path(pv.spec.local.path)
-        d = state / "pvc" / ns / claim.metadata.name
+        if volume_name := K.pvc_spec(claim).volume_name:
+            pv = K.pv_spec(core.read_persistent_volume(volume_name))
+            if pv.host_path is not None:
+                return Path(pv.host_path.path)
+            if pv.local is not None:
+                return Path(pv.local.path)
+        d = state / "pvc" / ns / K.name(claim)
         d.mkdir(parents=True, exist_ok=True)
         return d
     if vol.config_map is not None or vol.secret is not None:

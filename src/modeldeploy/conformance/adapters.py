@@ -49,7 +49,9 @@ def adapters(t: Target) -> CheckResult:
         pinned = [a.get("name") for a in (t.bundle or {}).get("adapters") or [] if isinstance(a, dict)]
         res.observations["bundle_adapters"] = pinned
         res.expect(
-            sorted(pinned) == sorted(names), f"/v1/bundle pins adapters {pinned}, /v1/models lists {names}"
+            # key=str: an entry without a name (None) fails the comparison instead of the sort
+            sorted(pinned, key=str) == sorted(names),
+            f"/v1/bundle pins adapters {pinned}, /v1/models lists {names}",
         )
     status, body = _greedy(t, t.model)
     base = _text(body)

@@ -104,14 +104,15 @@ def normal_response(t: Target) -> CheckResult:
         _common(res, b, "text_completion", t.model, "completion")
         ch = b.get("choices") or [None]
         res.expect(len(ch) == 1 and isinstance(ch[0], dict), "completion: expected exactly one choice")
-        if isinstance(ch[0], dict):
-            res.expect(ch[0].get("index") == 0, "completion: choices[0].index != 0")
-            res.expect(isinstance(ch[0].get("text"), str), "completion: choices[0].text is not a string")
+        c0 = ch[0]
+        if isinstance(c0, dict):
+            res.expect(c0.get("index") == 0, "completion: choices[0].index != 0")
+            res.expect(isinstance(c0.get("text"), str), "completion: choices[0].text is not a string")
             res.expect(
-                ch[0].get("finish_reason") in ("stop", "length"),
-                f"completion: finish_reason {ch[0].get('finish_reason')!r} not in stop/length",
+                c0.get("finish_reason") in ("stop", "length"),
+                f"completion: finish_reason {c0.get('finish_reason')!r} not in stop/length",
             )
-            _usage(res, b.get("usage"), 8, ch[0].get("finish_reason"), "completion")
+            _usage(res, b.get("usage"), 8, c0.get("finish_reason"), "completion")
     r = chat(t, 8)
     res.observations["chat"] = {"status": r.status_code, "body": _safe_json(r)}
     if res.expect(r.status_code == 200, f"/v1/chat/completions answered {r.status_code}: {r.text[:300]}"):
@@ -119,14 +120,15 @@ def normal_response(t: Target) -> CheckResult:
         _common(res, b, "chat.completion", t.model, "chat")
         ch = b.get("choices") or [None]
         res.expect(len(ch) == 1 and isinstance(ch[0], dict), "chat: expected exactly one choice")
-        if isinstance(ch[0], dict):
-            msg = ch[0].get("message") or {}
+        c0 = ch[0]
+        if isinstance(c0, dict):
+            msg = c0.get("message") or {}
             res.expect(msg.get("role") == "assistant", "chat: message.role is not 'assistant'")
             res.expect(isinstance(msg.get("content"), str), "chat: message.content is not a string")
             res.expect(
-                ch[0].get("finish_reason") in ("stop", "length"), "chat: finish_reason not in stop/length"
+                c0.get("finish_reason") in ("stop", "length"), "chat: finish_reason not in stop/length"
             )
-            _usage(res, b.get("usage"), 8, ch[0].get("finish_reason"), "chat")
+            _usage(res, b.get("usage"), 8, c0.get("finish_reason"), "chat")
     return res
 
 

@@ -99,8 +99,9 @@ def discover(server: Server, model: str | None) -> tuple[Target, list[str]]:
         models = r.json() if r.status_code == 200 else {}
     except ValueError:
         models = {}
-    ids = (
-        [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    ids: list[str] = (
+        # a card without a string id cannot be asked for by name, so it is no candidate
+        [m["id"] for m in models.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
         if isinstance(models, dict)
         else []
     )
@@ -133,7 +134,7 @@ def discover(server: Server, model: str | None) -> tuple[Target, list[str]]:
         caveats.append(
             "no modeldeploy_* metrics: server-side evidence (cancellation, queueing) not collected"
         )
-    elif not m.label_values("modeldeploy_requests_running", "bundle"):
+    elif m is not None and not m.label_values("modeldeploy_requests_running", "bundle"):
         caveats.append("modeldeploy metrics carry no 'bundle' label")
     max_len = max_len if isinstance(max_len, int) and max_len > 0 else None
     return Target(server, model, bundle, limit, has_metrics, max_len), caveats
@@ -153,8 +154,13 @@ def run_conformance(cfg: ConformanceConfig, log: Callable[[str], None] = lambda 
     try:
         target, caveats = discover(server, cfg.model)
         config["model"] = target.model
+
+        def bundle_identity() -> CheckResult:
+            assert cfg.expect_bundle is not None  # the loop below skips this check without one
+            return checks.bundle_identity(target, cfg.expect_bundle)
+
         plan: dict[str, Callable[[], CheckResult]] = {
-            "bundle_identity": lambda: checks.bundle_identity(target, cfg.expect_bundle),
+            "bundle_identity": bundle_identity,
             "readiness": lambda: checks.readiness(target),
             "normal_response": lambda: checks.normal_response(target),
             "streaming": lambda: checks.streaming(target),

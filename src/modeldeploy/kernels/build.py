@@ -1,7 +1,7 @@
 """Kernel sources, NVRTC options and the template instantiations each wrapper launches.
 
 Pure Python (no CuPy, no GPU): the runtime loader (`kernels.launch`) and the CI compile
-check (`tests/test_kernels_nvrtc.py`) both take sources, options and name expressions from
+check (`tests/kernels/test_kernels_nvrtc.py`) both take sources, options and name expressions from
 here, so CI compiles exactly what a GPU would run.
 """
 

@@ -8,13 +8,13 @@ GFLOP/s for the same float32 products: 1.7-2.7x (bench/gemm_cpu.py, bench/result
 At a single row the smallest shapes are a few microseconds slower; larger ones are faster there too.
 The GEMMs are most of a CPU step, and vLLM's CPU backend makes the same choice. Float32 stays
 float32: oneDNN's fp32 math mode is strict here (no bf16 or tf32 down-conversion), so only the
-summation order differs from MKL's (checked against float64 in tests/test_kernels_reference.py).
+summation order differs from MKL's (checked against float64 in tests/kernels/test_kernels_reference.py).
 
 Which path is chosen per CPU vendor, because the two machines this project has measured on
 disagree. On an Intel Xeon with AVX-512, MKL is Intel's own library on Intel's own CPU: the same
 products ran within 5 % of oneDNN's at 64-2048 rows (oneDNN 1.17x ahead at 32), while a plain
 weight lets decode steps stream through the C++ GEMV kernel (`cpu_quant.linear_float`, 1.06-1.4x
-oneDNN's packed weights at 1-16 rows): served against llama.cpp there, plain weights met the issue's
+oneDNN's packed weights at 1-16 rows): served against llama.cpp there, plain weights met the serving goal's
 ITL goal and 1.5x its capacity where packed ones gave 1.00x and a 15 % slower ITL
 (bench/results/serving_real_cpu.md). So MODELDEPLOY_CPU_GEMM unset (or "auto") means plain weights
 on GenuineIntel and oneDNN-packed ones elsewhere; "1" packs on every CPU, "0" never packs.

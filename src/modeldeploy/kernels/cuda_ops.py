@@ -1,7 +1,8 @@
-"""Register the CuPy kernels into `dispatch._CUDA`.
+"""The CuPy kernels by dispatch name, for `dispatch` to register.
 
-`dispatch` imports this module the first time it sees a CUDA tensor. Without CuPy the
-import raises ImportError and dispatch keeps using the torch twins. Each wrapper falls
+`dispatch` imports this module the first time it sees a CUDA tensor and copies `KERNELS` into
+its table; this module never imports `dispatch`, so the dependency runs one way. Without CuPy
+the import raises ImportError and dispatch keeps using the torch twins. Each wrapper falls
 back to its twin for layouts or dtypes its kernel does not cover (e.g. head_dim 96).
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import cupy  # noqa: F401  (ImportError here = no CUDA kernels)
 
-from modeldeploy.kernels import activation, attention, cache, dispatch, lora, norm, quant_cuda, rotary
+from modeldeploy.kernels import activation, attention, cache, lora, norm, quant_cuda, rotary
 
 KERNELS = {
     "rms_norm": norm.rms_norm,
@@ -21,5 +22,3 @@ KERNELS = {
     "lora_apply": lora.lora_apply,
     "quant_linear": quant_cuda.linear,
 }
-
-dispatch._CUDA.update(KERNELS)

@@ -20,7 +20,7 @@ import torch
 
 from modeldeploy.kernels import cpu_gemm, cpu_quant, quant, reference
 
-# Filled in by `modeldeploy.kernels.cuda_ops` when CuPy and a CUDA device are present.
+# Filled from `modeldeploy.kernels.cuda_ops.KERNELS` when CuPy and a CUDA device are present.
 _CUDA: dict[str, Callable[..., Any]] = {}
 _cuda_checked = False
 # CPU kernels (paged attention reading blocks in place, KV write, rotary, RMSNorm, SiLU-and-mul);
@@ -89,9 +89,11 @@ def _cuda(name: str) -> Callable[..., Any] | None:
     if not _cuda_checked:
         _cuda_checked = True
         try:
-            from modeldeploy.kernels import cuda_ops  # noqa: F401  (registers into _CUDA)
+            from modeldeploy.kernels import cuda_ops
         except ImportError:
             pass
+        else:
+            _CUDA.update(cuda_ops.KERNELS)
     return _CUDA.get(name)
 
 
@@ -143,7 +145,7 @@ def head_linear(x, weight):
 @dataclass(frozen=True)
 class CpuKernels:
     """The loaded CPU kernel libraries, for a caller that replays their calls itself
-    (`runtime/engine/cpu_decode.py`): the attention object (cpu/paged_attention.cpp) and the GEMM
+    (`runtime/engine/worker/cpu_decode.py`): the attention object (cpu/paged_attention.cpp) and the GEMM
     object (cpu/quant_gemm.cpp), with the row limits up to which `linear` sends a quantized or a
     plain float32 weight to the GEMM object, and runs a oneDNN-packed one at its own row count."""
 

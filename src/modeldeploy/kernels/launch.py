@@ -23,7 +23,7 @@ def kernel(family: str, name: str, device: int) -> cupy.RawKernel:
     """Compile one instantiation (CuPy caches the binary on disk) and load it on `device`.
 
     One module per instantiation keeps first-use compile time to what is launched; CI
-    compiles every instantiation (tests/test_kernels_nvrtc.py).
+    compiles every instantiation (tests/kernels/test_kernels_nvrtc.py).
     """
     if name not in build.name_expressions(family):
         raise KeyError(f"{name} is not an instantiation of {family}.cu listed in kernels/build.py")

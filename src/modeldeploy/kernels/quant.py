@@ -18,8 +18,9 @@ kept quantized in memory:
 Lossless: the scales and zeros are the file's own values in float32 (fp16 values, or a product of
 an fp16 value and a 6-bit integer: exact in float32), and q * scale is exact (at most 11 + 6 + 8
 significant bits), so `dequantize()` equals gguf-py's (and transformers') de-quantized float32
-weights bit for bit (tests/test_quantized.py). The price of float32 scales over fp16: 0.25 bytes
-per weight for 4-bit (0.75 B/weight in all, against 0.5625 in the file; Q8_0 1.125 against 1.0625).
+weights bit for bit (tests/runtime/models/test_quantized.py). The price of float32 scales over
+fp16: 0.25 bytes per weight for 4-bit (0.75 B/weight in all, against 0.5625 in the file; Q8_0 1.125
+against 1.0625).
 
 `linear_int8_act` is the twin of the CPU kernel's other path, for prefill chunks where the CPU has
 AVX-512 VNNI: the activations rounded to int8 per group of 32, one integer dot product per group.

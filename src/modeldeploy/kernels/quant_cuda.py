@@ -12,8 +12,8 @@ Twin: `quant.linear` (de-quantize the whole weight, then torch's GEMM).
 - Anything else (another dtype, misaligned or non-contiguous packed weight, mismatched devices)
   goes to the twin.
 
-Verified only through the CPU emulation of the exact .cu text (tests/test_kernels_quant_emulated.py)
-and the NVRTC compile for sm_90 (tests/test_kernels_nvrtc.py); no GPU has run it yet, so its speed
+Verified only through the CPU emulation of the exact .cu text (tests/kernels/test_kernels_quant_emulated.py)
+and the NVRTC compile for sm_90 (tests/kernels/test_kernels_nvrtc.py); no GPU has run it yet, so its speed
 is unmeasured (see kernels/NOTES.md).
 """
 

@@ -37,10 +37,11 @@ Onto QuantLinear (4-bit groups of 32 along `in`, float32 scale and zero, w = q *
 group of G = 32m becomes m groups of 32 with the same scale s and zero -z s. Exact in float32: s is
 an fp16 value, z s is at most 5 x 11 significant bits, and q s + (-z s) = (q - z) s, itself exactly
 representable, so `dequantize()` equals the float32 reference dequant (q - z) s bit for bit
-(tests/test_int4_checkpoints.py). The fp16 reference dequant that vLLM and AutoAWQ compute for fp16
-activations rounds (q - z) s to 11 bits; float32 does not. Resident bytes: 0.75 per weight (against
-about 0.52 in a group-128 file: float32 scale and zero per 32 where the file has an fp16 scale and a
-4-bit zero per 128), the price of one QuantLinear layout for every format and kernel.
+(tests/runtime/models/test_int4_checkpoints.py). The fp16 reference dequant that vLLM and AutoAWQ
+compute for fp16 activations rounds (q - z) s to 11 bits; float32 does not. Resident bytes: 0.75
+per weight (against about 0.52 in a group-128 file: float32 scale and zero per 32 where the file has
+an fp16 scale and a 4-bit zero per 128), the price of one QuantLinear layout for every format and
+kernel.
 
 Not served, refused naming the field: bits other than 4; a group size that is not a multiple of 32
 (or -1); GPTQ act-order (a `g_idx` other than k // group_size, which `desc_act: true` writes; the

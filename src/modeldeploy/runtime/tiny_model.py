@@ -53,7 +53,8 @@ def train_tokenizer(vocab_size: int = 512):
 def _config(arch: str, vocab: int, bos: int, eos: int, pad: int, sizes: dict[str, Any]):
     import transformers as tf
 
-    common = dict(
+    # Any: each config class types its own keywords; these are the ones all four share.
+    common: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=sizes["hidden_size"],
         intermediate_size=sizes["intermediate_size"],
@@ -134,7 +135,10 @@ def make_tiny_model(
         max_position_embeddings=max_position_embeddings,
         rope_scaling=rope_scaling,
     )
-    cfg = _config(arch, len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, sizes)
+    bos, eos, pad = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+    # train_tokenizer sets each of these to one special token, so each id is a single int
+    assert isinstance(bos, int) and isinstance(eos, int) and isinstance(pad, int), (bos, eos, pad)
+    cfg = _config(arch, len(tok), bos, eos, pad, sizes)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.generation_config = GenerationConfig(

@@ -3,8 +3,8 @@ printing the `repo@sha256:` references a cluster pins.
 
 No registry outside this machine is reachable, so both build on a debootstrapped Debian bookworm
 (python3 3.11 + venv), `docker import`ed once as modeldeploy-base:bookworm (the same base
-tests/test_server_docker.py uses). pip inside the builds reaches PyPI. The runtime image is built
-with EXTRAS=runtime (no CuPy): the real node has no GPU. PyPI's Linux torch wheel is the CUDA
+tests/runtime/server/test_server_docker.py uses). pip inside the builds reaches PyPI. The runtime
+image is built with EXTRAS=runtime (no CuPy): the real node has no GPU. PyPI's Linux torch wheel is the CUDA
 build, so the image still carries the CUDA user-space wheels (a CPU-only torch is not on PyPI).
 Build times and sizes go to stdout as JSON (bench/results/real_node.md records them).
 """
@@ -132,7 +132,7 @@ def base_image() -> str:
     return BASE
 
 
-# The runtime image's build arguments, shared with tests/test_server_docker.py: the same
+# The runtime image's build arguments, shared with tests/runtime/server/test_server_docker.py: the same
 # Dockerfile, context and arguments give Docker's layer cache a full hit, so the image the
 # container test built in tier 1 is the one the real node pushes in tier 2 (one pip install of
 # torch's wheels per CI run instead of two: ~8 min).

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from modeldeploy_dev import kubeobj as K
 from modeldeploy_dev.cluster.realnode import cleanup
 from modeldeploy_dev.cluster.realnode.config import (
     PAUSE_IMAGE,
@@ -346,7 +347,7 @@ class RealNode:
         def ready() -> bool:
             with contextlib.suppress(Exception):
                 n = core.read_node(self.name)
-                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []):
+                if any(c.type == "Ready" and c.status == "True" for c in K.node_status(n).conditions or []):
                     return True
             if not self.pid("kubelet"):
                 raise RuntimeError(f"kubelet exited; see {self.lay.log('kubelet')}")
@@ -426,7 +427,7 @@ class RealNode:
             log(f"[real-node] deleting {len(pods)} pods on {self.name}")
         for p in pods:
             with contextlib.suppress(Exception):
-                core.delete_namespaced_pod(p.metadata.name, p.metadata.namespace, grace_period_seconds=5)
+                core.delete_namespaced_pod(K.name(p), K.namespace(p), grace_period_seconds=5)
         with contextlib.suppress(TimeoutError):  # best effort: the node is deleted either way
             wait_until(
                 lambda: not core.list_pod_for_all_namespaces(field_selector=sel).items,

@@ -3,13 +3,14 @@
 A dataset row may hold `"check": {"exact": S} | {"contains": S} | {"regex": R} | {"json_schema": {...}}`
 (one kind), and optionally `"response_format"`, sent as is (so structured output can be
 benchmarked with its own schema as the check). A request with a check is good only if it meets
-the latency SLO *and* its completed output passes the check (issue 36: "goodput that meets the
-stated latency and quality targets"); the pass rate over the checked requests is reported beside
-goodput. Same semantics as the operator's quality gate (operator/analysis/quality_checks.py, which
-this package cannot import): exact compares stripped text, contains is case-insensitive, regex is
-Python's `re.search`, json_schema parses the whole output (or its first `{...}`/`[...]` span: models
-wrap JSON in prose) and validates it with `jsonschema` (imported only when a workload has such a
-check, since the base install does not carry it).
+the latency SLO *and* its completed output passes the check (a fast wrong answer is not good
+output, so goodput means meeting the stated latency and quality targets); the pass rate over the
+checked requests is reported beside goodput. Same semantics as the operator's quality gate
+(operator/analysis/quality_checks.py, which this package cannot import): exact compares stripped
+text, contains is case-insensitive, regex is Python's `re.search`, json_schema parses the whole
+output (or its first `{...}`/`[...]` span: models wrap JSON in prose) and validates it with
+`jsonschema` (imported only when a workload has such a check, since the base install does not
+carry it).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from modeldeploy.conformance.bench.server import probe
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
+    assert __doc__ is not None  # this module's docstring is the epilog's text
     p.epilog = __doc__.split("\n", 2)[2]
     p.add_argument(
         "urls", nargs="+", metavar="URL", help="OpenAI-compatible server(s); 2+ URLs: compare with the first"

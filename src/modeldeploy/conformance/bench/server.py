@@ -60,7 +60,10 @@ def probe(url: str, api_key: str | None = None, model: str | None = None, timeou
             raise ValueError(
                 f"{url}: GET /v1/models answered {r.status_code}; is it an OpenAI-compatible server?"
             )
-        names = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
+        # a card without a string id cannot be asked for by name, so it is no candidate
+        names: list[str] = [
+            m["id"] for m in r.json().get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)
+        ]
         if model is None:
             if not names:
                 raise ValueError(f"{url}: /v1/models lists no model; pass --model")
@@ -220,6 +223,8 @@ def ttft_split(ttft: M.Histogram, queue: M.Histogram, prefill: M.Histogram) -> d
     if not ttft.buckets or not queue.buckets or not prefill.buckets or ttft.count == 0:
         return {}
     t50, q50, p50 = ttft.quantile(0.5), queue.quantile(0.5), prefill.quantile(0.5)
+    if t50 is None or q50 is None or p50 is None:  # a histogram with buckets but no observation
+        return {}
     width = sum(hi - lo for lo, hi in (ttft.bucket_of(t50), queue.bucket_of(q50), prefill.bucket_of(p50)))
     return {
         "count_ttft": ttft.count,

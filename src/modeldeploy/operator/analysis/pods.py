@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from modeldeploy.operator.rollout.children import PORT
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:

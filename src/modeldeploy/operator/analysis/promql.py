@@ -56,7 +56,7 @@ from modeldeploy.operator.analysis.verdicts import ITL, REQUESTS, TTFT, CohortSa
 from modeldeploy.operator.api.v1alpha1.analysis import PrometheusSource
 
 if TYPE_CHECKING:
-    from modeldeploy.operator.analysis.sources import AnalysisWindow
+    from modeldeploy.operator.analysis.window import AnalysisWindow
 
 log = logging.getLogger(__name__)
 

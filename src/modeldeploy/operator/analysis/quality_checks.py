@@ -6,8 +6,8 @@ Figures, from the same items answered greedily by one canary pod and one stable 
 - log-probability drop (the divergence figure): the mean over items of stable's mean per-token
   log-probability of its own answer minus the canary's of the same answer (teacher forcing).
 
-How they combine (issue 36's probe: accuracy on ~30 prompts is noisy, agreement drops even for
-harmless drift, the teacher-forced log-probability moves monotonically with the size of the drift):
+How they combine (measured on the real model: accuracy on ~30 prompts is noisy, agreement drops even
+for harmless drift, the teacher-forced log-probability moves monotonically with the size of the drift):
 the log-probability drop is the sensitive figure and fails past its threshold; accuracy fails only
 on a drop of more than `maxAccuracyDrop` items; agreement fails only below `minAgreement`, set low.
 An intended model change (a new model digest) with `accuracyFloor` is judged by that floor alone.

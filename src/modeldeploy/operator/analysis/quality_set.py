@@ -1,6 +1,6 @@
 """The built-in evaluation set: what `quality: {}` runs when the spec names no evalSet.
 
-Short items SmolLM2-135M-Instruct (the default model, issue 36) answers right greedily: factual
+Short items SmolLM2-135M-Instruct (the default model) answers right greedily: factual
 questions checked with `contains`, arithmetic and counts with a regex, a JSON answer with a schema;
 six facts stated only in a system turn (the model answers them only when it sees that turn);
 and two long-context retrieval items, a fact placed ~1.1k and ~1.5k tokens before its question

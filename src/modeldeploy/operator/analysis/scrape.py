@@ -19,10 +19,10 @@ import httpx
 
 from modeldeploy.operator.analysis.pods import pod_url, read_bounded
 from modeldeploy.operator.analysis.verdicts import CohortSample
-from modeldeploy.operator.rollout.children import PORT
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT
 
 if TYPE_CHECKING:
-    from modeldeploy.operator.analysis.sources import AnalysisWindow
+    from modeldeploy.operator.analysis.window import AnalysisWindow
 
 MAX_PODS = 32  # pods scraped per cohort and interval (the rest reported as skipped)
 MAX_PARALLEL = 8  # concurrent scrapes: worst case ceil(32/8) * timeout per cohort

@@ -11,29 +11,14 @@ Inconclusive (the step holds).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass
 from typing import Protocol
 
 from modeldeploy.operator.analysis.promql import Prometheus
 from modeldeploy.operator.analysis.scrape import Baselines, PodScrape
 from modeldeploy.operator.analysis.verdicts import CohortSample, analyze
+from modeldeploy.operator.analysis.window import AnalysisWindow
 from modeldeploy.operator.api.v1alpha1.analysis import Analysis
 from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
-
-
-@dataclass(frozen=True)
-class AnalysisWindow:
-    """The two cohorts one analysis interval compares, and the window it covers."""
-
-    md_uid: str
-    namespace: str
-    stable: str  # bundle ids
-    canary: str
-    stable_pods: tuple[str, ...] = ()  # Ready pod IPs (or "host:port" targets)
-    canary_pods: tuple[str, ...] = ()
-    mark: Hashable = None  # the window's key (canary, step, step start): a new mark opens a new window
-    since: float | None = None  # when the step began, epoch seconds (sizes the Prometheus window)
 
 
 class MetricsSource(Protocol):

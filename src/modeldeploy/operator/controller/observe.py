@@ -32,7 +32,8 @@ from modeldeploy.operator.analysis.quality import (
     run_quality,
 )
 from modeldeploy.operator.analysis.scrape import Baselines
-from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval, source_for
+from modeldeploy.operator.analysis.sources import analyze_interval, source_for
+from modeldeploy.operator.analysis.window import AnalysisWindow
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.status import AnalysisResult, QualityResult
 from modeldeploy.operator.controller import metrics

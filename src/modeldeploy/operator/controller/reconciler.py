@@ -21,6 +21,7 @@ from typing import Any
 from modeldeploy.operator.analysis.gate import ConformanceRunner
 from modeldeploy.operator.analysis.quality import QualityRunner
 from modeldeploy.operator.analysis.scrape import Baselines
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT
 from modeldeploy.operator.controller import apply as applying
 from modeldeploy.operator.controller import metrics
 from modeldeploy.operator.controller.apply import Hooks, apply
@@ -32,7 +33,6 @@ from modeldeploy.operator.controller.store import MD, Store
 from modeldeploy.operator.controller.tracing import OperatorTracing
 from modeldeploy.operator.controller.workqueue import WorkQueue
 from modeldeploy.operator.rollout.actions import Action, PatchStatus
-from modeldeploy.operator.rollout.children import PORT
 from modeldeploy.operator.rollout.drift import DESIRED_HASH
 from modeldeploy.operator.rollout.machine import IN_FLIGHT
 from modeldeploy.operator.rollout.plan import capacity_decided, plan, unschedulable

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from modeldeploy.oci import parse_oci_uri
 from modeldeploy.operator.api.v1alpha1.bundle import AdapterRef, Artifact
-from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT, ModelDeploymentSpec
 from modeldeploy.operator.rollout.bundle import (
     BUNDLE_LABEL,
     bundle_labels,
@@ -38,7 +38,6 @@ from modeldeploy.operator.rollout.placement import (  # noqa: F401  (GPU_PRODUCT
     pull_secrets,
 )
 
-PORT = 8000
 MODEL_DIR = "/models/model"
 ADAPTERS_DIR = "/models/adapters"  # each adapter at ADAPTERS_DIR/<name>, staged like the model
 GPU_RESOURCE = "nvidia.com/gpu"

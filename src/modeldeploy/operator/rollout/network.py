@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT, ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.network import namespace_peer
 from modeldeploy.operator.rollout.bundle import instance_labels, selector_labels
-from modeldeploy.operator.rollout.children import PORT, owner_reference
+from modeldeploy.operator.rollout.children import owner_reference
 
 API_VERSION = "networking.k8s.io/v1"
 KIND = "NetworkPolicy"

@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT, ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.rollout import GatewayAPI
 from modeldeploy.operator.rollout.bundle import instance_labels
-from modeldeploy.operator.rollout.children import PORT, owner_reference
+from modeldeploy.operator.rollout.children import owner_reference
 
 API_VERSION = "gateway.networking.k8s.io/v1"
 KIND = "HTTPRoute"

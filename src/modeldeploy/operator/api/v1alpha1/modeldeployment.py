@@ -38,6 +38,10 @@ KIND = "ModelDeployment"
 PLURAL = "modeldeployments"
 SINGULAR = "modeldeployment"
 SHORT_NAMES = ("md",)
+# The port every serving pod listens on: its `http` container port, the Service's port, the port
+# routes and network policies admit and the one the operator's analysis reads /metrics on. Part
+# of the pod contract, so it lives with the API that every operator package may import.
+PORT = 8000
 
 MSG_TP_CPU = (
     "topology.tensorParallel > 1 with topology.gpusPerReplica 0 needs bundle.config.device: cpu "

@@ -201,8 +201,8 @@ class EvalSet(_Model):
 class Quality(_Model):
     """Canary against stable on the same pinned prompts, answered greedily, before any traffic.
 
-    The defaults are conservative (issue 36: thresholds from measured spread; docs/design.md records
-    what was measured): the log-probability drop decides, accuracy only on a drop of several items (a
+    The defaults are conservative (thresholds from the spread measured on the real model; docs/design.md
+    records what was measured): the log-probability drop decides, accuracy only on a drop of several items (a
     30-item set is noisy), greedy agreement only when very low (harmless float drift moves it).
     """
 
