@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("serving_real_cpu", ROOT / "bench/serving_real_cpu.py")
 assert _spec and _spec.loader
 src = importlib.util.module_from_spec(_spec)

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modeldeploy.operator.api.crd import crd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("operator_scale", ROOT / "bench/operator_scale.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

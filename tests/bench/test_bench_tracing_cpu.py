@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 from statistics import mean, median
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("tracing_cpu", ROOT / "bench/tracing_cpu.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -14,7 +14,7 @@ import pytest
 
 from modeldeploy_dev.faults import SPARE_CIDRS, spare_network
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("chaos", ROOT / "bench/chaos.py")
 assert _spec is not None and _spec.loader is not None
 chaos = importlib.util.module_from_spec(_spec)
@@ -122,7 +122,8 @@ def test_a_cohort_without_ready_pods_says_so_in_the_analysis() -> None:
     pod scrape read no canary pod, the analysis was Inconclusive and the step held for minutes while
     status.lastAnalysis.message was empty. It names the cohort now."""
     from modeldeploy.operator.analysis.scrape import Baselines, CohortScrape, PodScrape
-    from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval
+    from modeldeploy.operator.analysis.sources import analyze_interval
+    from modeldeploy.operator.analysis.window import AnalysisWindow
     from modeldeploy.operator.api.v1alpha1.analysis import Analysis
 
     assert CohortScrape("c").problems() == "bundle c: no Ready pods to scrape"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "modeldeploy-operator" / "files" / "prometheus-rules.yaml"
 UNIT = ROOT / "tests" / "data" / "prometheus-rules-test.yaml"
 

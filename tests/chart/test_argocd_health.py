@@ -5,7 +5,8 @@ wire shape the operator writes), and recorded from the rollout e2e (tests/data/a
 written by `MODELDEPLOY_RECORD_STATUS=tests/data/argocd pytest e2e/test_rollout_controls.py
 e2e/test_rollout_faults.py`; the e2e evaluates the same Lua on the live objects too). The
 capacity states (`*insufficient-capacity*`, `*replace*`, `*inconclusive*`) were first written from the
-plan() scenarios of tests/test_operator_capacity.py (2 nodes x 8 GPUs, 16 replicas); the `*-kwok.json`
+plan() scenarios of tests/operator/rollout/test_operator_capacity.py (2 nodes x 8 GPUs, 16
+replicas); the `*-kwok.json`
 ones are the same states recorded live on kwok GPU nodes by e2e/test_rollout_capacity.py (Replace canary,
 InsufficientCapacity, Replace promotion with a cold prior, Replace rollback, Surge with a warm prior).
 """
@@ -22,7 +23,7 @@ import yaml
 from modeldeploy.operator.api.v1alpha1.status import CohortStatus, Condition, ModelDeploymentStatus
 from modeldeploy_dev.argocd import LUA, health
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORDED = sorted((ROOT / "tests/data/argocd").glob("*.json"))
 SNIPPET = ROOT / "charts/modeldeploy-operator/argocd/argocd-cm-snippet.yaml"
 KEY = "resource.customizations.health.serving.modeldeploy.dev_ModelDeployment"

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from support.chart import CHART, helm
 
 from modeldeploy.operator.api.chart import Values
-
-CHART = Path(__file__).resolve().parents[1] / "charts" / "modeldeploy-operator"
-
-
-def helm() -> str | None:
-    found = sorted(glob.glob(os.path.expanduser("~/.cache/modeldeploy/helm-*/helm")))
-    return found[-1] if found else shutil.which("helm")
 
 
 def test_values_yaml_matches_typed_values() -> None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
-from operator_fixtures import md
-from test_chart import CHART, helm
+from support.chart import CHART, helm
+from support.chart_strict import errors, strict
+from support.operator_fixtures import md
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.rollout import children
@@ -41,25 +41,6 @@ def render(*sets: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-def strict(schema: Any) -> Any:
-    """A CRD's structural schema as JSON Schema that refuses unknown fields."""
-    if isinstance(schema, list):
-        return [strict(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: strict(v) for k, v in schema.items()}
-    if out.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if (
-        "properties" in out
-        and "additionalProperties" not in out
-        and not out.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        out["additionalProperties"] = False
-    return out
-
-
 @pytest.fixture(scope="module")
 def crd_schemas() -> dict[str, Any]:
     upstream = pytest.importorskip("modeldeploy_dev.upstream_crds")
@@ -73,11 +54,6 @@ def crd_schemas() -> dict[str, Any]:
             strict(version["schema"]["openAPIV3Schema"]),
         )
     return out
-
-
-def errors(schema: Any, obj: dict[str, Any]) -> list[str]:
-    v = jsonschema.Draft7Validator(schema)
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(obj)]
 
 
 @needs_helm

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "modeldeploy-operator" / "dashboards" / "modeldeploy.json"
 NS, MD = "team-a", "chat"
 VARS = {"$namespace": NS, "$modeldeployment": MD, "$__rate_interval": "5m", "$ttft_slo": "0.5"}
@@ -172,7 +172,7 @@ PROM_BIN = _prometheus()
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Iterator[Any]:
     from prometheus_client import start_http_server
-    from test_canary_io_server import Serve, _free_port
+    from support.canary_server import Serve, _free_port
 
     from modeldeploy.operator.controller.object_metrics import ObjectMetrics
     from modeldeploy_dev.prometheus import Prom

@@ -1,6 +1,6 @@
 """The serving contract on a real server (uvicorn on 127.0.0.1, tiny llama made at test time).
 
-The headline scenario is the issue's: 2 running slots; 1 normal + 1 complete stream + 1
+The headline scenario: 2 running slots; 1 normal + 1 complete stream + 1
 stream cancelled after its first delta + 8 requests from 4 client workers = 11 requests,
 of which the metrics must count 10 completed and 1 cancelled.
 """
@@ -12,45 +12,20 @@ import threading
 
 import httpx
 import pytest
+from support.server_contract import BUNDLE, _cfg, metrics, outcome
 
 from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.checks import read_stream
 from modeldeploy.conformance.http import Server, iter_sse
 from modeldeploy.conformance.load import run_load
-from modeldeploy.conformance.prom import Metrics
 from modeldeploy.conformance.suite import discover
-from modeldeploy.runtime import EngineConfig
-from modeldeploy.runtime.server.config import ServerConfig
 from modeldeploy_dev.harness import ThreadedServer
-
-BUNDLE = "bundle-test-0001"
-
-
-def _cfg(model_dir, **kw) -> ServerConfig:
-    ecfg = EngineConfig(
-        model=str(model_dir),
-        device="cpu",
-        dtype="float32",
-        max_num_seqs=kw.pop("max_num_seqs", 2),
-        bundle_id=BUNDLE,
-    )
-    return ServerConfig(
-        engine=ecfg, served_model_name="tiny", engine_build="test-build", model_revision="r1", **kw
-    )
 
 
 @pytest.fixture(scope="module")
 def server(llama_dir):
     with ThreadedServer(_cfg(llama_dir, max_queue=8)) as s:
         yield s
-
-
-def metrics(s) -> Metrics:
-    return Metrics(httpx.get(s.url + "/metrics").text)
-
-
-def outcome(m: Metrics, o: str) -> float:
-    return m.get("modeldeploy_requests_total", outcome=o, bundle=BUNDLE)
 
 
 def test_contract_eleven_requests(server):

@@ -9,7 +9,7 @@ from lupa import lua51
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import KIND, ModelDeployment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EX = ROOT / "examples/argocd"
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_monitoring import errors, strict
+from support.chart_strict import errors, strict
 
 from modeldeploy.conformance.measures import WAITING
 from modeldeploy.operator.api import crd
 from modeldeploy.operator.api.v1alpha1.modeldeployment import GROUP, KIND, VERSION
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EX = ROOT / "examples" / "autoscaling"
 
 

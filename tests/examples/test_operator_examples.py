@@ -1,6 +1,6 @@
 """The examples pin the digest of `make example-model`'s output (SmolLM2-135M-Instruct imported from
 its pinned wheel, modeldeploy_dev.real_model); keep them in step. That the import reproduces the
-digest is tests/test_gguf_import.py's job (it needs the model)."""
+digest is tests/runtime/models/test_gguf_import.py's job (it needs the model)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 
 from modeldeploy_dev.real_model import MODEL_DIGEST, NAME, REVISION
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_URI = f"file:///var/lib/modeldeploy/models/{NAME}"  # the Makefile's EXAMPLE_MODEL_DIR
 
 

@@ -23,8 +23,8 @@ def masks():
 @pytest.mark.parametrize("rows", ["24-of-32", "all"])
 @pytest.mark.parametrize("mask", ["xgrammar-filled", "random-bits"])
 def test_cuda_bitmask_equals_cpu_and_twin(masks, mask, rows):
-    from modeldeploy.runtime.engine.grammar import apply_bitmask
-    from modeldeploy.runtime.engine.sampler import _apply_bitmask as torch_twin
+    from modeldeploy.runtime.engine.sample.sampler import _apply_bitmask as torch_twin
+    from modeldeploy.runtime.engine.structured_output.grammar import apply_bitmask
 
     bm = masks[mask]
     idx = CONSTRAINED if rows == "24-of-32" else list(range(BATCH))

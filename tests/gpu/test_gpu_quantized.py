@@ -11,7 +11,7 @@ device. Checked here:
 - a tiny llama written as a GGUF file (every kept format, llama.cpp's q/k permutation, one
   de-quantized Q5_0 tensor) decodes greedily on CUDA, through the kernels, to the same tokens as the
   float32 directory of its de-quantized weights served on CUDA.
-The same .cu text runs on the CPU emulator in CI (tests/test_kernels_quant_emulated.py); these
+The same .cu text runs on the CPU emulator in CI (tests/kernels/test_kernels_quant_emulated.py); these
 tests are what a lent GPU adds: the real compiler, memory model and warp scheduling.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-_SHARED = Path(__file__).parents[1] / "test_quantized.py"
+_SHARED = Path(__file__).parents[1] / "runtime" / "models" / "test_quantized.py"
 _spec = importlib.util.spec_from_file_location("test_quantized", _SHARED)
 assert _spec is not None and _spec.loader is not None
 tq = importlib.util.module_from_spec(_spec)

@@ -1,6 +1,6 @@
 """Tensor parallelism over NCCL, one GPU per rank: TP=2 greedy tokens equal TP=1's (tiny llama,
 fp32). Skips, with the reason, where fewer than 2 GPUs are visible; the gloo path is tested on
-CPU (tests/test_tensor_parallel.py)."""
+CPU (tests/runtime/engine/parallel/test_tensor_parallel.py)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,9 @@ def test_the_engines_quantized_calls_all_take_the_kernel(tiny_model, tmp_path, m
     from modeldeploy.kernels import cpu_quant
     from modeldeploy.runtime import LLM, SamplingParams
 
-    spec = importlib.util.spec_from_file_location("tq_shared", Path(__file__).parent / "test_quantized.py")
+    spec = importlib.util.spec_from_file_location(
+        "tq_shared", Path(__file__).parents[1] / "runtime" / "models" / "test_quantized.py"
+    )
     assert spec is not None and spec.loader is not None
     tq = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tq)  # the GGUF writer the CPU quantization tests use

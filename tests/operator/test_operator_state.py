@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-OPERATOR = Path(__file__).resolve().parents[1] / "src" / "modeldeploy" / "operator"
+OPERATOR = Path(__file__).resolve().parents[2] / "src" / "modeldeploy" / "operator"
 MUTABLE_DISPLAYS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 MUTABLE_CALLS = {
     "dict", "list", "set", "bytearray", "defaultdict", "deque", "OrderedDict", "ChainMap",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from modeldeploy_dev.lint_imports import run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUFF = Path(sys.executable).with_name("ruff")
 
 

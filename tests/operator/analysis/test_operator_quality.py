@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from operator_fixtures import md
 from pydantic import ValidationError
+from support.operator_fixtures import md
 
 from modeldeploy.operator.analysis.quality import (
     FAILED,
@@ -595,7 +595,7 @@ def test_runner_reports_an_unreachable_pod_and_a_refused_set_as_failed() -> None
 
 
 def test_plan_records_the_quality_verdict_events_degraded_and_metrics() -> None:
-    from test_operator_plan import advance_to, at, stable_then_change
+    from support.plan_driver import advance_to, at, stable_then_change
 
     from modeldeploy.operator.controller.object_metrics import series
     from modeldeploy.operator.rollout.actions import Event
@@ -632,7 +632,7 @@ def test_plan_records_the_quality_verdict_events_degraded_and_metrics() -> None:
 
 
 def test_plan_quality_timeout() -> None:
-    from test_operator_plan import advance_to, at, stable_then_change
+    from support.plan_driver import advance_to, at, stable_then_change
 
     obj, obs, _, _ = stable_then_change()
     obj["spec"]["rollout"]["analysis"] = {"quality": {"timeoutSeconds": 60}}
@@ -652,7 +652,7 @@ def test_the_example_pins_its_configmap_items() -> None:
     import yaml
 
     docs = list(
-        yaml.safe_load_all((Path(__file__).parents[1] / "examples/modeldeployment-quality.yaml").read_text())
+        yaml.safe_load_all((Path(__file__).parents[3] / "examples/modeldeployment-quality.yaml").read_text())
     )
     configmap = next(d for d in docs if d["kind"] == "ConfigMap")
     spec = ModelDeploymentSpec.model_validate(next(d for d in docs if d["kind"] == "ModelDeployment")["spec"])
@@ -666,7 +666,7 @@ def test_the_example_pins_its_configmap_items() -> None:
 
 
 def _observer_world(q: dict[str, Any], stable_url: str, canary_url: str, configmap: dict[str, Any] | None):
-    from fake_kube import FakeKube
+    from support.fake_kube import FakeKube
 
     from modeldeploy.operator.analysis.gate import ConformanceRunner
     from modeldeploy.operator.analysis.scrape import Baselines
@@ -737,7 +737,7 @@ def test_observe_refuses_a_changed_configmap_without_asking_the_pods(cohorts) ->
 def test_gate_against_real_runtime_servers(tmp_path, tiny_model) -> None:
     """Two `modeldeploy serve` of the same weights with another maxNumSeqs (a harmless change) pass with a
     log-prob drop of ~0; a canary with other weights (seed 1) fails on its figures."""
-    from test_canary_io_server import Serve
+    from support.canary_server import Serve
 
     base, other = tiny_model("llama"), tiny_model("llama", seed=1)
     stable = Serve(tmp_path, base, "--max-num-seqs", "4", bundle="bundle-q-stable")

@@ -2,7 +2,7 @@
 
 Answers come from a real HTTP server on 127.0.0.1 that returns chosen bodies, so every error
 path goes through httpx and the JSON parsing exactly as against Prometheus. Agreement with a
-real Prometheus scraping real servers is tests/test_promql_prometheus.py.
+real Prometheus scraping real servers is tests/operator/analysis/test_promql_prometheus.py.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from operator_fixtures import md, prometheus_analysis
 from pydantic import ValidationError
+from support.operator_fixtures import md, prometheus_analysis
 
 from modeldeploy.operator.analysis import promql
 from modeldeploy.operator.analysis.scrape import Baselines, PodScrape
-from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval, source_for
+from modeldeploy.operator.analysis.sources import analyze_interval, source_for
+from modeldeploy.operator.analysis.window import AnalysisWindow
 from modeldeploy.operator.api.v1alpha1.analysis import Analysis, PrometheusSource
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from operator_fixtures import prometheus_analysis
-from test_canary_io_server import Serve
+from support.canary_server import Serve
+from support.operator_fixtures import prometheus_analysis
 
 from modeldeploy.operator.analysis import promql
 from modeldeploy.operator.analysis.scrape import Baselines, scrape_cohort

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy_dev.control_plane import missing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("crd_fuzz", ROOT / "bench/crd_fuzz.py")
 assert _spec and _spec.loader
 fuzz = importlib.util.module_from_spec(_spec)
@@ -220,7 +220,7 @@ def test_crd_fuzz_ci_sized(fuzzer: Any) -> None:
     and the operator alive throughout."""
     t0 = time.monotonic()
     counts = fuzz.fuzz(fuzzer, 150, seed_value=39)
-    summary = fuzz.report(counts, time.monotonic() - t0, ["tests/test_crd_fuzz.py"])
+    summary = fuzz.report(counts, time.monotonic() - t0, ["tests/operator/api/test_crd_fuzz.py"])
     assert counts.generated == 150, summary
     assert counts.refused_with_path > 0 and counts.accepted_reconciled > 0, summary  # both outcomes hit
     assert counts.clean(), summary

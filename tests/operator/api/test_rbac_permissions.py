@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_chart import CHART, helm
+from support.chart import CHART, helm
 
 from modeldeploy.operator.api.rbac import permissions, rules
 
-REVIEWED = Path(__file__).resolve().parent / "data" / "operator_permissions.txt"
+REVIEWED = Path(__file__).resolve().parents[2] / "data" / "operator_permissions.txt"
 # verbs and resources that would let the operator read credentials or grant itself more
 FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate"}
 FORBIDDEN_RESOURCES = {

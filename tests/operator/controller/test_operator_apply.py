@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fake_kube import MD, FakeKube
 from kubernetes.client.exceptions import ApiException
-from operator_fixtures import md
+from support.fake_kube import MD, FakeKube
+from support.operator_fixtures import md
 
 from modeldeploy.operator.controller.apply import ApplyError, Hooks, apply, batches
 from modeldeploy.operator.rollout.actions import Create, Delete, Event, Patch, PatchStatus

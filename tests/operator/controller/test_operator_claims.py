@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from operator_fixtures import gpu_nodes, md
+from support.operator_fixtures import gpu_nodes, md
 
 from modeldeploy.operator.controller.claims import Claim, claimed, place, pod_counts
 

@@ -7,8 +7,8 @@ import socket
 import time
 from typing import Any
 
-from fake_kube import MD, FakeKube
-from operator_fixtures import md
+from support.fake_kube import MD, FakeKube
+from support.operator_fixtures import md
 
 from modeldeploy.operator.analysis.scrape import CohortScrape
 from modeldeploy.operator.analysis.verdicts import CohortSample

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import REGISTRY
-from test_operator_plan import advance_to, analysis, at, stable_then_change
+from support.plan_driver import advance_to, analysis, at, stable_then_change
 
 from modeldeploy.operator.controller.object_metrics import ObjectMetrics, series
 from modeldeploy.operator.rollout.progression import epoch

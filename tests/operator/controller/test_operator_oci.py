@@ -9,9 +9,9 @@ import re
 from typing import Any
 
 import pytest
-from operator_fixtures import DIGEST, gpu_nodes, md
 from pydantic import ValidationError
-from test_operator_children import _restricted_violations
+from support.operator_fixtures import DIGEST, gpu_nodes, md
+from support.pod_security import _restricted_violations
 
 from modeldeploy.oci import OciRefError, parse_oci_uri
 from modeldeploy.operator.api import crd
@@ -548,7 +548,7 @@ def test_the_prefetch_timeout_event_names_what_the_pods_still_wait_on() -> None:
 def test_observe_reads_what_the_pre_pull_pods_wait_on() -> None:
     """observe() lists the pods while a child is not Ready and files each pre-pull pod's waiting reason
     under its bundle: the plan reads nothing else of them."""
-    from fake_kube import FakeKube
+    from support.fake_kube import FakeKube
 
     from modeldeploy.operator.analysis.gate import ConformanceRunner
     from modeldeploy.operator.analysis.scrape import Baselines

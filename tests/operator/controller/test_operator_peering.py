@@ -7,9 +7,9 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from fake_kube import MD, FakeKube
 from kubernetes.client.exceptions import ApiException
-from operator_fixtures import md
+from support.fake_kube import MD, FakeKube
+from support.operator_fixtures import md
 
 from modeldeploy.operator.controller import metrics
 from modeldeploy.operator.controller.peering import CACHE_S, Peering, PeeringConfig, is_active, start_priority

@@ -7,8 +7,8 @@ import copy
 from collections import Counter
 from typing import Any
 
-from fake_kube import MD, FakeKube
-from operator_fixtures import md
+from support.fake_kube import MD, FakeKube
+from support.operator_fixtures import md
 
 from modeldeploy.operator.controller.reconciler import Controller
 from modeldeploy.operator.controller.store import Store

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_operator_plan import advance_to, analysis, at, stable_then_change
+from support.plan_driver import advance_to, analysis, at, stable_then_change
 
 from modeldeploy.operator.controller.tracing import OperatorTracing
 from modeldeploy.operator.rollout.plan import Observed, plan

@@ -8,8 +8,8 @@ import copy
 from typing import Any
 
 import pytest
-from operator_fixtures import DIGEST, IMAGE, md
 from pydantic import ValidationError
+from support.operator_fixtures import DIGEST, IMAGE, md
 
 from modeldeploy.operator.api import crd
 from modeldeploy.operator.api.v1alpha1.bundle import (

@@ -11,8 +11,8 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from operator_fixtures import gpu_nodes, md
-from test_operator_plan import advance_to, analysis, at, converge, sizes
+from support.operator_fixtures import gpu_nodes, md
+from support.plan_driver import advance_to, analysis, at, converge, sizes
 
 from modeldeploy.operator.controller.claims import claim_pending
 from modeldeploy.operator.rollout.capacity import Have, replace_step

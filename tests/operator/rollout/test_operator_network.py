@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_kube import MD, FakeKube
-from operator_fixtures import md
 from pydantic import ValidationError
+from support.fake_kube import MD, FakeKube
+from support.operator_fixtures import md
 
 from modeldeploy.operator.api import crd
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec

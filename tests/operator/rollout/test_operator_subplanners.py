@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from operator_fixtures import as_observed, gpu_nodes, md
+from support.operator_fixtures import as_observed, gpu_nodes, md
 
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.status import (

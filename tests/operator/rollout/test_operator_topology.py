@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from operator_fixtures import md
 from pydantic import ValidationError
+from support.operator_fixtures import md
 
 from modeldeploy.operator.api.v1alpha1.common import quantity_bytes, quantity_value
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec

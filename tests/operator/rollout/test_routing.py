@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from operator_fixtures import md
+from support.operator_fixtures import md
 
-from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from modeldeploy.operator.api.v1alpha1.modeldeployment import PORT, ModelDeploymentSpec
 from modeldeploy.operator.rollout import routing
 from modeldeploy.operator.rollout.bundle import instance_labels
-from modeldeploy.operator.rollout.children import PORT, service
+from modeldeploy.operator.rollout.children import service
 
 GATEWAY = {
     "parentRefs": [

@@ -258,7 +258,7 @@ def test_every_gemm_weight_is_kept_quantized_and_dequantizes_to_the_reference(ch
 
 
 def test_served_greedy_equals_transformers_on_the_dequantized_weights(checkpoint, float_prefill):
-    from test_engine_equality import TEXT_PROMPTS, TOKEN_PROMPTS, hf_greedy
+    from support.hf_reference import TEXT_PROMPTS, TOKEN_PROMPTS, hf_greedy
 
     from modeldeploy.runtime import LLM, SamplingParams
 

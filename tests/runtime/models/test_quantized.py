@@ -460,10 +460,10 @@ def test_tiny_gguf_served_quantized_equals_its_dequantized_float32_model(tiny_gg
 @pytest.mark.skipif(not cpu_quant.available(), reason="no C++ compiler: the twin is all there is")
 @pytest.mark.parametrize("plain", [True, False])
 def test_tiny_gguf_decode_steps_replay_bit_identical(tiny_gguf, monkeypatch, plain):
-    """runtime/engine/cpu_decode.py on quantized layers, with layer 1's q/k/v (de-quantized) kept
+    """runtime/engine/worker/cpu_decode.py on quantized layers, with layer 1's q/k/v (de-quantized) kept
     plain by MODELDEPLOY_CPU_GEMM=0 or packed for oneDNN: every decode step replayed equals the
     generic path's."""
-    from test_cpu_decode import check_both_ways
+    from support.decode_paths import check_both_ways
 
     from modeldeploy.kernels import cpu_gemm
     from modeldeploy.runtime import LLM, SamplingParams

@@ -6,7 +6,8 @@ import copy
 from typing import Any
 
 from modeldeploy.operator.analysis import promql
-from modeldeploy.operator.analysis.sources import AnalysisWindow, analyze_interval
+from modeldeploy.operator.analysis.sources import analyze_interval
+from modeldeploy.operator.analysis.window import AnalysisWindow
 from modeldeploy.operator.api.v1alpha1.analysis import Analysis
 from modeldeploy.operator.api.v1alpha1.status import AnalysisResult
 from modeldeploy.operator.rollout.topology import NodeInfo
@@ -84,3 +85,13 @@ def prometheus_analysis(
     return analyze_interval(
         src, AnalysisWindow("uid", namespace, stable, canary, since=since), cfg, step=step, time=time
     )
+
+
+def tp_spec(gpus: int, tp: int, device: str = "auto", adapters: list | None = None) -> dict[str, Any]:
+    """A valid spec with the given topology, device and adapters (the tensor-parallel rules' inputs)."""
+    obj = md()["spec"]
+    obj["topology"] = {"gpusPerReplica": gpus, "tensorParallel": tp}
+    obj["bundle"]["config"]["device"] = device
+    if adapters is not None:
+        obj["bundle"]["adapters"] = adapters
+    return obj
