@@ -66,8 +66,9 @@ class EngineConfig:
     )
     max_model_len: int | None = knob(
         None,
-        "context length in tokens (default: the model's max_position_embeddings, lowered with a log "
-        "line to what the KV cache holds; given explicitly, a KV cache that cannot hold it is an error)",
+        "context length in tokens (default: the model's max_position_embeddings, times its RoPE scaling "
+        "factor where that extends it, lowered with a log line to what the KV cache holds; given "
+        "explicitly, a KV cache that cannot hold it is an error)",
     )
     block_size: int = knob(16, "tokens per KV block")
     num_kv_blocks: int | None = knob(

@@ -279,14 +279,14 @@ def _model_setup(config: EngineConfig, hf, shard: Shard) -> tuple[ModelArgs, tor
         shard.check(args)
     device = resolve_device(config.device, shard)
     dtype = resolve_dtype(config.dtype, hf, device)
-    max_len = config.max_model_len or args.max_position_embeddings
+    # the model's longest context: max_position_embeddings, scaled by its RoPE scaling where that
+    # extends it (models/rope.py `max_length`: linear and dynamic x factor, yarn original x factor)
+    bound, derived = args.max_length()
+    max_len = config.max_model_len or bound
     if args.sliding_window:
         max_len = min(max_len, args.sliding_window)
-    if max_len > args.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len: {max_len} exceeds the model's max_position_embeddings "
-            f"{args.max_position_embeddings}"
-        )
+    if max_len > bound:
+        raise ValueError(f"max_model_len: {max_len} exceeds the model's maximum length {bound} ({derived})")
     return args, device, dtype, max_len
 
 

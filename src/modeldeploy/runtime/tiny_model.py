@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+# RoPE scaling types a tiny model can carry (models/rope.py); None/absent: default RoPE
+ROPE_SCALINGS = ("llama3", "linear", "dynamic", "yarn", "longrope")
 # <|endoftext|> is in the vocab because transformers loads Qwen2Tokenizer for qwen2/qwen3 configs and
 # that class adds it as its unknown token; without it the tokenizer would be one id larger than the model.
 SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
@@ -69,16 +71,11 @@ def _config(arch: str, vocab: int, bos: int, eos: int, pad: int, sizes: dict[str
         initializer_range=0.1,
         tie_word_embeddings=arch == "qwen2",
     )
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
-    if sizes.get("rope_scaling") == "llama3":
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        }
+    rope, common["max_position_embeddings"] = _rope(
+        sizes.get("rope_scaling"),
+        sizes["max_position_embeddings"],
+        sizes["hidden_size"] // sizes["num_heads"],
+    )
     if arch == "llama":
         return tf.LlamaConfig(
             **common, rope_parameters=rope, head_dim=sizes["hidden_size"] // sizes["num_heads"]
@@ -100,6 +97,50 @@ def _config(arch: str, vocab: int, bos: int, eos: int, pad: int, sizes: dict[str
             head_dim=sizes["hidden_size"] // sizes["num_heads"],
         )
     raise ValueError(f"unsupported --arch {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+def _rope(kind: str | None, max_positions: int, head_dim: int) -> tuple[dict[str, Any], int]:
+    """(rope_parameters, max_position_embeddings) for a scaling type. `max_positions` is the context
+    the model was "trained" for: max_position_embeddings, except for longrope, whose configs (Phi-3)
+    state the extended length there and the trained one as original_max_position_embeddings (so
+    here max_position_embeddings = 4 x max_positions). The longest context each allows:
+    models/rope.py `max_length` (linear, dynamic 2x, yarn 4x, longrope 4x, llama3 1x)."""
+    if kind is None:
+        return {"rope_type": "default", "rope_theta": 10000.0}, max_positions
+    if kind == "llama3":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+        return rope, max_positions
+    if kind in ("linear", "dynamic"):
+        return {"rope_type": kind, "rope_theta": 10000.0, "factor": 2.0}, max_positions
+    if kind == "yarn":  # Qwen2.5's long-context form: max_position_embeddings = the original length
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": max_positions,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        }
+        return rope, max_positions
+    if kind == "longrope":  # Phi-3's form; short factors near 1, long ones rising to the factor
+        half = head_dim // 2
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": max_positions,
+            "short_factor": [round(1.0 + 0.05 * i / max(half - 1, 1), 4) for i in range(half)],
+            "long_factor": [round(4.0 ** (i / max(half - 1, 1)), 4) for i in range(half)],
+        }
+        return rope, 4 * max_positions
+    raise ValueError(f"unsupported rope scaling {kind!r}; choose from {', '.join(ROPE_SCALINGS)}")
 
 
 def make_tiny_model(
@@ -177,10 +218,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--rope-scaling", choices=["llama3"], default=None)
+    parser.add_argument(
+        "--rope-scaling",
+        choices=ROPE_SCALINGS,
+        default=None,
+        help="RoPE scaling type (default: none); longrope's max_position_embeddings is 4x --max-positions",
+    )
     parser.add_argument("--shards", type=int, default=1, help="split weights over N safetensors files")
     parser.add_argument(
-        "--max-positions", type=int, default=1024, help="max_position_embeddings (the longest context)"
+        "--max-positions",
+        type=int,
+        default=1024,
+        help="max_position_embeddings, the context the model is made for (RoPE scaling extends it; "
+        "longrope: original_max_position_embeddings)",
     )
 
 

@@ -101,8 +101,13 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded, num_blocks, config.block_size, loaded.max_model_len, self.adapters, self.tp, reduce
         )
+        rope = self.runner.model.rope
         self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.bundle_id, config.enable_prefix_caching
+            num_blocks,
+            config.block_size,
+            config.bundle_id,
+            config.enable_prefix_caching,
+            rope.prefix_key if rope.length_dependent else None,  # blocks rotated per prompt length
         )
         self.scheduler = Scheduler(
             self.block_manager,

@@ -6,6 +6,10 @@ sliding window (the loader caps max_model_len at it instead). Every hot op goes 
 `modeldeploy.kernels.dispatch`: the matrix products are torch's (on CPU float32, oneDNN's with
 the weights packed once at load), the rest CuPy kernels or their twins.
 
+RoPE and its scaling types are models/rope.py's: static types index one cos/sin cache by position;
+dynamic and longrope rotate each token with the frequencies of its own sequence's length
+(`LlamaModel.rotary_inputs`).
+
 Under tensor parallelism each rank builds this model from its own slices (`shard.py`) with
 its own head and intermediate counts in `args`; `reduce` sums the row-parallel partial outputs
 of o_proj and down_proj across ranks (the only two collectives of a layer).
@@ -15,7 +19,6 @@ Shapes: T tokens in the step, H query heads, Hkv kv heads, D head dim, E hidden.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,6 +26,8 @@ import torch
 
 from modeldeploy.kernels import dispatch
 from modeldeploy.kernels.quant import QuantLinear, cat_rows
+from modeldeploy.runtime.models import rope as rotary
+from modeldeploy.runtime.models.rope import ROPE_TYPES, Rope
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,7 +40,6 @@ SUPPORTED = {
     "Qwen2ForCausalLM": dict(qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": dict(qkv_bias=False, qk_norm=True),
 }
-ROPE_TYPES = ("default", "llama3")
 
 
 class LoraDelta(Protocol):
@@ -78,10 +82,16 @@ class ModelArgs:
                 f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
             )
         rope["rope_type"] = rope_type
+        if rope_type in ("llama3", "yarn", "longrope"):  # as transformers' standardize_rope_params
+            top = getattr(cfg, "original_max_position_embeddings", None)  # Phi-3 keeps it outside
+            if top is not None:
+                rope["original_max_position_embeddings"] = top
+            rope.setdefault("original_max_position_embeddings", cfg.max_position_embeddings)
         window = getattr(cfg, "sliding_window", None)
         if arch == "Qwen2ForCausalLM" and not getattr(cfg, "use_sliding_window", False):
             window = None
         heads = cfg.num_attention_heads
+        rotary.check(rope, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         return cls(
             architecture=arch,
             vocab_size=cfg.vocab_size,
@@ -99,28 +109,22 @@ class ModelArgs:
             **SUPPORTED[arch],
         )
 
+    def max_length(self) -> tuple[int, str]:
+        """The longest context the model is made for, per its RoPE scaling (`rope.max_length`), and
+        how that was derived: the default max_model_len and its upper bound."""
+        return rotary.max_length(self.rope, self.max_position_embeddings)
+
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """Inverse frequencies [D/2] as transformers computes them (default and llama3 types)."""
-    d, rp = args.head_dim, args.rope
-    inv = 1.0 / (rp["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    if rp["rope_type"] == "llama3":
-        factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
-        old = rp["original_max_position_embeddings"]
-        lo_wave, hi_wave = old / lo, old / hi
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > lo_wave, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < hi_wave) & ~(wavelen > lo_wave)
-        inv = torch.where(medium, smoothed, scaled)
-    return inv
+    """Inverse frequencies [D/2] as transformers computes them at init (`rope.inv_freq`: for dynamic
+    and longrope those of a sequence within the original context)."""
+    return rotary.inv_freq(args.rope, args.head_dim, args.max_position_embeddings)[0]
 
 
 def cos_sin_cache(args: ModelArgs, max_pos: int, device: torch.device) -> torch.Tensor:
-    """[max_pos, D] float32: cos of the D/2 frequencies, then sin."""
-    freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * rope_inv_freq(args)[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+    """[max_pos, D] float32: cos of the D/2 frequencies, then sin, scaled by the attention factor
+    (yarn, longrope); longrope's long factors' rows follow (`Rope.cache`)."""
+    return Rope(args.rope, args.head_dim, args.max_position_embeddings).cache(max_pos, device)
 
 
 @dataclass
@@ -259,7 +263,25 @@ class LlamaModel:
         self.layers = [
             Layer(args, _layer_weights(weights, i, args), i, reduce) for i in range(args.num_layers)
         ]
-        self.cos_sin = cos_sin_cache(args, max_pos, self.embed.device)
+        self.rope = Rope(args.rope, args.head_dim, args.max_position_embeddings)
+        self.max_pos = max_pos
+        self.cos_sin = self.rope.cache(max_pos, self.embed.device)
+
+    def rotary_inputs(
+        self, positions: list[int], lens: list[int] | None
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """What the rotary kernel reads for tokens at `positions`: (cache rows, None) to index
+        `cos_sin` with, or (0..T-1, a [T, D] table of the step's own rows). `lens` is None for the
+        static types (rows = positions); for dynamic and longrope it holds each token's
+        max(prompt length, position + 1), whose frequencies rotate it (models/rope.py): longrope's
+        long rows sit in `cos_sin` after the short ones, dynamic NTK past max_position_embeddings
+        needs per-step rows."""
+        if lens is None:
+            return positions, None
+        rows = self.rope.indices(positions, lens, self.max_pos)
+        if rows is not None:
+            return rows, None
+        return list(range(len(positions))), self.rope.rows(positions, lens, self.cos_sin.device)
 
     def forward(
         self,
@@ -268,12 +290,16 @@ class LlamaModel:
         meta: AttnMeta,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: LoraDelta | None = None,
+        cos_sin: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, E] (LoRA deltas per token when given)."""
+        """input_ids, positions [T] -> final hidden states [T, E] (LoRA deltas per token when given).
+        `positions` index `cos_sin`, the model's cache unless a step's own rows are given
+        (`rotary_inputs`)."""
+        table = self.cos_sin if cos_sin is None else cos_sin
         x = dispatch.embedding(input_ids, self.embed, self.norm.dtype)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer.forward(x, residual, positions, self.cos_sin, k_cache, v_cache, meta, lora)
+            x, residual = layer.forward(x, residual, positions, table, k_cache, v_cache, meta, lora)
         x, _ = dispatch.rms_norm(x, self.norm, self.args.rms_norm_eps, residual)
         return x
 

@@ -4,7 +4,10 @@ prefix cache keyed by chained block hashes.
 A block's hash covers its tokens and the hash of the block before it, seeded with the
 bundle id and the sequence's LoRA adapter, so a hit means the same bundle and the same
 adapter saw the same prefix (an adapter changes every layer's K/V, so a base-model or other
-adapter's block is never valid for it). Blocks are registered
+adapter's block is never valid for it). Under a length-dependent RoPE (dynamic, longrope) the seed
+also holds the prompt's `rope_key` (models/rope.py `Rope.prefix_key`): a block's keys are rotated
+with frequencies chosen by the prompt's length, and only a prompt with the same key may reuse them.
+Blocks are registered
 only once their KV is computed, and freed blocks keep their hash (LRU order) until
 they are reused, so a later request with the same prefix skips that prefill.
 """
@@ -12,6 +15,7 @@ they are reused, so a later request with the same prefix skips that prefill.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from modeldeploy.runtime.engine.core.sequence import Sequence
@@ -27,7 +31,12 @@ class Block:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, bundle_id: str = "", enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        bundle_id: str = "",
+        enable_prefix_caching: bool = True,
+        rope_key: Callable[[int], int] | None = None,
     ):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -35,6 +44,7 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # hash -> block id
         self.root_hash = hash(("modeldeploy-prefix", bundle_id))
         self.prefix_caching = enable_prefix_caching
+        self.rope_key = rope_key  # prompt length -> what its blocks' rotation depends on (None: nothing)
         self.hits = 0  # cached tokens reused (counter)
         self.forked_tokens = 0  # tokens whose KV a forked sequence (n > 1) took by reference (counter)
 
@@ -56,10 +66,14 @@ class BlockManager:
         return hash((parent, tokens))
 
     def _root(self, seq: Sequence) -> int:
-        """Seed of seq's hash chain: the bundle's, and for an adapter the bundle's + the adapter's."""
-        if seq.adapter_id < 0:
-            return self.root_hash
-        return hash((self.root_hash, "adapter", seq.adapter_id))
+        """Seed of seq's hash chain: the bundle's, and for an adapter the bundle's + the adapter's;
+        under a length-dependent RoPE also its prompt's rope key."""
+        root = self.root_hash
+        if seq.adapter_id >= 0:
+            root = hash((root, "adapter", seq.adapter_id))
+        if self.rope_key is not None:
+            root = hash((root, "rope", self.rope_key(seq.num_prompt_tokens)))
+        return root
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached block ids covering a prefix of seq (never its last token, which must be computed).

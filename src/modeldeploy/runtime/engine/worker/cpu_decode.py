@@ -18,7 +18,9 @@ Eligible (`CpuDecode.build` says why not, and the runner keeps its generic path)
 - MODELDEPLOY_CPU_DECODE not "0".
 
 Per step it also needs: decode-only, no LoRA adapter, and at most `max_rows` sequences, the rows up
-to which `dispatch.linear` sends these weights to the same GEMM kernel. So the hidden states are
+to which `dispatch.linear` sends these weights to the same GEMM kernel. A step with its own cos/sin
+rows (dynamic NTK RoPE past max_position_embeddings: models/rope.py) copies them into a static
+buffer of its own, which a second set of calls rotates from (rows 0..n-1). So the hidden states are
 bit-identical to the generic path's (tests/runtime/engine/worker/test_cpu_decode.py); this changes
 speed, never output.
 """
@@ -79,7 +81,10 @@ class CpuDecode:
         self.gate_up = torch.zeros(R, 2 * self.inter, dtype=f32)
         self.act = torch.zeros(R, self.inter, dtype=f32)
         self.hidden = torch.zeros(R, E, dtype=f32)
-        self._calls: dict[tuple[int, int], list[Call]] = {}
+        # a step's own cos/sin rows (length-dependent RoPE), read at rows 0..n-1
+        self.rope_pos = torch.arange(R, dtype=torch.int64)
+        self.rope_rows = torch.zeros(R, D, dtype=f32) if model.rope.length_dependent else None
+        self._calls: dict[tuple[int, int, bool], list[Call]] = {}
         self.steps = 0  # steps served here (tests and the bench read it)
 
     @classmethod
@@ -163,14 +168,18 @@ class CpuDecode:
         args = (F32, _ptr(x), E, res, 0 if first else E, res, _ptr(w), _ptr(out), n, E, eps, threads)
         return self.k.attention.md_rms_norm, args, ""
 
-    def _layer_calls(self, i: int, n: int, threads: int) -> list[Call]:
-        """Layer i's calls, in `Layer.forward`'s order (the same arguments its dispatches pass)."""
+    def _layer_calls(self, i: int, n: int, threads: int, own_rows: bool = False) -> list[Call]:
+        """Layer i's calls, in `Layer.forward`'s order (the same arguments its dispatches pass);
+        `own_rows`: rotary reads the step's rows in `rope_rows` instead of the model's cache."""
         a, at, w, (kc, vc) = self.model.args, self.k.attention, self.model.layers[i].w, self.kv_caches[i]
         H, Hkv, D, S, width = a.num_heads, a.num_kv_heads, a.head_dim, kc.shape[1], self.qkv_size
         q = self.qkv.data_ptr()  # q, k, v: views of one [n, width] row block, as in the generic path
         k, v = q + 4 * self.q_size, q + 4 * (self.q_size + self.kv_size)
         inputs, cs = self.inputs, self.model.cos_sin
         pos, slots, tables, lens = (_ptr(t) for t in (inputs.pos, inputs.slots, inputs.tables, inputs.lens))
+        if own_rows:
+            assert self.rope_rows is not None, "own cos/sin rows on a model with static RoPE"
+            pos, cs = _ptr(self.rope_pos), self.rope_rows
         num_slots, scale = kc.shape[0] * S, float(self.model.layers[i].scale)
         rotary = (F32, pos, q, width, H, k, width, Hkv, n, D, _ptr(cs), cs.shape[0])
         write = (4, k, width, v, width, _ptr(kc), _ptr(vc), slots, n, Hkv * D, num_slots)
@@ -189,23 +198,35 @@ class CpuDecode:
             self._gemm(w["down"], self.act, n, self.x, threads),
         ]
 
-    def _calls_for(self, n: int, threads: int) -> list[Call]:
+    def _calls_for(self, n: int, threads: int, own_rows: bool) -> list[Call]:
         """Every C call of a step of n sequences: the layers', then the final norm."""
-        calls = [c for i in range(len(self.model.layers)) for c in self._layer_calls(i, n, threads)]
+        layers = range(len(self.model.layers))
+        calls = [c for i in layers for c in self._layer_calls(i, n, threads, own_rows)]
         return [*calls, self._norm(self.model.norm, self.x, False, self.hidden, n, threads)]
 
     def run(
-        self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]], lens: list[int]
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+        lens: list[int],
+        cos_sin: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [n, E] of a decode step of n sequences (a view of a static buffer,
-        valid until the next step)."""
+        valid until the next step). `positions` index the model's cos/sin cache, or with `cos_sin`
+        ([n, D], the step's own rows: `LlamaModel.rotary_inputs`) row t rotates token t."""
         n = len(ids)
         self.inputs.fill(ids, positions, slots, tables, lens, n)
+        own_rows = cos_sin is not None
+        if cos_sin is not None:
+            assert self.rope_rows is not None, "own cos/sin rows on a model with static RoPE"
+            self.rope_rows[:n].copy_(cos_sin)
         self.res[:n].copy_(dispatch.embedding(self.inputs.ids[:n], self.model.embed, torch.float32))
         threads = torch.get_num_threads()
-        calls = self._calls.get((n, threads))
+        calls = self._calls.get((n, threads, own_rows))
         if calls is None:
-            calls = self._calls[(n, threads)] = self._calls_for(n, threads)
+            calls = self._calls[(n, threads, own_rows)] = self._calls_for(n, threads, own_rows)
         for fn, args, bad in calls:
             if fn(*args) and bad:
                 raise IndexError(f"decode step: {bad}")

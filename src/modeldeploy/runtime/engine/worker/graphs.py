@@ -6,11 +6,13 @@ Python and driver work while the GPU does little. A CUDA graph records one step'
 them in one call. vLLM and gpt-fast capture decode the same way; prefill (long, variable) stays eager.
 
 Only pure-decode steps replay: no prefill chunk, no LoRA adapter in the batch (their slots vary per
-step), no tensor parallelism (the all-reduce is host-driven). Anything else runs eagerly, so the flag
-never changes what is served, only how fast. A batch of n is padded up to the captured bucket b >= n:
-the padded rows write their KV nowhere (slot -1, which every write_kv path skips), attend position 0
-of block 0 (read only) and are dropped. Block tables are always max_blocks_per_seq wide, so the
-attention kernel's partitioning (chosen from the table width) is fixed at capture.
+step), no tensor parallelism (the all-reduce is host-driven), no step with its own cos/sin rows
+(dynamic NTK RoPE past max_position_embeddings, models/rope.py: the graphs read the model's cache).
+Anything else runs eagerly, so the flag never changes what is served, only how fast. A batch of n
+is padded up to the captured bucket b >= n: the padded rows write their KV nowhere (slot -1, which
+every write_kv path skips), attend position 0 of block 0 (read only) and are dropped. Block tables
+are always max_blocks_per_seq wide, so the attention kernel's partitioning (chosen from the table
+width) is fixed at capture.
 
 On CPU there is no graph: `DecodeGraphs(capture=False)` runs the same static, padded buffers eagerly.
 That is what CI checks (tests/runtime/engine/worker/test_graphs.py: padded and unpadded steps agree,

@@ -41,6 +41,9 @@ class StepPlan:
     prefill_cu: list[int]
     prefill_lens: list[int]
     sample_rows: list[int]
+    # dynamic and longrope RoPE only (else None): each token's max(prompt length, position + 1), the
+    # sequence length whose frequencies rotate it (models/rope.py), so every rank rotates alike
+    rope_lens: list[int] | None = None
 
 
 class Ranks(Protocol):
@@ -132,6 +135,7 @@ class ModelRunner:
     def plan(self, batch: ScheduledBatch) -> tuple[StepPlan, list[tuple[Sequence, int]], list[Sequence]]:
         """Flatten the batch: decodes first, then prefill chunks; (plan, ordered rows, sampling seqs)."""
         ids, pos, slots, sample_rows, sample_seqs = [], [], [], [], []
+        rope_lens: list[int] | None = [] if self.model.rope.length_dependent else None
         decode, prefill, cu, prefill_lens = [], [], [0], []
         bs = self.block_size
         rows = list(zip(batch.seqs, batch.num_tokens, strict=True))
@@ -141,6 +145,9 @@ class ModelRunner:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
+            if rope_lens is not None:  # a prompt's tokens: its length; a later token at p: p + 1
+                prompt = seq.num_prompt_tokens
+                rope_lens.extend(max(prompt, p + 1) for p in range(start, end))
             slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
             if n == 1 and end == seq.num_tokens and not prefill:
                 decode.append(seq)
@@ -161,6 +168,7 @@ class ModelRunner:
             prefill_cu=cu,
             prefill_lens=prefill_lens,
             sample_rows=sample_rows,
+            rope_lens=rope_lens,
         )
         return plan, rows, sample_seqs
 
@@ -182,12 +190,23 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan, lora: LoraBatch | None = None) -> torch.Tensor:
         """The forward over this rank's shard: final hidden states [T, E]."""
+        # rows of the model's cos/sin cache per token, or the step's own rows (models/llama.py
+        # `rotary_inputs`: static types pass the positions through untouched)
+        positions, cos_sin = plan.positions, None
+        if plan.rope_lens is not None:
+            positions, cos_sin = self.model.rotary_inputs(plan.positions, plan.rope_lens)
         g = self.graphs
-        if g is not None and g.eligible(len(plan.ids), len(plan.decode_lens), lora is not None):
-            return g.run(plan.ids, plan.positions, plan.slots, plan.decode_tables, plan.decode_lens)
+        # A step with its own cos/sin rows (dynamic NTK past max_position_embeddings) runs eagerly: the
+        # captured graphs read the model's cache, whose address they were captured with.
+        if (
+            g is not None
+            and cos_sin is None
+            and g.eligible(len(plan.ids), len(plan.decode_lens), lora is not None)
+        ):
+            return g.run(plan.ids, positions, plan.slots, plan.decode_tables, plan.decode_lens)
         c = self.cpu_decode
         if c is not None and c.eligible(len(plan.ids), len(plan.decode_lens), lora is not None):
-            return c.run(plan.ids, plan.positions, plan.slots, plan.decode_tables, plan.decode_lens)
+            return c.run(plan.ids, positions, plan.slots, plan.decode_tables, plan.decode_lens, cos_sin)
         meta = AttnMeta(
             slot_mapping=self._tensor(plan.slots, torch.int64),
             num_decode=len(plan.decode_lens),
@@ -198,8 +217,8 @@ class ModelRunner:
             prefill_lens=self._tensor(plan.prefill_lens),
             fresh_prefills=self._fresh(plan),
         )
-        ids, pos = self._tensor(plan.ids, torch.int64), self._tensor(plan.positions, torch.int64)
-        return self.model.forward(ids, pos, meta, self.kv_caches, lora)
+        ids, pos = self._tensor(plan.ids, torch.int64), self._tensor(positions, torch.int64)
+        return self.model.forward(ids, pos, meta, self.kv_caches, lora, cos_sin)
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
