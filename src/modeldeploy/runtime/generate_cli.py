@@ -20,26 +20,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--chat", action="store_true", help="each prompt is a user message in the model's chat template"
     )
     parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="with --chat: a Jinja chat template file used instead of the tokenizer's (as serve's)",
+    )
+    parser.add_argument(
         "--max-model-len", type=int, default=None, help="context length (default: the model's own)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
 
 
-def _chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as one user turn through the tokenizer's chat template, as token ids (the template
-    writes its own special tokens, so none are added again)."""
-    if not getattr(tokenizer, "chat_template", None):
+def _chat_ids(tokenizer, prompt: str, template: str | None = None) -> list[int]:
+    """The prompt as one user turn through the chat template (`template`, else the tokenizer's), as
+    token ids (the template writes its own special tokens, so none are added again)."""
+    if template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("--chat: the model's tokenizer has no chat template")
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": prompt}],
+        tokenize=False,
+        add_generation_prompt=True,
+        chat_template=template,
     )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def main(args: argparse.Namespace) -> int:
     from modeldeploy.runtime import LLM, SamplingParams
+    from modeldeploy.runtime.chat_template import load_chat_template
 
     try:
+        template = None
+        if args.chat_template is not None:
+            if not args.chat:
+                raise ValueError("--chat-template: only with --chat")
+            template = load_chat_template(args.chat_template).text  # checked before the weights load
         llm = LLM(
             args.model,
             dtype=args.dtype,
@@ -48,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
         )
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        prompts = [_chat_ids(llm.tokenizer, p) for p in args.prompt] if args.chat else args.prompt
+        prompts = [_chat_ids(llm.tokenizer, p, template) for p in args.prompt] if args.chat else args.prompt
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
     except ValueError as e:

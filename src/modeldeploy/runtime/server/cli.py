@@ -167,6 +167,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="adapter NAME's revision, a label in /v1/bundle (default: empty)",
     )
     p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file that replaces the tokenizer's for every chat request (vLLM's "
+        "--chat-template); read and compiled at start, its sha256 shown in /v1/bundle "
+        "(default: the tokenizer's template)",
+    )
+    p.add_argument(
         "--model-revision", default="", help="bundle.model.revision, a metric label (default: empty)"
     )
     p.add_argument(
@@ -239,6 +247,11 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
     if args.tensor_parallel_size > 1 and adapters:
         raise ValueError("--tensor-parallel-size: LoRA adapters (--adapter) are not supported with it yet")
     name = args.served_model_name or Path(args.model).resolve().name
+    chat_template = None
+    if args.chat_template is not None:
+        from modeldeploy.runtime.chat_template import load_chat_template
+
+        chat_template = load_chat_template(args.chat_template)  # ValueError naming --chat-template
     if name in {a["name"] for a in adapters}:
         raise ValueError(f"--adapter: {name!r} is also the served model name")
     cfg = ServerConfig(
@@ -257,6 +270,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         model_revision=args.model_revision,
         engine_core=args.engine_core,
         limits=limits_from_args(args),
+        chat_template=chat_template,
     )
     cfg.validate()
     return cfg

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from modeldeploy.runtime.chat_template import ChatTemplate
 from modeldeploy.runtime.config import EngineConfig
 from modeldeploy.runtime.engine.client.factory import Layout
 from modeldeploy.runtime.server.limits import Limits
@@ -34,6 +35,9 @@ class ServerConfig:
     # "thread": on a thread of this process (one GIL with the HTTP work; tests that look inside it)
     engine_core: Layout = "process"
     limits: Limits = field(default_factory=Limits)  # request bounds (limits.py): hostile input gets a 4xx
+    # --chat-template FILE, read and compiled at start (runtime/chat_template.py): replaces the tokenizer's
+    # template for every chat request (None: the tokenizer's own)
+    chat_template: ChatTemplate | None = None
 
     def validate(self) -> None:
         if self.gate_key_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.gate_key_sha256):

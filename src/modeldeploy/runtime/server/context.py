@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from modeldeploy.runtime.chat_template import template_digest
 from modeldeploy.runtime.engine.client.base import EngineClient
 from modeldeploy.runtime.engine.request_check import RequestError, check_request
 from modeldeploy.runtime.server.admission import REASONS, Admission
@@ -161,7 +162,24 @@ class ServerContext:
 
     @property
     def chat_template(self) -> str | None:
+        """The template every chat request renders with: --chat-template's text, else the tokenizer's."""
+        if self.cfg.chat_template is not None:
+            return self.cfg.chat_template.text
         return getattr(self.engine.tokenizer, "chat_template", None)
+
+    def chat_template_info(self) -> dict[str, Any]:
+        """/v1/bundle `chat_template`: where the template in use comes from and its digest (the
+        tokenizer's is known once the engine has loaded)."""
+        pinned = self.cfg.chat_template
+        if pinned is not None:
+            return {"source": "file", "path": pinned.path, "digest": pinned.digest}
+        template = None
+        if self.state.load_seconds:
+            try:
+                template = getattr(self.engine.tokenizer, "chat_template", None)
+            except Exception:  # noqa: BLE001 - introspection is best effort
+                template = None
+        return {"source": "tokenizer", "path": None, "digest": template_digest(template)}
 
     def encode_chat(
         self,
@@ -177,6 +195,7 @@ class ServerContext:
             text = tok.apply_chat_template(
                 messages,
                 tools=tools,
+                chat_template=self.cfg.chat_template.text if self.cfg.chat_template is not None else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -274,6 +293,7 @@ class ServerContext:
                 "architecture": info.get("architecture"),
             },
             "tokenizer": {"digest": info.get("tokenizer_digest") or ecfg.get("tokenizer_digest")},
+            "chat_template": self.chat_template_info(),
             "adapters": info.get("adapters") or ecfg.get("adapters", []),
             "lora": info.get("lora"),
             "device": info.get("device", ecfg.get("device")),

@@ -102,6 +102,8 @@ class ChoicesRequest(GenerationRequest):
     n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's extension: the prompt's and each choice's token ids beside the text (null: false, as vLLM)
+    return_token_ids: StrictBool | None = None
 
     def check_n(self) -> None:
         """`stream_options` only on a streamed request (OpenAI refuses it otherwise)."""

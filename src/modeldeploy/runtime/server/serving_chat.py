@@ -2,8 +2,12 @@
 
 Tools shape decoding through a tool plan (structured.py); the constrained output is turned back
 into OpenAI `tool_calls`, whole in the body or streamed as OpenAI streams them (toolcalls.py).
-vLLM's template flags (`add_generation_prompt`, `continue_final_message`) and `prompt_logprobs`
-are accepted as vLLM accepts them.
+vLLM's template flags (`add_generation_prompt`, `continue_final_message`), `prompt_logprobs` and
+`return_token_ids` are accepted as vLLM accepts them: with `return_token_ids` the body carries the
+rendered template's ids as top-level `prompt_token_ids` and each choice its generated `token_ids` (as in
+serving_completion.py: a final EOS or stop token included); a stream's role chunks carry
+`prompt_token_ids` and every later chunk of a choice its new `token_ids`, so they concatenate to the
+body's.
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ class OpenAIServingChat(OpenAIServing[ChatCompletionRequest]):
         body = chat(gen.rid, gen.created, gen.model, outs, gen.tok, req.top_logprobs, calls)
         if req.prompt_logprobs is not None:
             body["prompt_logprobs"] = F.prompt_logprobs(gen.tok, gen.ids, outs[0], req.prompt_logprobs)
+        if req.return_token_ids:  # vLLM's places for chat: the prompt's at the top, each choice's in it
+            body["prompt_token_ids"] = list(gen.ids)
+            for choice, o in zip(body["choices"], outs, strict=True):
+                choice["token_ids"] = list(o.token_ids)
         return body
 
     async def stream(
@@ -80,13 +88,27 @@ class OpenAIServingChat(OpenAIServing[ChatCompletionRequest]):
         """Content deltas per choice; tool calls as OpenAI streams them (toolcalls.py): a first
         delta.tool_calls with id, type and name, then argument fragments, for every tool mode."""
         req, plan = gen.req, gen.plan
-        usage = req.include_usage
+        usage, want_ids = req.include_usage, bool(req.return_token_ids)
 
-        def chunk(delta: dict[str, Any], finish: str | None, index: int, lps: Any = None) -> bytes:
-            return event(chat_chunk(gen.rid, gen.created, gen.model, delta, finish, usage, index, lps))
+        def chunk(
+            delta: dict[str, Any],
+            finish: str | None,
+            index: int,
+            lps: Any = None,
+            ids: list[int] | None = None,
+        ) -> bytes:
+            body = chat_chunk(gen.rid, gen.created, gen.model, delta, finish, usage, index, lps)
+            if want_ids:
+                body["choices"][0]["token_ids"] = ids or []
+            return event(body)
 
         for i in range(req.n):
-            yield chunk({"role": "assistant", "content": ""}, None, i)
+            role = chat_chunk(
+                gen.rid, gen.created, gen.model, {"role": "assistant", "content": ""}, None, usage, i
+            )
+            if want_ids:  # vLLM's place: the prompt's ids with each choice's first (role) chunk
+                role["prompt_token_ids"] = list(gen.ids)
+            yield event(role)
         lasts: dict[int, RequestOutput] = {}
         streams: dict[int, TC.ToolStream] = {}
         async for out in gen.outputs(first):
@@ -94,24 +116,38 @@ class OpenAIServingChat(OpenAIServing[ChatCompletionRequest]):
             lps = None
             if out.new_logprobs:
                 lps = F.chat_logprobs(gen.tok, new_logprob_ids(out), out.new_logprobs, req.top_logprobs or 0)
-            if plan.mode != "none":
-                ts = streams.setdefault(out.index, TC.ToolStream(plan.mode, plan.function))
-                for delta in map(_tool_delta, ts.feed(out.text, out.finished)):
-                    yield chunk(delta, None, out.index, lps)
-                    lps = None
-                if lps:  # tokens that added nothing visible yet still carry their logprobs
-                    yield chunk({}, None, out.index, lps)
-            elif out.delta_text or lps:
-                yield chunk({"content": out.delta_text}, None, out.index, lps)
-            if out.finished:
-                finish = out.finish_reason
-                if finish == "stop" and plan.mode != "none" and streams[out.index].calls:
-                    finish = "tool_calls"
-                yield chunk({}, finish, out.index)
+            pieces = _pieces(out, plan, streams, lps)
+            if want_ids and out.new_token_ids and not pieces:  # tokens with no visible text yet
+                pieces.append(({}, None, None))
+            for k, (delta, finish, lp) in enumerate(pieces):  # the output's new ids ride on its first
+                yield chunk(delta, finish, out.index, lp, out.new_token_ids if k == 0 else None)
         if usage:
             outs = [lasts[i] for i in sorted(lasts)]
             yield event(F.usage_chunk(gen.rid, gen.created, gen.model, "chat.completion.chunk", outs))
         yield DONE
+
+
+Piece = tuple[dict[str, Any], str | None, Any]  # a chunk's delta, finish_reason and logprobs
+
+
+def _pieces(out: RequestOutput, plan: S.ToolPlan, streams: dict[int, TC.ToolStream], lps: Any) -> list[Piece]:
+    """The chunks one output of a choice becomes: its content or tool-call deltas, then the finish."""
+    pieces: list[Piece] = []
+    if plan.mode != "none":
+        ts = streams.setdefault(out.index, TC.ToolStream(plan.mode, plan.function))
+        for delta in map(_tool_delta, ts.feed(out.text, out.finished)):
+            pieces.append((delta, None, lps))
+            lps = None
+        if lps:  # tokens that added nothing visible yet still carry their logprobs
+            pieces.append(({}, None, lps))
+    elif out.delta_text or lps:
+        pieces.append(({"content": out.delta_text}, None, lps))
+    if out.finished:
+        finish = out.finish_reason
+        if finish == "stop" and plan.mode != "none" and streams[out.index].calls:
+            finish = "tool_calls"
+        pieces.append(({}, finish, None))
+    return pieces
 
 
 def _tool_delta(p: TC.Piece) -> dict[str, Any]:

@@ -4,6 +4,13 @@ The prompt is text or token ids. `echo` puts the prompt before the completion (w
 tokens' scores too), and `max_tokens` 0 with echo scores a text without generating: the legacy
 idiom evaluation harnesses use. Logprobs are the legacy shape (tokens, token_logprobs, top_logprobs,
 text_offset), not chat's.
+
+vLLM's `return_token_ids`: each choice carries `prompt_token_ids` (the prompt as submitted) and
+`token_ids` (every id the engine generated for it: a final EOS or stop token included, and the tokens of
+a stop string the text was cut at, as vLLM's output ids; with echo, the generated ids only, the prompt's
+being in `prompt_token_ids`). Streamed, each chunk carries its new ids and a choice's first chunk the
+prompt's; a step whose tokens show no text yet still sends a chunk, so the chunks' ids concatenate to
+the body's.
 """
 
 from __future__ import annotations
@@ -54,16 +61,25 @@ class OpenAIServingCompletion(OpenAIServing[CompletionRequest]):
     def full_response(self, gen: Generation[CompletionRequest], outs: list[RequestOutput]) -> dict[str, Any]:
         req = gen.req
         text = req.prompt if isinstance(req.prompt, str) else None
-        echo = Echo(gen.ids, text, req.echo, req.logprobs, req.prompt_logprobs, req.max_tokens == 0)
+        echo = Echo(
+            gen.ids,
+            text,
+            req.echo,
+            req.logprobs,
+            req.prompt_logprobs,
+            req.max_tokens == 0,
+            bool(req.return_token_ids),
+        )
         return completion(gen.rid, gen.created, gen.model, outs, gen.tok, echo)
 
     async def stream(self, gen: Generation[CompletionRequest], first: RequestOutput) -> AsyncIterator[bytes]:
-        usage = gen.req.include_usage
+        usage, want_ids = gen.req.include_usage, bool(gen.req.return_token_ids)
         lasts: dict[int, RequestOutput] = {}
         offsets: dict[int, int] = {}
         async for out in gen.outputs(first):
+            first_of_choice = out.index not in lasts
             lasts[out.index] = out
-            if out.delta_text or out.finished or out.new_logprobs:
+            if out.delta_text or out.finished or out.new_logprobs or (want_ids and out.new_token_ids):
                 finish = out.finish_reason if out.finished else None
                 lps = None
                 if out.new_logprobs:
@@ -73,6 +89,10 @@ class OpenAIServingCompletion(OpenAIServing[CompletionRequest]):
                 chunk = completion_chunk(
                     gen.rid, gen.created, gen.model, out.delta_text, finish, usage, out.index, lps
                 )
+                if want_ids:  # vLLM's places: the prompt's ids in a choice's first chunk, new ids in each
+                    choice = chunk["choices"][0]
+                    choice["prompt_token_ids"] = list(gen.ids) if first_of_choice else None
+                    choice["token_ids"] = list(out.new_token_ids)
                 yield event(chunk)
         if usage:
             outs = [lasts[i] for i in sorted(lasts)]
@@ -83,7 +103,8 @@ class OpenAIServingCompletion(OpenAIServing[CompletionRequest]):
 @dataclasses.dataclass
 class Echo:
     """A completion request's prompt options. `text` is the prompt as sent (None for token ids: then
-    its decoding); `logprobs` the legacy top-k, `prompt_logprobs` vLLM's, `drop_output` max_tokens 0."""
+    its decoding); `logprobs` the legacy top-k, `prompt_logprobs` vLLM's, `drop_output` max_tokens 0,
+    `token_ids` vLLM's return_token_ids."""
 
     ids: list[int]
     text: str | None = None
@@ -91,6 +112,7 @@ class Echo:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     drop_output: bool = False
+    token_ids: bool = False
 
 
 def completion_logprobs(
@@ -146,6 +168,9 @@ def _completion_choice(o: Any, tok: Any, echo: Echo, first: Any) -> dict[str, An
     choice = {"index": o.index, "text": text, "logprobs": lps, "finish_reason": o.finish_reason}
     if echo.prompt_logprobs is not None:  # vLLM's place for completions: in each choice
         choice["prompt_logprobs"] = F.prompt_logprobs(tok, echo.ids, first, echo.prompt_logprobs)
+    if echo.token_ids:  # vLLM's places: both in each choice; with echo, token_ids is the output's only
+        choice["prompt_token_ids"] = list(echo.ids)
+        choice["token_ids"] = list(o.token_ids)
     return choice
 
 
