@@ -1,14 +1,16 @@
-"""The quality gate against bad and harmless bundles, on the real model (issue 36's bench).
+"""The quality gate against bad and harmless bundles, on the real model.
 
 One stable server (the pinned model, default settings) stays up; each canary variant is served by
 its own `modeldeploy serve` process and judged by the operator's own gate function
 (`modeldeploy.operator.analysis.quality.run_quality`, the built-in evaluation set, default
-thresholds) as many times as asked. Bad variants are neither slower nor failing, only worse
-(weights re-quantized to fewer bits, a numerics-changing hf_overrides, a chat template that drops
-the system turn); harmless ones (another max_num_seqs, another batch budget, tensor parallelism,
-another file layout) must pass every time. Format variants (issue 38) have no expected verdict: the
-model's GGUF served quantized (its shipped Q4_1, and Q8_0 / Q4_0 re-quantized from it), measured
-against the float32 stable, which is that GGUF de-quantized. Variants are made by
+thresholds) as many times as asked. Bad variants are neither slower nor failing, only worse, one per
+class: weights (re-quantized to 4, 3 or 2 bits; two layers swapped; one layer zeroed), config.json
+alone (rope_theta, rms_norm_eps; or the same through hf_overrides), special-token ids (the stop id),
+the tokenizer (a share of its BPE merges removed) and the chat template (system turn dropped, no
+generation prompt). Harmless ones must pass every time: another max_num_seqs, another batch budget,
+another prefill order, tensor parallelism, another file layout. Format variants have no expected
+verdict: the model's GGUF served quantized (its shipped Q4_1, and Q8_0 / Q4_0 re-quantized from it),
+measured against the float32 stable, which is that GGUF de-quantized. Variants are made by
 modeldeploy_dev.model_variants.
 
     .venv/bin/python bench/quality_gate.py --model ~/.cache/modeldeploy/models/smollm2-135m-instruct \\
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from modeldeploy.conformance.bench.report import git_revision
 from modeldeploy.operator.analysis.quality import Cohort, resolve, run_quality
+from modeldeploy.operator.analysis.quality_verdict import Thresholds
 from modeldeploy.operator.api.v1alpha1.quality import Quality
 from modeldeploy_dev import model_variants
 from modeldeploy_dev.serve_process import serve
@@ -72,8 +75,25 @@ def make_dir(model: Path, out: Path) -> None:
         model_variants.split(model, out, 3)
     elif kind == "nosys":
         model_variants.drop_system_turn(model, out)
+    elif kind == "nogenprompt":
+        model_variants.no_generation_prompt(model, out)
+    elif kind == "merges50":
+        model_variants.partial_tokenizer(model, out, 50)
+    elif kind == "rope-theta-50k":
+        model_variants.config_edit(model, out, {"rope_theta": 50000.0})
+    elif kind == "rms-eps-1e-4":
+        model_variants.config_edit(model, out, {"rms_norm_eps": 1e-4})
+    elif kind == "eos-endoftext":
+        model_variants.special_ids(model, out, "<|endoftext|>")
+    elif kind == "swap-14-15":
+        model_variants.swap_layers(model, out, 14, 15)
+    elif kind == "zero-15":
+        model_variants.zero_layer(model, out, 15)
+    elif kind.startswith("rtn"):  # rtn<bits> (groups of 32) or rtn<bits>g<group>
+        bits, _, group = kind.removeprefix("rtn").partition("g")
+        model_variants.requantize(model, out, int(bits), int(group or 32))
     else:
-        model_variants.requantize(model, out, int(kind[3]), 32)
+        raise ValueError(f"make_dir: no variant directory {kind!r}")
 
 
 def variants(model: Path, work: Path) -> list[Variant]:
@@ -92,6 +112,18 @@ def variants(model: Path, work: Path) -> list[Variant]:
             ("--tensor-parallel-size", "3"),
         ),
         Variant("split-layout", False, "same weights in 3 safetensors files", model=made("split")),
+        # the scheduler's other order (the CPU default, auto, is shortest-first in 500 ms steps)
+        Variant(
+            "prefill-fcfs",
+            False,
+            "same bundle, prefill_order fcfs (CPU default: shortest-first)",
+            ("--prefill-order", "fcfs"),
+        ),
+        # 4 bits per 32 reproduces this model's weights exactly (they are its Q4_1 GGUF de-quantized):
+        # the precision loss at 4 bits needs coarser groups
+        Variant(
+            "rtn-4bit-g256", True, "linear weights re-quantized, 4-bit RTN per 256", model=made("rtn4g256")
+        ),
         Variant("rtn-3bit", True, "linear weights re-quantized, 3-bit RTN per 32", model=made("rtn3")),
         Variant("rtn-2bit", True, "linear weights re-quantized, 2-bit RTN per 32", model=made("rtn2")),
         Variant(
@@ -111,6 +143,37 @@ def variants(model: Path, work: Path) -> list[Variant]:
             True,
             "tokenizer revision whose chat template drops the system turn",
             tokenizer=made("nosys"),
+        ),
+        Variant(
+            "config-rope-theta",
+            True,
+            "config.json rope_theta 50000 (model: 100000)",
+            model=made("rope-theta-50k"),
+        ),
+        Variant(
+            "config-rms-eps", True, "config.json rms_norm_eps 1e-4 (model: 1e-5)", model=made("rms-eps-1e-4")
+        ),
+        Variant(
+            "eos-id",
+            True,
+            "eos_token_id 0, endoftext (model: 2, im_end) in config and generation_config: answers run on",
+            model=made("eos-endoftext"),
+        ),
+        Variant(
+            "tokenizer-merges",
+            True,
+            "tokenizer revision without every 50th BPE merge (half the eval prompts split differently)",
+            tokenizer=made("merges50"),
+        ),
+        Variant(
+            "no-generation-prompt",
+            True,
+            "tokenizer revision whose chat template emits no assistant header",
+            tokenizer=made("nogenprompt"),
+        ),
+        Variant("swap-layers", True, "decoder layers 14 and 15 (of 30) swapped", model=made("swap-14-15")),
+        Variant(
+            "zero-layer", True, "layer 15's o_proj and down_proj zeroed (adds nothing)", model=made("zero-15")
         ),
         Variant(
             "gguf-q4_1",
@@ -146,10 +209,10 @@ def variants(model: Path, work: Path) -> list[Variant]:
 
 def figures_row(v: Variant) -> str:
     m = {x["metric"]: x for x in v.last.get("metrics", [])}
-    acc, agr, lp = m.get("accuracy", {}), m.get("greedy_agreement", {}), m.get("mean_logprob", {})
+    acc, lp = m.get("accuracy", {}), m.get("mean_logprob", {})
     fails = sum(x == "Fail" for x in v.verdicts)
     drop = (
-        f"{lp['stable'] - lp['canary']:.4f}"
+        f"{lp['stable'] - lp['canary']:.5f}"
         if lp.get("stable") is not None and lp.get("canary") is not None
         else "-"
     )
@@ -159,14 +222,20 @@ def figures_row(v: Variant) -> str:
         else "-"
     )
     kind = "format" if v.harmful is None else "bad" if v.harmful else "harmless"
-    accuracy = f"{acc.get('stable')} / {acc.get('canary')}"
+    failing = [k for k, x in m.items() if x.get("verdict") == "Fail"]
+    canary = lambda k: str(m.get(k, {}).get("canary", "-"))  # noqa: E731
     cells = [
         v.name,
         kind,
         v.what,
-        accuracy,
-        str(agr.get("canary")),
+        f"{acc.get('stable')} / {acc.get('canary')}",
+        canary("greedy_agreement"),
+        canary("answer_agreement"),
+        canary("tokenization"),
         drop,
+        canary("logprob_delta"),
+        canary("kl"),
+        ", ".join(failing) or "-",
         f"{fails}/{len(v.verdicts)} Fail",
         secs,
     ]
@@ -174,8 +243,9 @@ def figures_row(v: Variant) -> str:
 
 
 HEADER = (
-    "| variant | kind | change | accuracy stable / canary | agreement | log-prob drop (nats/token) "
-    "| verdicts | gate s, median (min-max) |\n|---|---|---|---|---|---|---|---|"
+    "| variant | kind | change | accuracy stable / canary | agreement (8 tokens) | answers identical "
+    "| tokenized alike | log-prob drop | abs log-prob delta | KL | failing figures (last gate) | verdicts "
+    "| gate s, median (min-max) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -225,9 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         with a.out.open("a") as f:
             f.write(f"\n## {when}, git {git_revision()}\n\nCommand: `{cmd}`\n\n")
-            f.write(f"Eval set: {es.name}, {len(es.items)} items, {es.digest}. Thresholds (defaults): ")
-            f.write(f"max accuracy drop {q.max_accuracy_drop} items, min agreement {q.min_agreement} over ")
-            f.write(f"{q.agreement_tokens} tokens, max log-prob drop {q.max_logprob_drop}.\n\n{table}\n")
+            t = Thresholds.of(q, True, len(es.items))
+            f.write(
+                f"Eval set: {es.name}, {len(es.items)} items, {es.digest}. Thresholds (float32 defaults): "
+            )
+            f.write(
+                f"accuracy drop {t.accuracy_drop} items, agreement {t.agreement} over {q.agreement_tokens} "
+            )
+            f.write(f"tokens, answers identical {t.answer_agreement}, log-prob drop {t.logprob_drop}, ")
+            f.write(f"abs delta {t.logprob_delta}, KL {t.kl}.\n\n{table}\n")
     return 0 if all(("Fail" in v.verdicts) == v.harmful for v in todo if v.harmful is not None) else 1
 
 

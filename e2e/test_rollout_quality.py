@@ -137,7 +137,8 @@ def rolled_back_new(m: dict[str, Any], before: list[str]) -> bool:
 
 def assert_quality_rollback(md: dict[str, Any], stable: str) -> dict[str, Any]:
     """The canary was rolled back by the quality gate (not conformance, not latency) to `stable`, with
-    the log-probability figure below its threshold; returns status.lastQuality."""
+    the log-probability figure below its threshold and the diverging items named; returns
+    status.lastQuality."""
     st = md["status"]
     assert st["stable"]["bundle"] == stable and st.get("canaryWeight", 0) == 0, st
     assert len(st["failedBundles"]) == 1, st
@@ -147,6 +148,9 @@ def assert_quality_rollback(md: dict[str, Any], stable: str) -> dict[str, Any]:
     assert q["verdict"] == "Fail" and q["stable"] == stable and q["canary"] in st["failedBundles"], q
     lp = figures(q)["mean_logprob"]
     assert lp["verdict"] == "Fail" and lp["canary"] < lp["threshold"] < lp["stable"], q
+    # the evidence: the items that diverged, where the answers part, in the status and the decision
+    assert q.get("divergent") and q["divergent"][0]["prompt"], q
+    assert "diverged: item" in deg["message"], deg
     return q
 
 

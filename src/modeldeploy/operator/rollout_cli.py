@@ -118,7 +118,19 @@ def quality_view(q: dict[str, Any] | None) -> list[RenderableType]:
     out: list[RenderableType] = [analysis_table(title, q), Text(about)]
     if q.get("message"):
         out.append(Text(q["message"], style="" if v == "Pass" else "red"))
+    out += [Text(divergent_line(d)) for d in q.get("divergent") or []]
     return out
+
+
+def divergent_line(d: dict[str, Any]) -> str:
+    """One item the canary diverged on: where the greedy answers part, or how far the scores moved."""
+    head = f"  item {d.get('index')} {d.get('prompt', '')[:60]!r}: "
+    if d.get("aligned") is False:
+        return head + "the canary tokenized stable's answer differently"
+    if d.get("at") is not None:
+        stable, canary = d.get("stable", ""), d.get("canary", "")
+        return head + f"answers part at token {d['at']}: stable {stable!r} | canary {canary!r}"
+    return head + f"same answer, |delta logprob| {d.get('logprobDelta')} KL {d.get('kl')}"
 
 
 def cohort_text(c: dict[str, Any] | None) -> str:

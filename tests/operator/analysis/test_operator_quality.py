@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 from support.operator_fixtures import md
 
+from modeldeploy.operator.analysis.divergence import TokenScore, coarse_kl, parse_entry
 from modeldeploy.operator.analysis.quality import (
     FAILED,
     INVALID,
@@ -22,23 +23,24 @@ from modeldeploy.operator.analysis.quality import (
     Cohort,
     EvalSetError,
     QualityRunner,
-    actual_logprob,
     resolve,
     run_quality,
     serving_share,
 )
-from modeldeploy.operator.analysis.quality_checks import (
+from modeldeploy.operator.analysis.quality_checks import check, schema_violations
+from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
+from modeldeploy.operator.analysis.quality_verdict import (
     Answer,
-    check,
+    Thresholds,
+    divergent,
+    evidence,
     figures,
     logprob_threshold,
-    schema_violations,
     verdict,
 )
-from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
 from modeldeploy.operator.api.v1alpha1.modeldeployment import ModelDeploymentSpec
 from modeldeploy.operator.api.v1alpha1.quality import EvalItem, Quality, canonical, eval_set_digest
-from modeldeploy.operator.api.v1alpha1.status import MetricVerdict, QualityResult
+from modeldeploy.operator.api.v1alpha1.status import DivergentItem, MetricVerdict, QualityResult
 from modeldeploy.operator.rollout import progression
 from modeldeploy.operator.rollout.machine import Policy, RolloutState, Signals, Step, advance
 from modeldeploy.operator.rollout.sizing import canary_weight
@@ -94,49 +96,85 @@ def test_schema_violations(doc: Any, schema: dict[str, Any], bad: bool) -> None:
 # ---- figures and verdict ----
 
 
+def scores(lp: float, ids: tuple[int, ...] = (1, 2)) -> tuple[TokenScore, ...]:
+    return tuple(TokenScore(i, lp, {i: lp}) for i in ids)
+
+
 def pairs(
-    n: int, s_pass: int, c_pass: int, agree: int, s_lp: float, c_lp: float
+    n: int, s_pass: int, c_pass: int, agree: int, s_lp: float, c_lp: float, same_answers: int | None = None
 ) -> list[tuple[Answer, Answer]]:
+    """n items; the first `agree` share their first two tokens, of those the first `same_answers`
+    (default: all of them) their whole answers; stable's answer scored s_lp per token by stable and
+    c_lp by the canary."""
+    same = agree if same_answers is None else same_answers
     out = []
     for i in range(n):
-        s = Answer("a", ("t1", "t2"), i < s_pass, s_lp)
-        c = Answer("a", ("t1", "t2") if i < agree else ("t1", "X"), i < c_pass, c_lp)
-        out.append((s, c))
+        s = Answer("a", ("t1", "t2"), i < s_pass, scores(s_lp))
+        tokens = ("t1", "t2") if i < same else ("t1", "t2", "t3") if i < agree else ("t1", "X")
+        out.append((s, Answer("a", tokens, i < c_pass, scores(c_lp))))
     return out
 
 
 def test_figures() -> None:
-    f = figures(pairs(10, 9, 7, 6, -0.5, -0.8), agreement_tokens=2)
-    assert (f.items, f.stable_passed, f.canary_passed, f.scored) == (10, 9, 7, 10)
-    assert f.agreement == pytest.approx(0.6)
-    assert f.divergence == pytest.approx(0.3)
+    f = figures(pairs(10, 9, 7, 6, -0.5, -0.8, same_answers=5), agreement_tokens=2)
+    assert (f.items, f.stable_passed, f.canary_passed, f.scored, f.aligned) == (10, 9, 7, 10, 10)
+    assert f.agreement == pytest.approx(0.6) and f.answer_agreement == pytest.approx(0.5)
+    assert f.divergence == pytest.approx(0.3) and f.logprob_delta == pytest.approx(0.3)
+    assert f.kl is not None and f.kl > 0 and f.tokenization == 1.0
     assert figures(pairs(10, 9, 7, 6, -0.5, -0.8), agreement_tokens=1).agreement == 1.0  # only t1 compared
     none = figures([(Answer("", (), False, None), Answer("", (), False, None))], 8)
-    assert none.divergence is None and none.scored == 0
+    assert none.divergence is None and none.logprob_delta is None and none.scored == 0
 
 
-Q = Quality()  # defaults: maxAccuracyDrop 3, minAgreement 0.5, maxLogprobDrop 0.1 (not both float32)
+def test_the_delta_is_two_sided_and_the_kl_sees_the_distribution() -> None:
+    """A canary more confident in stable's answers (the config-only positional change of the issue
+    moved the log-prob up) passes the one-way drop and fails the two-sided figures."""
+    up = figures(pairs(10, 10, 10, 10, -0.6, -0.3), 8)
+    assert up.divergence == pytest.approx(-0.3) and up.logprob_delta == pytest.approx(0.3)
+    # the actual token's log-probability unchanged, the rest of the mass moved between other tokens
+    s = Answer("a", ("t",), True, (TokenScore(1, -0.1, {1: -0.1, 2: -2.5, 3: -4.0}),))
+    c = Answer("a", ("t",), True, (TokenScore(1, -0.1, {1: -0.1, 3: -2.5, 2: -4.0}),))
+    moved = figures([(s, c)], 8)
+    assert moved.logprob_delta == 0.0 and moved.kl is not None and moved.kl > 0.05
+    assert coarse_kl({1: -0.1, 2: -2.5}, {1: -0.1, 2: -2.5}) == pytest.approx(0.0, abs=1e-12)
+
+
+Q = (
+    Quality()
+)  # cohorts not both float32: the wider tolerances (accuracy 10 % of items, agreement 0.5, 0.1 nats)
+M = [
+    "accuracy",
+    "greedy_agreement",
+    "answer_agreement",
+    "tokenization",
+    "mean_logprob",
+    "logprob_delta",
+    "kl",
+]
 
 
 @pytest.mark.parametrize(
     ("case", "s_pass", "c_pass", "agree", "c_lp", "ok", "failing"),
     [
-        ("identical", 25, 25, 28, -0.600, True, []),
-        ("harmless drift: agreement lower, accuracy noisy", 25, 23, 20, -0.605, True, []),
-        ("canary even scores higher", 25, 26, 28, -0.5, True, []),
-        ("log-prob drop past the threshold", 25, 25, 28, -0.75, False, ["mean_logprob"]),
-        ("accuracy drop of 4 items", 25, 21, 28, -0.6, False, ["accuracy"]),
-        ("accuracy drop of exactly 3 items", 25, 22, 28, -0.6, True, []),
-        ("agreement very low", 25, 25, 10, -0.6, False, ["greedy_agreement"]),
-        ("everything worse", 25, 10, 3, -2.0, False, ["accuracy", "greedy_agreement", "mean_logprob"]),
+        ("identical", 30, 30, 34, -0.600, True, []),
+        ("harmless drift: agreement lower, accuracy noisy", 30, 28, 24, -0.605, True, []),
+        ("canary scores a little higher", 30, 31, 34, -0.55, True, []),
+        ("canary far more confident: two-sided figures", 30, 30, 34, -0.3, False, ["logprob_delta", "kl"]),
+        ("log-prob drop past the threshold", 30, 30, 34, -0.75, False, ["mean_logprob", "logprob_delta"]),
+        ("accuracy drop of 4 items", 30, 26, 34, -0.6, False, ["accuracy"]),
+        ("accuracy drop of exactly 3 items (10 % of 34)", 30, 27, 34, -0.6, True, []),
+        ("agreement very low", 30, 30, 10, -0.6, False, ["greedy_agreement"]),
+        ("everything worse", 30, 10, 3, -2.0, False,
+         ["accuracy", "greedy_agreement", "mean_logprob", "logprob_delta", "kl"]),
     ],
-)
+)  # fmt: skip
 def test_verdict_table(
     case: str, s_pass: int, c_pass: int, agree: int, c_lp: float, ok: bool, failing: list[str]
 ) -> None:
-    f = figures(pairs(28, s_pass, c_pass, agree, -0.6, c_lp), Q.agreement_tokens)
+    f = figures(pairs(34, s_pass, c_pass, agree, -0.6, c_lp), Q.agreement_tokens)
     passed, metrics, summary = verdict(f, Q)
     assert passed is ok, case
+    assert [m.metric for m in metrics] == M
     assert [m.metric for m in metrics if m.verdict == "Fail"] == failing, case
     assert summary.startswith("quality passed" if ok else "quality failed")
     lp = next(m for m in metrics if m.metric == "mean_logprob")
@@ -144,33 +182,65 @@ def test_verdict_table(
 
 
 @pytest.mark.parametrize(
-    ("drop", "float32", "spec", "ok", "threshold"),
+    ("case", "agree", "same", "c_pass", "c_lp", "failing"),
     [
-        (0.0064, True, None, False, 0.005),  # rms_norm_eps 100x too large, as measured on the real model
-        (0.0064, False, None, True, 0.1),  # the same drift in bf16: within the unmeasured default
-        (0.00004, True, None, True, 0.005),  # harmless float32 spread, as measured
-        (0.0064, True, 0.01, True, 0.01),  # the spec's own threshold wins over either default
-        (0.05, False, 0.01, False, 0.01),
+        ("harmless float32 change: identical answers, 4e-5 apart", 34, 34, 30, -0.60004, []),
+        ("one near-tie flipped", 33, 33, 30, -0.6, []),
+        ("config-only positional change: agreement 0.76, log-prob up", 26, 26, 29, -0.59,
+         ["greedy_agreement", "answer_agreement", "logprob_delta"]),
+        ("end-of-turn id changed: first tokens agree, answers run on", 34, 10, 30, -0.6,
+         ["answer_agreement"]),
+        ("normalization change: answers identical, scores 0.0064 lower", 34, 34, 30, -0.6064,
+         ["mean_logprob", "logprob_delta"]),
+        ("two items fewer right", 34, 34, 28, -0.6, ["accuracy"]),
+        ("rms_norm_eps 10x in config.json: one answer moved, scores 0.0019 apart", 33, 33, 30, -0.6019,
+         ["logprob_delta"]),
     ],
-)
-def test_the_default_logprob_threshold_follows_the_cohorts_precision(
-    drop: float, float32: bool, spec: float | None, ok: bool, threshold: float
+)  # fmt: skip
+def test_float32_tolerances_come_from_the_harmless_spread(
+    case: str, agree: int, same: int, c_pass: int, c_lp: float, failing: list[str]
 ) -> None:
-    q = Quality(max_logprob_drop=spec)
-    assert logprob_threshold(q, float32) == threshold
-    f = figures(pairs(28, 28, 28, 28, -0.6, -0.6 - drop), q.agreement_tokens)
-    passed, metrics, _ = verdict(f, q, float32=float32)
-    assert passed is ok
-    lp = next(m for m in metrics if m.metric == "mean_logprob")
-    assert lp.threshold == pytest.approx(-0.6 - threshold)
+    f = figures(pairs(34, 30, c_pass, agree, -0.6, c_lp, same_answers=same), agreement_tokens=2)
+    passed, metrics, _ = verdict(f, Q, float32=True)
+    assert [m.metric for m in metrics if m.verdict == "Fail"] == failing, case
+    assert passed is (not failing)
+    t = Thresholds.of(Q, True, 34)
+    assert (t.accuracy_drop, t.agreement, t.answer_agreement) == (1, 0.9, 0.85)
+
+
+def test_a_canary_that_tokenizes_stable_answers_otherwise_fails_and_says_where() -> None:
+    items = [EvalItem.model_validate({"prompt": f"q{i}", "contains": "a"}) for i in range(4)]
+    ps = pairs(4, 4, 4, 4, -0.6, -0.6)
+    s, c = ps[0]
+    ps[0] = (s, Answer(c.text, c.tokens, c.passed, scores(-0.6, (1, 7))))  # the canary split it differently
+    ps[1] = (ps[1][0], Answer("b", ("t1", "Y"), True, scores(-0.9)))
+    f = figures(ps, 8)
+    assert (f.scored, f.aligned, f.tokenization) == (4, 3, 0.75)
+    passed, metrics, _ = verdict(f, Q, float32=True)
+    assert not passed and "tokenization" in [m.metric for m in metrics if m.verdict == "Fail"]
+    rows = divergent(items, ps, f, 0.005)
+    assert [(r.index, r.aligned, r.at) for r in rows] == [(0, False, None), (1, True, 1)]
+    assert (rows[1].stable, rows[1].canary, rows[1].prompt) == ("t2", "Y", "q1")
+    text = evidence(rows)
+    assert (
+        "item 0 'q0': tokenized differently" in text
+        and "answers part at token 1: stable 't2' canary 'Y'" in text
+    )
+
+
+def test_the_default_logprob_threshold_follows_the_cohorts_precision() -> None:
+    assert logprob_threshold(Quality(), True) == 0.005 and logprob_threshold(Quality(), False) == 0.1
+    assert logprob_threshold(Quality(max_logprob_drop=0.01), True) == 0.01  # the spec's own wins
+    t = Thresholds.of(Quality(max_kl=0.5, min_agreement=0.2, max_accuracy_drop=7), True, 34)
+    assert (t.kl, t.agreement, t.accuracy_drop, t.logprob_delta) == (0.5, 0.2, 7, 0.001)
 
 
 def test_accuracy_floor_judges_an_intended_model_change_alone() -> None:
     q = Quality(accuracy_floor=0.8)
     f = figures(pairs(20, 15, 17, 2, -0.6, -3.0), q.agreement_tokens)  # another model: diverges widely
-    passed, metrics, summary = verdict(f, q, "model digest sha256:aa -> sha256:bb")
+    passed, metrics, summary = verdict(f, q, "model digest sha256:aa -> sha256:bb", float32=True)
     assert passed and "accuracyFloor 0.8" in summary
-    assert [m.verdict for m in metrics] == ["Pass", "Pass", "Pass"]
+    assert [m.verdict for m in metrics] == ["Pass"] * len(M)
     f = figures(pairs(20, 15, 15, 2, -0.6, -3.0), q.agreement_tokens)
     assert not verdict(f, q, "model digest sha256:aa -> sha256:bb")[0]  # 0.75 < floor
     # the same model (no change): the floor adds to the relative thresholds, it does not replace them
@@ -381,6 +451,7 @@ def test_rollout_status_shows_the_quality_verdict() -> None:
             "evalSet": None,
             "digest": "sha256:" + "ab" * 32,
             "seconds": 41.5,
+            "divergent": [DivergentItem(index=3, prompt="What is 2 + 2?", at=2, stable=" 4.", canary=" 5.")],
         }
     )
     status = {"phase": "Stable", "lastQuality": q.model_dump(mode="json", by_alias=True, exclude_none=True)}
@@ -388,6 +459,7 @@ def test_rollout_status_shows_the_quality_verdict() -> None:
     assert "quality gate (Verifying) new vs old" in text
     assert "Fail" in text and "mean_logprob" in text and "-0.7" in text
     assert "sha256:abab" in text and "41.5s" in text and "log-prob drop 0.3000" in text
+    assert "item 3 'What is 2 + 2?': answers part at token 2: stable ' 4.' | canary ' 5.'" in text
 
 
 # ---- the HTTP client against real HTTP servers speaking the runtime's contract ----
@@ -566,9 +638,12 @@ def test_the_gate_leaves_a_serving_pod_half_its_slots_for_production_traffic(coh
         assert 1 <= stable.most_inflight <= 4 and 1 <= canary.most_inflight <= canary_bound
 
 
-def test_actual_logprob() -> None:
-    assert actual_logprob({"17": {"logprob": -1.5, "rank": 3, "decoded_token": "x"}}) == -1.5
-    assert math.isclose(actual_logprob({"17": -0.25}), -0.25)
+def test_parse_entry() -> None:
+    e = parse_entry(
+        {"17": {"logprob": -1.5, "rank": 3, "decoded_token": "x"}, "4": {"logprob": -0.2, "rank": 1}}
+    )
+    assert (e.token_id, e.logprob, e.top) == (17, -1.5, {17: -1.5, 4: -0.2})  # the actual token first
+    assert math.isclose(parse_entry({"17": -0.25}).logprob, -0.25)
 
 
 def test_runner_reports_an_unreachable_pod_and_a_refused_set_as_failed() -> None:

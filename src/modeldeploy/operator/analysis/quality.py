@@ -5,12 +5,14 @@ Over HTTP only (httpx; never the runtime), as any OpenAI-compatible client asks:
    strings, `usage.prompt_tokens` for where the answer starts);
 2. each cohort scores stable's answer with teacher forcing, vLLM's way: the item's messages plus
    `{"role": "assistant", "content": stable_answer}`, `add_generation_prompt: false`,
-   `continue_final_message: true`, `prompt_logprobs: 0`, `max_tokens: 1`. The top-level
-   `prompt_logprobs` holds one entry per prompt token (the first null); the answer's entries are
-   those from the cohort's own `usage.prompt_tokens` of step 1 to the end, and their mean is the
-   cohort's mean per-token log-probability of stable's answer.
-quality_checks.py turns the answers into figures and a verdict. `QualityRunner` runs a gate in a
-daemon thread, as the conformance gate does (gate.py): the reconcile loop only polls.
+   `continue_final_message: true`, `prompt_logprobs: k`, `max_tokens: 1`. The top-level
+   `prompt_logprobs` holds one entry per prompt token (the first null): the token's id, its
+   log-probability and the k most likely tokens; the answer's entries are those from the cohort's
+   own `usage.prompt_tokens` of step 1 to the end.
+quality_checks.py checks each answer; quality_verdict.py (with divergence.py) turns both cohorts'
+answers and scores into figures, a verdict and the evidence of the items that diverged.
+`QualityRunner` runs a gate in a daemon thread, as the conformance gate does (gate.py): the reconcile
+loop only polls.
 """
 
 from __future__ import annotations
@@ -26,8 +28,18 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from modeldeploy.operator.analysis.quality_checks import Answer, check, failed_figures, figures, verdict
+from modeldeploy.operator.analysis.divergence import TOP_K, TokenScore, parse_entry
+from modeldeploy.operator.analysis.quality_checks import check
 from modeldeploy.operator.analysis.quality_set import DEFAULT_ITEMS
+from modeldeploy.operator.analysis.quality_verdict import (
+    Answer,
+    Thresholds,
+    divergent,
+    evidence,
+    failed_figures,
+    figures,
+    verdict,
+)
 from modeldeploy.operator.api.v1alpha1.quality import EvalItem, Quality, eval_set_digest
 from modeldeploy.operator.api.v1alpha1.status import QualityResult
 
@@ -142,15 +154,16 @@ class _Client:
         tokens = tuple(t["token"] for t in ((choice.get("logprobs") or {}).get("content") or []))
         return choice["message"].get("content") or "", tokens, int(out["usage"]["prompt_tokens"])
 
-    def score(self, item: EvalItem, answer: str, start: int) -> float | None:
-        """Mean per-token log-probability of `answer` after the item's messages (teacher forcing);
-        `start`: where the answer begins (this cohort's prompt tokens for the item)."""
+    def score(self, item: EvalItem, answer: str, start: int) -> tuple[TokenScore, ...]:
+        """Each token of `answer` after the item's messages, scored with teacher forcing: its id, its
+        log-probability and the top k; `start`: where the answer begins (this cohort's prompt tokens
+        for the item)."""
         body = {
             "model": self.model,
             "messages": [*item.chat(), {"role": "assistant", "content": answer}],
             "add_generation_prompt": False,
             "continue_final_message": True,
-            "prompt_logprobs": 0,
+            "prompt_logprobs": TOP_K,
             "max_tokens": 1,
             "temperature": 0,
         }
@@ -158,18 +171,10 @@ class _Client:
         entries = out.get("prompt_logprobs")
         if not isinstance(entries, list):
             raise ValueError(f"{self.url}: no prompt_logprobs in the response (prompt_logprobs unsupported?)")
-        values = [actual_logprob(e) for e in entries[start:] if e]
-        return sum(values) / len(values) if values else None
+        return tuple(parse_entry(e) for e in entries[start:] if e)
 
     def close(self) -> None:
         self.http.close()
-
-
-def actual_logprob(entry: dict[str, Any]) -> float:
-    """The prompt token's own log-probability from one vLLM-style `prompt_logprobs` entry: with
-    `prompt_logprobs: 0` the entry holds exactly that token; were there more, vLLM lists it first."""
-    first = next(iter(entry.values()))
-    return float(first["logprob"] if isinstance(first, dict) else first)
 
 
 def serving_share(slots: int) -> int:
@@ -214,6 +219,7 @@ def run_quality(
             )
             for it, sa, ca, sl, cl in zip(items, s_ans, c_ans, s_lp, c_lp, strict=True)
         ]
+        float32 = s.dtype == c.dtype == "float32"
         change = None
         if s.model_digest and c.model_digest and s.model_digest != c.model_digest:
             change = f"model digest {s.model_digest[:19]} -> {c.model_digest[:19]}"
@@ -221,7 +227,8 @@ def run_quality(
         s.close()
         c.close()
     f = figures(pairs, q.agreement_tokens)
-    ok, metrics, summary = verdict(f, q, change, float32=s.dtype == c.dtype == "float32")
+    ok, metrics, summary = verdict(f, q, change, float32=float32)
+    rows = divergent(items, pairs, f, Thresholds.of(q, float32, f.items).logprob_delta)
     result = QualityResult(
         verdict="Pass" if ok else "Fail",
         reason=PASSED if ok else FAILED,
@@ -231,9 +238,13 @@ def run_quality(
         seconds=round(clock() - t0, 2),
         metrics=metrics,
         message=summary,
+        divergent=rows,
     )
     if not ok:
-        result = result.model_copy(update={"message": f"{summary}; failing: {failed_figures(result)}"[:2048]})
+        why = f"{summary}; failing: {failed_figures(result)}" + (
+            f"; diverged: {evidence(rows)}" if rows else ""
+        )
+        result = result.model_copy(update={"message": why[:2048]})
     return result
 
 

@@ -40,8 +40,9 @@ CONDITION = Gauge(
 )
 QUALITY = Gauge(
     "modeldeploy_quality_figure",
-    "The last quality gate's figures (status.lastQuality): metric accuracy, greedy_agreement or "
-    "mean_logprob, for cohort stable, canary, or the threshold applied",
+    "The last quality gate's figures (status.lastQuality): metric accuracy, greedy_agreement, "
+    "answer_agreement, tokenization, mean_logprob, logprob_delta or kl, for cohort stable, canary, or the "
+    "threshold applied",
     [*KEY, "metric", "cohort"],
 )
 QUALITY_VERDICT = Gauge(

@@ -63,6 +63,31 @@ class AnalysisResult(_Model):
     )
 
 
+class DivergentItem(_Model):
+    """One evaluation item on which the canary answered or scored differently from stable: the evidence a
+    human reads to see why a gate failed."""
+
+    index: int = Field(ge=0, description="The item's position in the evaluation set (0-based).")
+    prompt: str = Field(default="", max_length=160, description="The item's last message, shortened.")
+    at: int | None = Field(
+        default=None,
+        ge=0,
+        description="The first answer token where the greedy answers differ (none: the answers are identical "
+        "and only the scores moved).",
+    )
+    stable: str = Field(
+        default="", max_length=160, description="Stable's answer from that token on, shortened."
+    )
+    canary: str = Field(default="", max_length=160, description="The canary's answer from that token on.")
+    logprob_delta: float | None = Field(
+        default=None, description="Mean |Δ log-probability| per token of stable's answer (nats)."
+    )
+    kl: float | None = Field(default=None, description="Mean KL(stable || canary) per token (top-k, nats).")
+    aligned: bool = Field(
+        default=True, description="False: the canary tokenized stable's answer into other token ids."
+    )
+
+
 class QualityResult(_Model):
     """The quality gate's last verdict: canary against stable on the pinned evaluation set."""
 
@@ -91,6 +116,12 @@ class QualityResult(_Model):
         default_factory=list, description="accuracy, greedy agreement and log-probability figures."
     )
     message: str | None = Field(default=None, max_length=2048, description="The verdict in words.")
+    divergent: list[DivergentItem] = Field(
+        default_factory=list,
+        max_length=5,
+        description="The items that diverged most (at most 5, the worst first): where the answers part and "
+        "both continuations.",
+    )
 
 
 class PrefetchWait(_Model):
