@@ -121,9 +121,7 @@ def variants(model: Path, work: Path) -> list[Variant]:
         ),
         # 4 bits per 32 reproduces this model's weights exactly (they are its Q4_1 GGUF de-quantized):
         # the precision loss at 4 bits needs coarser groups
-        Variant(
-            "rtn-4bit-g256", True, "linear weights re-quantized, 4-bit RTN per 256", model=made("rtn4g256")
-        ),
+        Variant("rtn-4bit-g64", True, "linear weights re-quantized, 4-bit RTN per 64", model=made("rtn4g64")),
         Variant("rtn-3bit", True, "linear weights re-quantized, 3-bit RTN per 32", model=made("rtn3")),
         Variant("rtn-2bit", True, "linear weights re-quantized, 2-bit RTN per 32", model=made("rtn2")),
         Variant(

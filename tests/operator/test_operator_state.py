@@ -1,9 +1,9 @@
 """No module-level mutable state anywhere under operator/: what outlives a reconcile lives in the Controller.
 
 An AST scan of every operator module: a module (or class body) may bind constants (numbers,
-strings, tuples, frozensets, read-only mappings), functions, classes, loggers and Prometheus
-metrics (process-wide by design), but no dict/list/set, no lock or thread, no instance of an
-operator class, and no `global` statement anywhere.
+strings, tuples, frozensets, read-only mappings, frozen dataclasses), functions, classes, loggers
+and Prometheus metrics (process-wide by design), but no dict/list/set, no lock or thread, no
+instance of a (non-frozen) operator class, and no `global` statement anywhere.
 """
 
 from __future__ import annotations
@@ -62,12 +62,26 @@ def offenders(source: str, own_classes: set[str]) -> list[str]:
     return found
 
 
+def _frozen(n: ast.ClassDef) -> bool:
+    """`@dataclass(frozen=True)`: its instances are constants (a table of defaults), not state."""
+    return any(
+        isinstance(d, ast.Call)
+        and _callee(d) == "dataclass"
+        and any(
+            k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in d.keywords
+        )
+        for d in n.decorator_list
+    )
+
+
 def _operator_classes() -> set[str]:
+    """The operator's classes whose instances may hold state (all but frozen dataclasses)."""
     return {
         n.name
         for path in OPERATOR.rglob("*.py")
         for n in ast.walk(ast.parse(path.read_text()))
-        if isinstance(n, ast.ClassDef)
+        if isinstance(n, ast.ClassDef) and not _frozen(n)
     }
 
 

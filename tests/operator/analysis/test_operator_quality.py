@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 from support.operator_fixtures import md
 
-from modeldeploy.operator.analysis.divergence import TokenScore, coarse_kl, parse_entry
+from modeldeploy.operator.analysis.divergence import TokenScore, coarse_kl, item_divergence, parse_entry
 from modeldeploy.operator.analysis.quality import (
     FAILED,
     INVALID,
@@ -137,6 +137,14 @@ def test_the_delta_is_two_sided_and_the_kl_sees_the_distribution() -> None:
     moved = figures([(s, c)], 8)
     assert moved.logprob_delta == 0.0 and moved.kl is not None and moved.kl > 0.05
     assert coarse_kl({1: -0.1, 2: -2.5}, {1: -0.1, 2: -2.5}) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_canary_whose_scored_region_starts_early_is_aligned_on_the_answer() -> None:
+    """A template without a generation prompt: the canary's prompt ends before the assistant header,
+    so its scored region holds the header's tokens, then stable's answer."""
+    d = item_divergence(list(scores(-0.5, (1, 2))), list(scores(-0.5, (90, 91, 1, 2))))
+    assert d.aligned and d.tokens == 2 and d.logprob_delta == 0.0
+    assert not item_divergence(list(scores(-0.5, (1, 2))), list(scores(-0.5, (2,)))).aligned  # starts late
 
 
 Q = (

@@ -67,8 +67,15 @@ class ItemDivergence:
 
 
 def item_divergence(stable: list[TokenScore], canary: list[TokenScore]) -> ItemDivergence:
-    """The figures of one item from both cohorts' scores of the same answer."""
-    aligned = [s.token_id for s in stable] == [c.token_id for c in canary]
+    """The figures of one item from both cohorts' scores of the same answer.
+
+    Each cohort's scored region starts where its own generation prompt ended; a canary whose template
+    adds no generation prompt starts earlier and scores the assistant header too, so when the canary's
+    region ends with stable's tokens, its tail is the answer."""
+    ids = [s.token_id for s in stable]
+    if len(canary) > len(stable) and [c.token_id for c in canary[len(canary) - len(stable) :]] == ids:
+        canary = canary[len(canary) - len(stable) :]
+    aligned = ids == [c.token_id for c in canary]
     if not aligned or not stable:
         return ItemDivergence(aligned, min(len(stable), len(canary)), None, None, None)
     n = len(stable)
