@@ -43,6 +43,9 @@ SERVED = "smollm2"
 MODEL_DIR = "smollm2-135m-instruct"  # under the `models` volume: a link to the cached import
 BAD_MODEL_DIR = "smollm2-rtn3-g32"  # the 3-bit re-quantization, made once per machine
 BAD_REVISION = "rtn3-g32"
+# A stage's own bound (the run's deadline bounds them all): about 3x what a stage takes on an idle 2-core
+# machine, since a loaded CI machine was measured 2-2.5x slower per stage (bench/results/ci.md).
+STAGE_S = 600
 CHAT_QUESTION = "What is the capital of France?"
 # Items of the built-in evaluation set the demo's gate asks (prompt or first message): QA,
 # arithmetic, JSON, two facts given only in the system turn, a recall ~1.1k tokens back. Eight
@@ -104,6 +107,7 @@ class Outcome:
     quality_reason: str = ""  # the quality regression's rollback reason (want QualityFailed)
     quality_message: str = ""
     quality: dict[str, Any] = field(default_factory=dict)  # status.lastQuality of that gate
+    transport: Counter[str] = field(default_factory=Counter)  # "<pod ip>: <exception>" -> failed requests
     failure: str = ""
 
     @property
@@ -269,6 +273,10 @@ def summary(o: Outcome) -> list[str]:
     out += [
         f"requests {c.label:<5} {c.bundle}: {c.ok} ok, {c.errors} failed{failed_kinds(c)}" for c in o.cohorts
     ]
+    if (
+        o.transport
+    ):  # which pod and what broke: a timeout under load reads otherwise than a refused connection
+        out.append("transport errors: " + ", ".join(f"{k} x{n}" for k, n in sorted(o.transport.items())))
     if o.base_during_slow >= 0:
         out.append(
             f"requests the retired base bundle answered during the slow canary step: {o.base_during_slow}"
@@ -509,7 +517,7 @@ class _Story:
             },
         )
         md = self.watch(
-            lambda s: s.get("phase") == "Stable" and condition(s, "Ready").get("status") == "True", 300
+            lambda s: s.get("phase") == "Stable" and condition(s, "Ready").get("status") == "True", STAGE_S
         )
         o.bundles["base"], o.seconds["base bundle Ready"] = (
             md["status"]["stable"]["bundle"],
@@ -529,7 +537,7 @@ class _Story:
                 and s["stable"]["bundle"] == good
                 or good in (s.get("failedBundles") or [])
             ),
-            300,
+            STAGE_S,
         )["status"]
         o.promoted, o.seconds["good rollout"] = st["stable"]["bundle"] == good, time.monotonic() - t
         if not o.promoted:
@@ -546,7 +554,8 @@ class _Story:
         )
         slow = o.bundles["slow"]
         self.watch(
-            lambda s: s.get("phase") in ("Canary", "Promoting") or slow in (s.get("failedBundles") or []), 300
+            lambda s: s.get("phase") in ("Canary", "Promoting") or slow in (s.get("failedBundles") or []),
+            STAGE_S,
         )
         canary_since = time.monotonic()  # from here stable and canary share `<name>`
         # 8 workers in all once the canary takes traffic: before, the quality gate asks the loaded stable
@@ -558,7 +567,7 @@ class _Story:
                 and s.get("phase") == "Stable"
                 or s.get("stable", {}).get("bundle") == slow
             ),
-            300,
+            STAGE_S,
         )["status"]
         o.seconds["slow rollout"] = time.monotonic() - t
         if slow in (st.get("failedBundles") or []):
@@ -639,6 +648,8 @@ def run_story(
         op.stop()
     with_status = story.get().get("status", {}) if not story.out.failure else {}
     story.out.cohorts = story.cohorts(with_status)
+    for load in story.loads:
+        story.out.transport.update(load.transport_errors)
     story.out.seconds["story"] = time.monotonic() - story.t0
     return story.out
 
