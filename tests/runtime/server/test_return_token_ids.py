@@ -8,10 +8,8 @@ and a stop string's tokens stay in them (vLLM's output ids are not cut where the
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
+from support.sse import post, sse
 
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
@@ -34,18 +32,6 @@ def tok(llama_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(llama_dir)
-
-
-def post(s, path: str, body: dict) -> httpx.Response:
-    return httpx.post(s.url + path, json={"model": "tiny", **body}, timeout=120)
-
-
-def sse(s, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", s.url + path, json={"model": "tiny", "stream": True, **body}, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(ln) for ln in lines[:-1]]
 
 
 def decoded(tok, ids: list[int]) -> str:

@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from support.sse import post, sse
 
 from modeldeploy.runtime import EngineConfig
 from modeldeploy.runtime.server.config import ServerConfig
@@ -64,20 +65,6 @@ def tool_server(llama_dir, tmp_path_factory):
     (d / "chat_template.jinja").unlink(missing_ok=True)
     with ThreadedServer(_cfg(d, "tools")) as s:
         yield s
-
-
-def post(s, path: str, body: dict) -> httpx.Response:
-    return httpx.post(s.url + path, json={"model": "tiny", **body}, timeout=120)
-
-
-def sse(s, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", s.url + path, json={"model": "tiny", "stream": True, **body}, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
-    if path == "/v1/responses":  # typed events, no [DONE]
-        return [json.loads(x) for x in lines]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(x) for x in lines[:-1]]
 
 
 RF = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True}}

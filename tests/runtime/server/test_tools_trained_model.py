@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import jsonschema
 import openai
 import pytest
+from support.sse import post, sse
 
 from modeldeploy.runtime import LLM, EngineConfig, SamplingParams
 from modeldeploy.runtime.engine.structured_output.grammar import schema_spec
@@ -49,17 +49,6 @@ def server(tool_model_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-def post(s, path: str, body: dict) -> httpx.Response:
-    return httpx.post(s.url + path, json={"model": "tiny", **body}, timeout=120)
-
-
-def sse(s, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", s.url + path, json={"model": "tiny", "stream": True, **body}, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
-    return [json.loads(x) for x in lines if x != "[DONE]"]
 
 
 def test_auto_calls_a_tool_when_asked_and_answers_text_otherwise(client):
