@@ -47,11 +47,11 @@ class Tolerance:
     kl: float
 
 
-# Float32 on both sides: every harmless change measured on the real model (batch size, batch budget,
-# prefill order, TP=3, file layout: 10 gates each, bench/results/quality.md) gave identical greedy
-# answers and moved no log-probability by 5e-6; these bounds sit 100x and more over that floor and
-# under every bad class measured there (the subtlest, rms_norm_eps 10x in config.json alone, moved
-# |Δ| by 0.0019 and nothing else). The drop keeps its earlier 0.005: |Δ| bounds it anyway. Other
+# Float32 on both sides: every harmless change measured on the real model (batch size, prefill order,
+# TP=3, file layout: 10 gates each, bench/results/quality.md) gave identical greedy answers and moved
+# no log-probability figure by 5e-6 (5e-5 where read to 4 decimals); these bounds sit well over that
+# floor and under every bad class measured there (the subtlest, rms_norm_eps 10x in config.json
+# alone, moved |Δ| by 0.0019 and nothing else). The drop keeps its earlier 0.005: |Δ| bounds it anyway. Other
 # precisions (bf16/fp16: batch-dependent reduction order, arXiv 2506.09501) keep the earlier
 # conservative bounds until their spread is measured on GPUs; the answer agreement is not judged there
 # (a near-tie flips a long answer's tail).
