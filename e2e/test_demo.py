@@ -43,7 +43,14 @@ def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one_and_the
         print(demo.diagnostics(cluster.api, namespace, tmp_path))
     assert out.ok, out.failure
     assert out.promoted and out.rollback_reason == "AnalysisFailed", out
-    assert "ttft_p95_seconds" in out.rollback_message, out.rollback_message
+    by = {c.label: c for c in out.cohorts}
+    # one slot under 8-way load fails on latency: TTFT p95 when enough requests were admitted to
+    # measure it, or the error rate when the slot's queue refused most of them first (429, the
+    # runtime's load shedding; seen on a CI machine twice as slow), never on another kind of error
+    msg = out.rollback_message
+    assert "ttft_p95_seconds" in msg or "error_rate" in msg, msg
+    if "ttft_p95_seconds" not in msg:
+        assert by["slow"].errors > 0 and set(by["slow"].kinds) == {429}, (msg, out.cohorts)
     assert "paris" in out.chat[1].lower(), out.chat  # a real answer, through the official client
     assert out.quality_reason == "QualityFailed" and "mean_logprob" in out.quality_message, out
     q = out.quality
@@ -55,7 +62,6 @@ def test_demo_story_promotes_the_good_bundle_and_rolls_back_the_slow_one_and_the
     text = "\n".join(demo.summary(out))
     assert "QualityFailed" in text and "mean_logprob" in text and "accuracy" in text, text
     assert len(set(out.bundles.values())) == 4, out.bundles
-    by = {c.label: c for c in out.cohorts}
     # every request hit a known bundle; the quality regression never took traffic
     assert set(by) == {"base", "good", "slow"}, out.cohorts
     # base was stable during the good rollout, good during the slow one: no failed request on either
