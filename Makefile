@@ -5,7 +5,7 @@ PIP ?= .venv/bin/pip
 OUT ?= out
 
 .DEFAULT_GOAL := setup
-.PHONY: help setup test unit lint demo demo-generate demo-model clean docs crds cluster cluster-down cluster-build example-model real-model real-node-build images example gpu-test gpu-check bench
+.PHONY: help setup test unit lint demo demo-generate demo-model clean docs crds cluster cluster-down cluster-build example-model real-model real-node-build argocd-build images example gpu-test gpu-check bench
 
 ##@ General
 
@@ -100,6 +100,11 @@ cluster-build: ## Build the pinned Kubernetes binaries from Go modules (cached).
 # docs/development.md ("Real node"). Debian's runc, containernetworking-plugins and iptables must be installed.
 real-node-build: ## Build the real worker node: kubelet, kube-proxy, containerd v2, registry, pause (cached).
 	flock -o $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build-node.sh
+
+# Argo CD v3.2.5 (one `argocd` binary: application controller, repo server, API server, CLI) and its
+# CRDs, for the GitOps e2e (e2e/test_gitops.py). Debian's redis-server and git must be installed.
+argocd-build: ## Build Argo CD from its Go module for the GitOps e2e (cached).
+	flock -o $(BUILD_LOCK) bash devtools/modeldeploy_dev/cluster/build-argocd.sh
 
 # The runtime (EXTRAS=runtime) and operator images, built on a debootstrapped Debian base and pushed to
 # the loopback registry ($$MODELDEPLOY_CLUSTER_REGISTRY_PORT, default 5000); prints both repo@sha256 refs.
