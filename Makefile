@@ -25,7 +25,8 @@ setup: .venv/.installed ## Create .venv and install the project (runtime and dev
 ##@ Development
 
 # The Go builds run while the tests that need none of their binaries do (devtools/test_tiers.sh);
-# CI also builds the real node there: `make test TEST_BUILD="cluster-build real-node-build"`.
+# CI also builds the real node there: `make test TEST_BUILD="cluster-build real-node-build"`; add
+# argocd-build for the GitOps e2e (not yet in CI: bench/results/ci.md).
 TEST_BUILD ?= cluster-build
 PYTEST_ARGS ?=
 test: setup ## Run every test: unit, integration and e2e (builds the local cluster once).

@@ -20,6 +20,15 @@ NODE_HINT = "make real-node-build"
 HINTS = {BUILD_HINT: "cluster_bins", NODE_HINT: "node_bins"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # registered here, not in pyproject.toml, whose every change rebuilds the runtime image's layers
+    config.addinivalue_line(
+        "markers",
+        "serial: tier 1 runs it alone, after the rest (it starts many processes or measures latency, so a "
+        "test on the other core would fail it; devtools/test_tiers.sh)",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))

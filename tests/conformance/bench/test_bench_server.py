@@ -29,7 +29,8 @@ from modeldeploy.cli import main as cli_main
 from modeldeploy.conformance import measures as M
 from modeldeploy_dev.wait import wait_until
 
-pytestmark = pytest.mark.slow
+# serial: the bench's verdicts compare latencies
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def _port() -> int:

@@ -24,8 +24,14 @@ def published(ns: str, name: str) -> dict[tuple[str, tuple[tuple[str, str], ...]
     return out
 
 
+# the registry is the process's: a namespace no other test's objects use, so the series read back are
+# this test's alone whatever ran before it in the same process
+NS = "object-metrics-test"
+
+
 def test_canary_step_publishes_phase_weight_cohorts_and_deadline() -> None:
     obj, obs, old, _ = stable_then_change()
+    obj["metadata"]["namespace"] = NS
     obj, obs, _ = advance_to(obj, obs, at(0), ready={})
     new = obj["status"]["canary"]["bundle"]
     obj, obs, _ = advance_to(obj, obs, at(1))
@@ -34,7 +40,7 @@ def test_canary_step_publishes_phase_weight_cohorts_and_deadline() -> None:
     assert st["phase"] == "Canary"
     m = ObjectMetrics()
     m.record(obj, st)
-    got = published("ns", "chat")
+    got = published(NS, "chat")
     assert got[("modeldeploy_rollout_phase", (("phase", "Canary"),))] == 1.0
     assert sum(v for (n, _), v in got.items() if n == "modeldeploy_rollout_phase") == 1.0  # one current phase
     assert got[("modeldeploy_canary_weight", ())] == 25.0
@@ -51,7 +57,7 @@ def test_canary_step_publishes_phase_weight_cohorts_and_deadline() -> None:
     obj, obs, _ = advance_to(obj, obs, at(1, 40), analysis=analysis("Fail", 0), analysis_at=epoch(at(1, 40)))
     obj, obs, _ = advance_to(obj, obs, at(1, 50))
     m.record(obj, obj["status"])
-    got = published("ns", "chat")
+    got = published(NS, "chat")
     phase = obj["status"]["phase"]
     assert got[("modeldeploy_rollout_phase", (("phase", phase),))] == 1.0 and phase != "Canary"
     assert not any(n == "modeldeploy_rollout_bundle" and ("cohort", "canary") in k for n, k in got)
@@ -64,8 +70,8 @@ def test_canary_step_publishes_phase_weight_cohorts_and_deadline() -> None:
         (("reason", "AsExpected"), ("status", "False"), ("type", "Degraded")),
     ) not in got
 
-    m.forget("ns", "chat")
-    assert published("ns", "chat") == {}
+    m.forget(NS, "chat")
+    assert published(NS, "chat") == {}
 
 
 def test_awaiting_promotion_has_no_deadline_and_spec_deadline_is_used() -> None:

@@ -20,14 +20,20 @@ from modeldeploy.conformance import ConformanceConfig, run_conformance
 from modeldeploy.conformance.http import iter_sse
 from modeldeploy_dev.wait import wait_until
 
-pytestmark = pytest.mark.slow
+# serial: TP servers start three processes each and a killed rank must fail within seconds
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 STREAMS = 4
 
 
 def _serve_tp2(tmp_path: Path, model: Path, *flags: str):
     # a step delay keeps streams in flight long enough to kill something under them
     proc, url = _spawn(tmp_path, model, "--tensor-parallel-size", "2", "--max-num-seqs", "8", *flags)
-    wait_until(lambda: (r := _get(url + "/health/ready")) is not None and r.status_code == 200, 120, 0.2)
+    try:
+        wait_until(lambda: (r := _get(url + "/health/ready")) is not None and r.status_code == 200, 120, 0.2)
+    except TimeoutError:
+        proc.kill()  # no server outlives a test; its ranks exit when its pipe closes
+        proc.wait(30)
+        raise
     info = httpx.get(url + "/v1/bundle").json()["engine_info"]
     parallel, core = info["parallel"], info["engine_core"]
     assert parallel["tensor_parallel_size"] == 2 and parallel["backend"] == "gloo"
