@@ -67,8 +67,7 @@ def serve_tiny(
     if adapters:
         obj["spec"]["bundle"]["adapters"] = adapters
     create(cluster, ns, obj)
-    # generous: with both lanes on the two cores a tiny pod took 217 s to get ready (AVX2 EPYC)
-    md = wait_md(cluster, ns, name, stable_and_ready, 420, f"{name} Stable and Ready")
+    md = wait_md(cluster, ns, name, stable_and_ready, 240, f"{name} Stable and Ready")
     return md, md["status"]["stable"]["bundle"]
 
 
