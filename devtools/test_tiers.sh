@@ -86,7 +86,7 @@ echo "test_tiers: make $first done $(( $(date +%s) - start )) s after tier 1 sta
 # real-node-build` compiles: the real node, which has its own cluster anyway, and the registry) once
 # every build target is done; lane 1 the rest of e2e/ on the default cluster, the GitOps e2e last
 # when argocd-build is a target (its binaries come last). Lane 2's output follows lane 1's.
-lane2_e2e=(e2e/test_rollout_quality.py)
+lane2_e2e=(e2e/test_rollout_quality.py e2e/test_rollout_lora.py)
 lane2_node=(e2e/test_real_node.py e2e/test_real_node_oci.py)
 lane1_late=(e2e/test_gitops.py)
 lane1_skip=()
