@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from modeldeploy_dev.cluster.local import Binaries, cache_root, pinned_versions
+from modeldeploy_dev.serve_process import free_port
 from modeldeploy_dev.wait import wait_until
 
 NAMESPACE = "argocd"
@@ -45,12 +46,6 @@ def available() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (Debian: apt-get install {tool.split('-')[0]})"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def argocd_cm_data() -> dict[str, str]:
@@ -121,7 +116,7 @@ class ArgoCD:
         self.kubeconfig = self._namespaced_kubeconfig(kubeconfig)
         self.password = secrets.token_urlsafe(12)
         self.ports = {
-            k: _free_port()
+            k: free_port()
             for k in ("redis", "repo", "repo_metrics", "ctl_metrics", "server", "server_metrics")
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
